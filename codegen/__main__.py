@@ -1,0 +1,64 @@
+"""Command line of the code generator, as meson runs it.
+
+    python -m codegen outputs --specs DIR            # generated file names, one per line
+    python -m codegen kernels --specs DIR            # hand-written kernel sources, one per line
+    python -m codegen generate --specs DIR --out DIR # write generated sources (if changed)
+    python -m codegen check PATHS...                 # validate specs
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .emit import BUILT_TARGETS, output_names, render_all, write_if_changed
+from .errors import SpecError, SpecErrors
+from .load import load_specs, spec_paths
+
+
+def _load(specs: Path):
+    return load_specs([specs], kernel_root=specs.resolve().parent)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m codegen", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for name in ("outputs", "kernels", "generate"):
+        p = sub.add_parser(name)
+        p.add_argument("--specs", type=Path, required=True)
+        if name == "generate":
+            p.add_argument("--out", type=Path, required=True)
+    p = sub.add_parser("check")
+    p.add_argument("paths", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "outputs":
+            print("\n".join(output_names([p.stem for p in spec_paths([args.specs])])))
+        elif args.cmd == "kernels":
+            root = args.specs.resolve().parent
+            for op in _load(args.specs):
+                if op.impl.kind == "cpp":
+                    for t in BUILT_TARGETS:
+                        if op.target(t) is not None:
+                            print((root / "src" / "kernels" / t / f"{op.name}.cpp").as_posix())
+        elif args.cmd == "generate":
+            ops = _load(args.specs)
+            args.out.mkdir(parents=True, exist_ok=True)
+            sources = {op.name: f"{args.specs.resolve().name}/{op.name}.yaml" for op in ops}
+            for r in render_all(ops, sources):
+                write_if_changed(args.out / r.name, r.text)
+        else:
+            load_specs(args.paths)
+    except SpecErrors as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,590 @@
+"""Formula language for ``impl.expr``, ``impl.composite`` and ``bprop``: parse, check, lower to C++.
+
+A restricted grammar (never ``eval``): numbers, strings, ``True``/``False``, names, lists,
+unary ``-``, ``+ - * /``, comparisons, calls with positional and keyword arguments.
+Checking and C++ lowering are one walk, so what is checked is exactly what is emitted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence, Union
+
+from .errors import Loc, SpecError, did_you_mean
+
+# ---------------------------------------------------------------------------- AST
+
+
+@dataclass(frozen=True)
+class Num:
+    value: Union[int, float]
+    text: str
+    pos: int
+
+
+@dataclass(frozen=True)
+class Str:
+    value: str
+    pos: int
+
+
+@dataclass(frozen=True)
+class BoolLit:
+    value: bool
+    pos: int
+
+
+@dataclass(frozen=True)
+class Name:
+    id: str
+    pos: int
+
+
+@dataclass(frozen=True)
+class ListLit:
+    items: tuple
+    pos: int
+
+
+@dataclass(frozen=True)
+class Unary:
+    op: str
+    operand: "Node"
+    pos: int
+
+
+@dataclass(frozen=True)
+class Binary:
+    op: str
+    left: "Node"
+    right: "Node"
+    pos: int
+
+
+@dataclass(frozen=True)
+class Call:
+    func: str
+    args: tuple
+    kwargs: tuple  # ((name, node, pos), ...)
+    pos: int
+
+
+Node = Union[Num, Str, BoolLit, Name, ListLit, Unary, Binary, Call]
+
+# ---------------------------------------------------------------------------- parsing
+
+
+class FormulaSyntaxError(Exception):
+    def __init__(self, pos: int, message: str):
+        self.pos = pos
+        self.message = message
+        super().__init__(message)
+
+
+_TOKEN = re.compile(r"""
+    (?P<ws>\s+)
+  | (?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
+  | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<str>"[^"\\]*"|'[^'\\]*')
+  | (?P<op>>=|<=|==|!=|\*\*|[-+*/()<>,=\[\]])
+""", re.VERBOSE)
+
+COMPARE_OPS = (">", "<", ">=", "<=", "==", "!=")
+
+
+def _tokenize(text: str) -> list[tuple[str, str, int]]:
+    tokens, i = [], 0
+    while i < len(text):
+        m = _TOKEN.match(text, i)
+        if not m:
+            raise FormulaSyntaxError(i, f"unexpected character {text[i]!r}")
+        kind = m.lastgroup
+        if kind != "ws":
+            tokens.append((kind, m.group(), i))
+        i = m.end()
+    tokens.append(("end", "", len(text)))
+    return tokens
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.tokens = _tokenize(text)
+        self.i = 0
+
+    def peek(self) -> tuple[str, str, int]:
+        return self.tokens[self.i]
+
+    def take(self) -> tuple[str, str, int]:
+        tok = self.tokens[self.i]
+        self.i += 1
+        return tok
+
+    def expect(self, value: str) -> int:
+        kind, text, pos = self.take()
+        if text != value or kind not in ("op",):
+            found = "end of formula" if kind == "end" else repr(text)
+            raise FormulaSyntaxError(pos, f"expected '{value}', found {found}")
+        return pos
+
+    def parse(self) -> Node:
+        node = self.comparison()
+        kind, text, pos = self.peek()
+        if kind != "end":
+            raise FormulaSyntaxError(pos, f"unexpected {text!r}")
+        return node
+
+    def comparison(self) -> Node:
+        left = self.additive()
+        kind, text, pos = self.peek()
+        if kind == "op" and text in COMPARE_OPS:
+            self.take()
+            right = self.additive()
+            left = Binary(text, left, right, pos)
+            kind, text, pos = self.peek()
+            if kind == "op" and text in COMPARE_OPS:
+                raise FormulaSyntaxError(pos, "chained comparisons are not supported")
+        return left
+
+    def additive(self) -> Node:
+        left = self.term()
+        while True:
+            kind, text, pos = self.peek()
+            if kind == "op" and text in ("+", "-"):
+                self.take()
+                left = Binary(text, left, self.term(), pos)
+            else:
+                return left
+
+    def term(self) -> Node:
+        left = self.unary()
+        while True:
+            kind, text, pos = self.peek()
+            if kind == "op" and text in ("*", "/"):
+                self.take()
+                left = Binary(text, left, self.unary(), pos)
+            else:
+                return left
+
+    def unary(self) -> Node:
+        kind, text, pos = self.peek()
+        if kind == "op" and text == "-":
+            self.take()
+            operand = self.unary()
+            if isinstance(operand, Num):
+                return Num(-operand.value, "-" + operand.text, pos)
+            return Unary("-", operand, pos)
+        if kind == "op" and text == "**":
+            raise FormulaSyntaxError(pos, "unexpected '**'")
+        return self.primary()
+
+    def primary(self) -> Node:
+        kind, text, pos = self.take()
+        if kind == "num":
+            is_int = re.fullmatch(r"\d+", text) is not None
+            return Num(int(text) if is_int else float(text), text, pos)
+        if kind == "str":
+            return Str(text[1:-1], pos)
+        if kind == "name":
+            if text in ("True", "False", "true", "false"):
+                return BoolLit(text in ("True", "true"), pos)
+            nk, nt, _ = self.peek()
+            if nk == "op" and nt == "(":
+                return self.call(text, pos)
+            return Name(text, pos)
+        if kind == "op" and text == "(":
+            node = self.comparison()
+            self.expect(")")
+            return node
+        if kind == "op" and text == "[":
+            items = []
+            if self.peek()[1] != "]":
+                items.append(self.comparison())
+                while self.peek()[1] == ",":
+                    self.take()
+                    items.append(self.comparison())
+            self.expect("]")
+            return ListLit(tuple(items), pos)
+        if text == "**":
+            raise FormulaSyntaxError(pos, "'**' is not supported; use pow() or square()")
+        found = "end of formula" if kind == "end" else repr(text)
+        raise FormulaSyntaxError(pos, f"unexpected {found}")
+
+    def call(self, func: str, pos: int) -> Call:
+        self.expect("(")
+        args: list = []
+        kwargs: list = []
+        if self.peek()[1] != ")":
+            while True:
+                kind, text, kpos = self.peek()
+                nxt = self.tokens[self.i + 1]
+                if kind == "name" and nxt[1] == "=" and nxt[0] == "op":
+                    self.take()
+                    self.take()
+                    if any(k == text for k, _, _ in kwargs):
+                        raise FormulaSyntaxError(kpos, f"keyword '{text}' given twice")
+                    kwargs.append((text, self.comparison(), kpos))
+                else:
+                    if kwargs:
+                        raise FormulaSyntaxError(kpos, "positional argument after keyword argument")
+                    args.append(self.comparison())
+                if self.peek()[1] == ",":
+                    self.take()
+                    continue
+                break
+        self.expect(")")
+        return Call(func, tuple(args), tuple(kwargs), pos)
+
+
+def parse(text: str) -> Node:
+    """Parse a formula; raises FormulaSyntaxError with a character offset."""
+    return _Parser(text).parse()
+
+
+def names_in(node: Node) -> set[str]:
+    """Every plain name a formula refers to (not function names)."""
+    if isinstance(node, Name):
+        return {node.id}
+    out: set[str] = set()
+    if isinstance(node, (Unary,)):
+        return names_in(node.operand)
+    if isinstance(node, Binary):
+        return names_in(node.left) | names_in(node.right)
+    if isinstance(node, ListLit):
+        for item in node.items:
+            out |= names_in(item)
+    if isinstance(node, Call):
+        for a in node.args:
+            out |= names_in(a)
+        for _, a, _ in node.kwargs:
+            out |= names_in(a)
+    return out
+
+
+# ---------------------------------------------------------------------------- source mapping
+
+
+@dataclass(frozen=True)
+class Formula:
+    """A formula as written in a spec, with enough to point errors at its characters."""
+
+    text: str
+    ast: Node
+    loc: Loc
+    key: str
+    inline: bool  # single-line plain/quoted scalar: columns map one to one
+
+    def error(self, pos: int, message: str) -> SpecError:
+        loc = self.loc.shifted(pos) if self.inline else self.loc
+        return SpecError(loc, self.key, message)
+
+
+def make_formula(text: str, loc: Loc, key: str, style: object) -> Formula:
+    inline = style in (None, "'", '"') and "\n" not in text
+    base = loc.shifted(1) if style in ("'", '"') else loc
+    try:
+        ast = parse(text)
+    except FormulaSyntaxError as exc:
+        at = base.shifted(exc.pos) if inline else base
+        raise SpecError(at, key, f"syntax error: {exc.message}") from None
+    return Formula(text, ast, base, key, inline)
+
+
+# ---------------------------------------------------------------------------- elementwise (expr) lowering
+
+# scalar functions usable in ``impl.expr``: name -> (arity, C++ function)
+EXPR_FUNCTIONS: Mapping[str, tuple[int, str]] = {
+    "where": (3, ""), "exp": (1, "fn::exp"), "log": (1, "fn::log"), "log1p": (1, "fn::log1p"),
+    "expm1": (1, "fn::expm1"), "sqrt": (1, "fn::sqrt"), "rsqrt": (1, "fn::rsqrt"),
+    "tanh": (1, "fn::tanh"), "abs": (1, "fn::abs"), "sin": (1, "fn::sin"), "cos": (1, "fn::cos"),
+    "erf": (1, "fn::erf"), "floor": (1, "fn::floor"), "ceil": (1, "fn::ceil"),
+    "maximum": (2, "fn::maximum"), "minimum": (2, "fn::minimum"), "pow": (2, "fn::pow"),
+}
+
+NUMERIC_ATTRS = ("int", "float", "bool")
+
+
+@dataclass
+class ExprScope:
+    """Names visible in an ``impl.expr`` formula: input elements and scalar attrs."""
+
+    inputs: Sequence[str]
+    attrs: Mapping[str, str]  # name -> attr type
+
+
+def lower_expr(formula: Formula, scope: ExprScope) -> str:
+    """Check an elementwise formula and lower it to a C++ expression over compute type ``C``."""
+
+    def go(node: Node) -> str:
+        if isinstance(node, Num):
+            return f"C({node.text})"
+        if isinstance(node, BoolLit):
+            return "true" if node.value else "false"
+        if isinstance(node, Name):
+            if node.id in scope.inputs:
+                return f"v_{node.id}"
+            if node.id in scope.attrs:
+                kind = scope.attrs[node.id]
+                if kind not in NUMERIC_ATTRS:
+                    raise formula.error(node.pos, f"attr '{node.id}' is {kind}; only int, float "
+                                        "and bool attrs can be used in an elementwise expression")
+                return f"a.{node.id}" if kind == "bool" else f"C(a.{node.id})"
+            known = list(scope.inputs) + list(scope.attrs)
+            raise formula.error(node.pos, f"unknown name '{node.id}'{did_you_mean(node.id, known)}")
+        if isinstance(node, Unary):
+            return f"(-{go(node.operand)})"
+        if isinstance(node, Binary):
+            return f"({go(node.left)} {node.op} {go(node.right)})"
+        if isinstance(node, Call):
+            if node.func not in EXPR_FUNCTIONS:
+                raise formula.error(node.pos, f"unknown function '{node.func}' in an elementwise "
+                                    f"expression{did_you_mean(node.func, EXPR_FUNCTIONS)}")
+            arity, cpp = EXPR_FUNCTIONS[node.func]
+            if node.kwargs:
+                raise formula.error(node.kwargs[0][2], f"{node.func}() takes no keyword arguments")
+            if len(node.args) != arity:
+                raise formula.error(node.pos, f"{node.func}() takes {arity} argument"
+                                    f"{'s' if arity != 1 else ''}, got {len(node.args)}")
+            args = [go(a) for a in node.args]
+            if node.func == "where":
+                return f"(({args[0]}) ? C({args[1]}) : C({args[2]}))"
+            return f"{cpp}({', '.join(args)})"
+        if isinstance(node, (Str, ListLit)):
+            raise formula.error(node.pos, "strings and lists are not allowed in an elementwise expression")
+        raise formula.error(0, "unsupported expression")  # pragma: no cover
+
+    return go(formula.ast)
+
+
+# ---------------------------------------------------------------------------- graph (bprop/composite) lowering
+
+# arithmetic in graph formulas is sugar for these ops
+OPERATOR_OPS: Mapping[str, str] = {
+    "+": "add", "-": "sub", "*": "mul", "/": "div", "neg": "neg",
+    ">": "greater", "<": "less", ">=": "greater_equal", "<=": "less_equal",
+    "==": "equal", "!=": "not_equal",
+}
+
+# helpers usable in graph formulas: name -> (parameter kinds, result kind, C++ template)
+HELPERS: Mapping[str, tuple[tuple[str, ...], str]] = {
+    "zeros_like": (("tensor",), "tensor"),
+    "ones_like": (("tensor",), "tensor"),
+    "numel": (("tensor",), "number"),
+    "expand_reduced": (("tensor", "tensor", "axes", "bool"), "tensor"),
+    "if_given": (("optional", "any", "any"), "same"),
+}
+
+
+@dataclass(frozen=True)
+class OpSignature:
+    """What a formula needs to know to call an op."""
+
+    name: str
+    inputs: tuple[tuple[str, bool], ...]          # (name, optional)
+    attrs: tuple[tuple[str, str, bool, str], ...]  # (name, type, required, C++ default expr)
+    num_outputs: int
+
+
+@dataclass
+class GraphScope:
+    """Names visible in a bprop or composite formula."""
+
+    tensors: Mapping[str, str]         # name -> C++ expression (TensorPtr)
+    optional: set                      # tensor names that may be absent (nullptr)
+    attrs: Mapping[str, tuple[str, str]]  # name -> (type, C++ expression)
+    ops: Mapping[str, OpSignature]
+    used_ops: set = field(default_factory=set)
+
+
+def _type_ok(want: str, got: str) -> bool:
+    if want == got:
+        return True
+    if want == "float" and got in ("int", "number"):
+        return True
+    if want == "int" and got == "int":
+        return True
+    if want == "number" and got in ("int", "float"):
+        return True
+    if want in ("list[int]", "axes") and got in ("list[int]", "int", "optional list[int]", "empty list"):
+        return True
+    if want == "list[float]" and got in ("list[float]", "list[int]", "number", "int", "float", "empty list"):
+        return True
+    if want.startswith("optional ") and _type_ok(want[len("optional "):], got):
+        return True
+    return False
+
+
+def _cpp_list(items: list[str], kind: str) -> str:
+    ctype = "int64_t" if kind == "int" else "double"
+    return f"std::vector<{ctype}>{{{', '.join(items)}}}"
+
+
+def lower_graph(formula: Formula, scope: GraphScope) -> tuple[str, str]:
+    """Check a graph formula and lower it to a C++ expression; returns (code, kind)."""
+
+    def need_op(name: str, pos: int, what: str) -> OpSignature:
+        if name not in scope.ops:
+            raise formula.error(pos, f"{what} needs op '{name}', which is not defined")
+        scope.used_ops.add(name)
+        return scope.ops[name]
+
+    counter = [0]
+
+    def bind_like(tensor_code: str, build) -> str:
+        """Evaluate tensor_code once: scalars become 0-d tensors of its dtype."""
+        if re.fullmatch(r"v_\w+", tensor_code):
+            return build(tensor_code)
+        name = f"t{counter[0]}_"
+        counter[0] += 1
+        return f"[&](const TensorPtr& {name}) {{ return {build(name)}; }}({tensor_code})"
+
+    def binary(op: str, left: Node, right: Node, pos: int) -> tuple[str, str]:
+        lc, lk = go(left)
+        rc, rk = go(right)
+        for k, n in ((lk, left), (rk, right)):
+            if k not in ("tensor", "number", "int", "float"):
+                raise formula.error(_pos(n), f"operator '{op}' needs tensors or numbers, got {k}")
+        if lk != "tensor" and rk != "tensor":
+            if op in COMPARE_OPS:
+                return f"({lc} {op} {rc})", "bool"
+            return f"(double({lc}) {op} double({rc}))", "number"
+        fn = f"ops::{need_op(OPERATOR_OPS[op], pos, f'operator {op!r}').name}"
+        if lk == "tensor" and rk == "tensor":
+            return f"{fn}({lc}, {rc})", "tensor"
+        if lk == "tensor":
+            return bind_like(lc, lambda t: f"{fn}({t}, scalar_like({rc}, {t}))"), "tensor"
+        return bind_like(rc, lambda t: f"{fn}(scalar_like({lc}, {t}), {t})"), "tensor"
+
+    def call_op(node: Call) -> tuple[str, str]:
+        sig = need_op(node.func, node.pos, "this formula")
+        if sig.num_outputs != 1:
+            raise formula.error(node.pos, f"op '{node.func}' has {sig.num_outputs} outputs; "
+                                "only single-output ops can be called in a formula")
+        required = [n for n, opt in sig.inputs if not opt]
+        if not (len(required) <= len(node.args) <= len(sig.inputs)):
+            names = ", ".join(n for n, _ in sig.inputs)
+            count = (f"{len(sig.inputs)}" if len(required) == len(sig.inputs)
+                     else f"{len(required)} to {len(sig.inputs)}")
+            raise formula.error(node.pos, f"{node.func}() takes {count} input"
+                                f"{'s' if len(sig.inputs) != 1 else ''} ({names}), got {len(node.args)}")
+        lowered = [go(a) for a in node.args]
+        like = next((k for k, (_, kind) in enumerate(lowered) if kind == "tensor"), None)
+        for (code, kind), arg in zip(lowered, node.args):
+            if kind != "tensor" and (kind not in ("number", "int", "float") or like is None):
+                raise formula.error(_pos(arg), f"{node.func}(): inputs must be tensors, got {kind}")
+        tail = ["nullptr"] * (len(sig.inputs) - len(node.args))
+        args: list[str] = []
+        given = {k: (v, p) for k, v, p in node.kwargs}
+        attr_names = [a[0] for a in sig.attrs]
+        for k, (_, p) in given.items():
+            if k not in attr_names:
+                raise formula.error(p, f"{node.func}() has no attr '{k}'{did_you_mean(k, attr_names)}")
+        for name, atype, required_attr, default in sig.attrs:
+            if name in given:
+                value, p = given[name]
+                code, kind = go(value, list_kind=atype)
+                if not _type_ok(atype, kind) and not (atype.startswith("list") and kind == "empty list"):
+                    raise formula.error(p, f"{node.func}(): attr '{name}' must be {atype}, got {kind}")
+                args.append(code)
+            elif required_attr:
+                raise formula.error(node.pos, f"{node.func}(): missing required attr '{name}'")
+            else:
+                args.append(default)
+        def build(t: str) -> str:
+            ins = [t if k == like else (code if kind == "tensor" else f"scalar_like({code}, {t})")
+                   for k, (code, kind) in enumerate(lowered)]
+            return f"ops::{node.func}({', '.join(ins + tail + args)})"
+
+        if like is None or all(kind == "tensor" for _, kind in lowered):
+            return build(lowered[like][0] if like is not None else ""), "tensor"
+        return bind_like(lowered[like][0], build), "tensor"
+
+    def call_helper(node: Call) -> tuple[str, str]:
+        params, result = HELPERS[node.func]
+        if node.kwargs:
+            raise formula.error(node.kwargs[0][2], f"{node.func}() takes no keyword arguments")
+        if len(node.args) != len(params):
+            raise formula.error(node.pos, f"{node.func}() takes {len(params)} argument"
+                                f"{'s' if len(params) != 1 else ''}, got {len(node.args)}")
+        if node.func == "if_given":
+            cond = node.args[0]
+            if not (isinstance(cond, Name) and cond.id in scope.optional):
+                raise formula.error(_pos(cond), "if_given() needs an optional input as its first argument")
+            scope.optional.discard(cond.id)
+            try:
+                (ac, ak), (bc, bk) = go(node.args[1]), go(node.args[2])
+            finally:
+                scope.optional.add(cond.id)
+            if (ak == "tensor") != (bk == "tensor"):
+                raise formula.error(node.pos, "if_given(): both branches must be tensors or both numbers")
+            return f"({scope.tensors[cond.id]} ? {ac} : {bc})", ak
+        codes = []
+        for param, arg in zip(params, node.args):
+            code, kind = go(arg, list_kind="list[int]")
+            want = {"tensor": "tensor", "axes": "axes", "bool": "bool"}[param]
+            if param == "axes" and kind in ("optional list[int]",):
+                codes.append(code)
+                continue
+            if param == "axes" and kind in ("list[int]", "int", "empty list"):
+                codes.append(f"std::optional<std::vector<int64_t>>({code})"
+                             if kind != "int" else f"std::optional<std::vector<int64_t>>({{{code}}})")
+                continue
+            if not _type_ok(want, kind):
+                raise formula.error(_pos(arg), f"{node.func}(): expected {want}, got {kind}")
+            codes.append(code)
+        return f"{node.func}({', '.join(codes)})", result
+
+    def go(node: Node, list_kind: str = "list[float]") -> tuple[str, str]:
+        if isinstance(node, Num):
+            return (node.text if isinstance(node.value, int) else repr(float(node.value)),
+                    "int" if isinstance(node.value, int) else "float")
+        if isinstance(node, BoolLit):
+            return ("true" if node.value else "false"), "bool"
+        if isinstance(node, Str):
+            return f'std::string("{node.value}")', "str"
+        if isinstance(node, ListLit):
+            if not node.items:
+                return (_cpp_list([], "int" if list_kind.endswith("[int]") or list_kind == "axes" else "float"),
+                        "empty list")
+            items = [go(i) for i in node.items]
+            kinds = {k for _, k in items}
+            if kinds <= {"int"}:
+                return _cpp_list([c for c, _ in items], "int"), "list[int]"
+            if kinds <= {"int", "float", "number"}:
+                return _cpp_list([f"double({c})" for c, _ in items], "float"), "list[float]"
+            raise formula.error(node.pos, "list items must be numbers")
+        if isinstance(node, Name):
+            if node.id in scope.tensors:
+                if node.id in scope.optional:
+                    raise formula.error(node.pos, f"optional input '{node.id}' may be absent; "
+                                        f"use if_given({node.id}, ..., ...)")
+                return scope.tensors[node.id], "tensor"
+            if node.id in scope.attrs:
+                atype, code = scope.attrs[node.id]
+                return code, atype
+            known = list(scope.tensors) + list(scope.attrs)
+            raise formula.error(node.pos, f"unknown name '{node.id}'{did_you_mean(node.id, known)}")
+        if isinstance(node, Unary):
+            code, kind = go(node.operand)
+            if kind == "tensor":
+                need_op("neg", node.pos, "unary '-'")
+                return f"ops::neg({code})", "tensor"
+            return f"(-{code})", kind
+        if isinstance(node, Binary):
+            return binary(node.op, node.left, node.right, node.pos)
+        if isinstance(node, Call):
+            if node.func in HELPERS:
+                return call_helper(node)
+            if node.func in scope.ops:
+                return call_op(node)
+            known = list(scope.ops) + list(HELPERS)
+            raise formula.error(node.pos, f"unknown op '{node.func}'{did_you_mean(node.func, known)}")
+        raise formula.error(0, "unsupported expression")  # pragma: no cover
+
+    code, kind = go(formula.ast)
+    return code, kind
+
+
+def _pos(node: Node) -> int:
+    return node.pos
+

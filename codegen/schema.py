@@ -1,0 +1,95 @@
+"""The one list of allowed spec keys: a cerberus schema for one op's YAML mapping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64",
+          "float16", "bfloat16", "float32", "float64")
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+FORMATS = ("DefaultFormat", "NCHW", "NHWC")
+TARGETS = ("cpu", "cuda", "ascend")
+ATTR_TYPES = ("bool", "int", "float", "str", "list[int]", "list[float]")
+
+IDENT = {"type": "string", "regex": "[a-z_][a-z0-9_]*"}
+TYPEVAR = {"type": "string", "regex": "[A-Z][A-Za-z0-9_]*"}
+FORMULA = {"type": "string", "empty": False}
+DOC = {"type": "string"}
+NUMBER = {"type": "number"}
+TOLERANCE = {"type": "list", "minlength": 2, "maxlength": 2, "schema": NUMBER}
+
+INPUT: dict[str, Any] = {
+    "dtype": {"type": "string", "required": True},
+    "optional": {"type": "boolean"},
+    "differentiable": {"type": "boolean"},
+    "doc": DOC,
+}
+
+OUTPUT: dict[str, Any] = {
+    "dtype": {"type": "string", "required": True},
+    "shape": {"type": "string", "required": True},
+    "differentiable": {"type": "boolean"},
+    "doc": DOC,
+}
+
+ATTR: dict[str, Any] = {
+    "type": {"type": "string", "required": True, "allowed": list(ATTR_TYPES)},
+    "default": {"nullable": True},
+    "required": {"type": "boolean"},
+    "choices": {"type": "list", "empty": False},
+    "min": NUMBER,
+    "max": NUMBER,
+    "doc": DOC,
+}
+
+TARGET: dict[str, Any] = {
+    "dtypes": {"type": "dict", "keysrules": TYPEVAR,
+               "valuesrules": {"type": "list", "empty": False,
+                               "schema": {"type": "string", "allowed": list(DTYPES)}}},
+    "formats": {"type": "list", "empty": False,
+                "schema": {"type": "string", "allowed": list(FORMATS)}},
+}
+
+IMPL: dict[str, Any] = {
+    "expr": FORMULA,
+    "composite": FORMULA,
+    "cpp": {"type": "dict", "nullable": True, "schema": {}},
+}
+
+BPROP: dict[str, Any] = {
+    "type": "dict",
+    "schema": {"let": {"type": "dict", "keysrules": IDENT, "valuesrules": FORMULA}},
+    "allow_unknown": FORMULA,
+    "keysrules": IDENT,
+}
+
+TESTS: dict[str, Any] = {
+    "reference": {"type": "string", "required": True, "empty": False},
+    "domain": {"type": "dict", "keysrules": IDENT,
+               "valuesrules": {"type": "list", "minlength": 2, "maxlength": 2, "schema": NUMBER}},
+    "attrs": {"type": "list", "empty": False, "schema": {"type": "dict"}},
+    "shapes": {"type": "list", "empty": False,
+               "schema": {"type": "list", "schema": {"type": "list", "nullable": True,
+                                                    "schema": {"type": "integer", "min": 0}}}},
+    "tolerance": {"type": "dict", "keysrules": {"type": "string", "allowed": list(DTYPES)},
+                  "valuesrules": TOLERANCE},
+    "grad_tolerance": TOLERANCE,
+}
+
+OP: dict[str, Any] = {
+    "doc": {"type": "string", "required": True, "empty": False},
+    "inputs": {"type": "dict", "required": True, "keysrules": IDENT,
+               "valuesrules": {"type": "dict", "schema": INPUT}},
+    "outputs": {"type": "dict", "required": True, "empty": False, "keysrules": IDENT,
+                "valuesrules": {"type": "dict", "schema": OUTPUT}},
+    "attrs": {"type": "dict", "keysrules": IDENT, "valuesrules": {"type": "dict", "schema": ATTR}},
+    "dtypes": {"type": "dict", "keysrules": TYPEVAR,
+               "valuesrules": {"type": "list", "empty": False,
+                               "schema": {"type": "string", "allowed": list(DTYPES)}}},
+    "targets": {"type": "dict", "required": True, "empty": False,
+                "keysrules": {"type": "string", "allowed": list(TARGETS)},
+                "valuesrules": {"type": "dict", "nullable": True, "schema": TARGET}},
+    "impl": {"type": "dict", "required": True, "schema": IMPL},
+    "bprop": BPROP,
+    "tests": {"type": "dict", "schema": TESTS},
+}

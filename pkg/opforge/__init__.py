@@ -1,0 +1,119 @@
+"""opforge: tensor operators generated from YAML specs, with their own autograd.
+
+    import numpy as np, opforge
+    x = opforge.tensor(np.array([1.0, 4.0, 9.0], np.float32), requires_grad=True)
+    y = opforge.ops.sum(opforge.ops.square(x))
+    y.backward()
+    x.grad.numpy()  # [2, 8, 18]
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from opforge import _C
+from opforge._C import Tensor, from_dlpack, from_numpy, is_grad_enabled, list_ops, set_grad_enabled
+from opforge import ops
+from opforge._autograd import enable_grad, grad, no_grad, value_and_grad
+
+__all__ = [
+    "Tensor", "tensor", "from_numpy", "from_dlpack", "ops", "op_info", "list_ops", "spec", "backend",
+    "no_grad", "enable_grad", "grad", "value_and_grad", "is_grad_enabled", "set_grad_enabled",
+    "DTYPES",
+]
+
+#: The target this wheel was built for ("cpu"); its ops run there.
+backend: str = _C.backend
+
+DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
+
+
+def tensor(data: Any, dtype: Optional[Any] = None, requires_grad: bool = False,
+           format: Optional[str] = None) -> Tensor:
+    """A new tensor holding a copy of data (a Tensor, array, DLPack producer, list or scalar).
+
+    ``dtype`` defaults to data's own (NumPy's inference for lists and scalars); ``format`` tags
+    the layout (``DefaultFormat``, ``NCHW``, ``NHWC``) that registration tables check.
+    """
+    if isinstance(data, Tensor):
+        src = data
+    elif hasattr(data, "__dlpack__") and not isinstance(data, np.ndarray):
+        src = from_dlpack(data)
+    else:
+        arr = np.asarray(data)
+        if arr.dtype.kind not in "biuf?":
+            raise TypeError(f"[tensor] cannot make a tensor from {type(data).__name__} "
+                            f"(NumPy dtype {arr.dtype}); supported dtypes: {', '.join(DTYPES)}")
+        src = from_numpy(np.ascontiguousarray(arr))
+    out = _C._convert(src, src.dtype if dtype is None else dtype)
+    if format is not None:
+        out = out.with_format(format)
+    if requires_grad:
+        out.requires_grad = True
+    return out
+
+
+def op_info(name: str) -> list[dict[str, Any]]:
+    """The op's registration entries, one per target, shaped like MindSpore's
+    ``CustomRegOp(...).get_op_info()``: op_name, inputs, outputs, attr, dtype_format, target."""
+    return _C.op_info(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _specs() -> dict[str, Any]:
+    from opforge.codegen import load_specs
+
+    return {op.name: op for op in load_specs([Path(__file__).parent / "op_specs"])}
+
+
+def spec(name: str) -> Any:
+    """The parsed spec of an op (``opforge.codegen.model.OpSpec``): inputs, attrs, targets,
+    shape rules and bprop formulas, for framework adapters and tools."""
+    specs = _specs()
+    if name not in specs:
+        raise ValueError(f"[spec] unknown op '{name}'; known ops: {', '.join(sorted(specs))}")
+    return specs[name]
+
+
+# ---------------------------------------------------------------------------- Tensor methods
+
+
+def _binary(op: Any, reflected: bool = False) -> Any:
+    if reflected:
+        return lambda self, other: op(other, self)
+    return lambda self, other: op(self, other)
+
+
+def _repr(self: Tensor) -> str:
+    data = self.detach()
+    if data.dtype == "bfloat16":
+        data = data.astype("float32")
+    body = np.array2string(data.numpy(), separator=", ", prefix="tensor(")
+    extra = f", dtype={self.dtype}"
+    if self.format != "DefaultFormat":
+        extra += f", format={self.format}"
+    if self.grad_fn is not None:
+        extra += f", grad_fn={self.grad_fn}"
+    elif self.requires_grad:
+        extra += ", requires_grad=True"
+    return f"tensor({body}{extra})"
+
+
+for _name, _op, _refl in (
+    ("__add__", ops.add, False), ("__radd__", ops.add, True),
+    ("__sub__", ops.sub, False), ("__rsub__", ops.sub, True),
+    ("__mul__", ops.mul, False), ("__rmul__", ops.mul, True),
+    ("__truediv__", ops.div, False), ("__rtruediv__", ops.div, True),
+    ("__gt__", ops.greater, False), ("__lt__", ops.less, False),
+    ("__ge__", ops.greater_equal, False), ("__le__", ops.less_equal, False),
+):
+    setattr(Tensor, _name, _binary(_op, _refl))
+Tensor.__neg__ = lambda self: ops.neg(self)  # type: ignore[attr-defined]
+Tensor.__repr__ = _repr  # type: ignore[method-assign]
+Tensor.sum = lambda self, axis=None, keepdims=False: ops.sum(self, axis, keepdims)  # type: ignore[attr-defined]
+Tensor.mean = lambda self, axis=None, keepdims=False: ops.mean(self, axis, keepdims)  # type: ignore[attr-defined]
+del _name, _op, _refl

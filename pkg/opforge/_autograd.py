@@ -1,0 +1,129 @@
+"""Functional autograd on top of the C++ engine: no_grad, grad, value_and_grad."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
+
+from opforge import _C
+from opforge._C import Tensor
+
+Positions = Union[int, Sequence[int], None]
+
+
+class no_grad(contextlib.ContextDecorator):
+    """Context manager and decorator that turns off graph recording."""
+
+    def __enter__(self) -> None:
+        self._prev = _C.is_grad_enabled()
+        _C.set_grad_enabled(False)
+
+    def __exit__(self, *exc: Any) -> None:
+        _C.set_grad_enabled(self._prev)
+
+
+class enable_grad(contextlib.ContextDecorator):
+    """Context manager and decorator that turns graph recording back on."""
+
+    def __enter__(self) -> None:
+        self._prev = _C.is_grad_enabled()
+        _C.set_grad_enabled(True)
+
+    def __exit__(self, *exc: Any) -> None:
+        _C.set_grad_enabled(self._prev)
+
+
+def _as_leaf(x: Any) -> Tensor:
+    """A fresh leaf that requires grad (sharing x's memory when x is a Tensor or array)."""
+    import opforge
+
+    if isinstance(x, Tensor):
+        t = x.detach()
+    elif hasattr(x, "__array_interface__") or hasattr(x, "__dlpack__"):
+        t = opforge.tensor(x)
+    else:
+        t = opforge.tensor(x, dtype="float32" if isinstance(x, float) else None)
+    if t.dtype not in ("float16", "bfloat16", "float32", "float64"):
+        raise TypeError(f"[grad] can only differentiate with respect to floating-point inputs, got {t.dtype}")
+    t.requires_grad = True
+    return t
+
+
+def _output(value: Any, has_aux: bool) -> tuple[Tensor, Any]:
+    aux = None
+    if has_aux:
+        if not isinstance(value, tuple) or len(value) < 2:
+            raise TypeError("[grad] with has_aux=True the function must return (output, aux...)")
+        value, aux = value[0], value[1:]
+    if isinstance(value, tuple):
+        value = value[0]
+    if not isinstance(value, Tensor):
+        raise TypeError(f"[grad] the function must return an opforge Tensor, got {type(value).__name__}")
+    return value, aux
+
+
+def _grads(out: Tensor, wrt: list[Tensor], sens: Optional[Tensor]) -> list[Tensor]:
+    if not out.requires_grad:
+        return [_C._zeros_like(t) for t in wrt]
+    got = _C._run_backward([out], [sens], False, False, wrt, True)
+    return [g if g is not None else _C._zeros_like(t) for g, t in zip(got, wrt)]
+
+
+def value_and_grad(fn: Callable[..., Any], grad_position: Positions = 0,
+                   weights: Optional[Iterable[Tensor]] = None, has_aux: bool = False
+                   ) -> Callable[..., tuple[Any, Any]]:
+    """Like MindSpore's ``value_and_grad``: returns ``f(*args) -> (value, grads)``.
+
+    ``grad_position``: an int (one gradient), a tuple of ints (a tuple of gradients) or None.
+    ``weights``: tensors (``requires_grad=True``) the function closes over. With both, grads is
+    ``(input_grads, weight_grads)``; with only weights, it is the tuple of weight gradients.
+    The output must be a single-element tensor unless a ``sens`` keyword gives its gradient.
+    """
+    if grad_position is None and weights is None:
+        raise ValueError("[value_and_grad] give grad_position, weights or both")
+    weight_list = list(weights) if weights is not None else None
+    for w in weight_list or []:
+        if not isinstance(w, Tensor) or not w.requires_grad:
+            raise TypeError("[value_and_grad] weights must be opforge Tensors with requires_grad=True")
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, sens: Any = None, **kwargs: Any) -> tuple[Any, Any]:
+        positions = (grad_position,) if isinstance(grad_position, int) else tuple(grad_position or ())
+        for p in positions:
+            if not -len(args) <= p < len(args):
+                raise IndexError(f"[value_and_grad] grad_position {p} is out of range for {len(args)} arguments")
+        args = list(args)
+        leaves = []
+        for p in positions:
+            args[p] = _as_leaf(args[p])
+            leaves.append(args[p])
+        with enable_grad():
+            value = fn(*args, **kwargs)
+        out, aux = _output(value, has_aux)
+        sens_t = None if sens is None else (sens if isinstance(sens, Tensor) else _C.from_numpy(sens))
+        grads = _grads(out, leaves + (weight_list or []), sens_t)
+        gin, gw = grads[:len(leaves)], tuple(grads[len(leaves):])
+        in_part: Any = gin[0] if isinstance(grad_position, int) else tuple(gin)
+        if weight_list is None:
+            result: Any = in_part
+        elif grad_position is None:
+            result = gw
+        else:
+            result = (in_part, gw)
+        return (value if not has_aux else (out, *aux)), result
+
+    return wrapper
+
+
+def grad(fn: Callable[..., Any], argnums: Positions = 0, weights: Optional[Iterable[Tensor]] = None,
+         has_aux: bool = False) -> Callable[..., Any]:
+    """The gradient of fn with respect to the arguments at ``argnums`` (and ``weights``)."""
+    vg = value_and_grad(fn, argnums, weights, has_aux)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        value, g = vg(*args, **kwargs)
+        return (g, value[1:]) if has_aux else g
+
+    return wrapper

@@ -1,0 +1,267 @@
+// Autograd: AutogradContext bookkeeping, graph recording and the backward engine.
+#include "runtime/autograd.h"
+
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "runtime/functional.h"
+
+namespace opforge {
+
+namespace {
+thread_local bool grad_mode_enabled = true;
+}
+
+bool GradMode::is_enabled() { return grad_mode_enabled; }
+void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
+
+// ---------------------------------------------------------------------------- context
+
+void AutogradContext::init(std::string op, const TensorList& inputs, bool any_grad) {
+  op_ = std::move(op);
+  recording_ = any_grad;
+  if (!any_grad) return;
+  inputs_ = inputs;
+  needs_input_grad_.resize(inputs.size());
+  input_meta_.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto& t = inputs[i];
+    needs_input_grad_[i] = t && t->requires_grad();
+    if (t) input_meta_[i] = TensorMeta{t->shape(), t->dtype()};
+  }
+}
+
+bool AutogradContext::NeedGrad(const TensorPtr& t) const {
+  if (!recording_ || !t) return false;
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    if (inputs_[i].get() == t.get()) return needs_input_grad_[i];
+  }
+  return false;
+}
+
+void AutogradContext::SaveForBackward(TensorList tensors) {
+  if (recording_) to_save_ = std::move(tensors);
+}
+
+void AutogradContext::MarkNonDifferentiable(const TensorList& outputs) {
+  if (recording_) non_differentiable_.insert(non_differentiable_.end(), outputs.begin(), outputs.end());
+}
+
+bool AutogradContext::is_non_differentiable(const TensorPtr& t) const {
+  return std::any_of(non_differentiable_.begin(), non_differentiable_.end(),
+                     [&](const TensorPtr& u) { return u.get() == t.get(); });
+}
+
+void AutogradContext::finish(const TensorList& outputs, const std::shared_ptr<Node>& node) {
+  node_ = node;
+  saved_.clear();
+  for (const auto& t : to_save_) {
+    Saved s;
+    if (t) {
+      auto it = std::find_if(outputs.begin(), outputs.end(), [&](const TensorPtr& o) { return o.get() == t.get(); });
+      if (it != outputs.end()) {
+        // Saving our own output strongly would make a cycle node -> ctx -> output -> node.
+        s.tensor = detach(t);
+        s.output_nr = static_cast<int>(it - outputs.begin());
+      } else {
+        s.tensor = t;
+      }
+    }
+    saved_.push_back(std::move(s));
+  }
+  to_save_.clear();
+  inputs_.clear();
+  non_differentiable_.clear();
+}
+
+TensorList AutogradContext::GetSavedTensors() const {
+  if (released_) {
+    fail<RuntimeError>(op_, "trying to backward through the graph a second time (or to read saved tensors "
+                            "after they were freed); pass retain_graph=True to the first backward");
+  }
+  TensorList out;
+  out.reserve(saved_.size());
+  auto node = node_.lock();
+  for (const auto& s : saved_) {
+    if (s.output_nr >= 0 && node) {
+      auto t = detach(s.tensor);
+      t->set_history(node, static_cast<uint32_t>(s.output_nr));
+      out.push_back(std::move(t));
+    } else {
+      out.push_back(s.tensor);
+    }
+  }
+  return out;
+}
+
+void AutogradContext::release() {
+  saved_.clear();
+  attrs_.reset();
+  released_ = true;
+}
+
+TensorPtr AutogradContext::ReduceGrad(size_t i, TensorPtr grad) const {
+  if (!grad) return grad;
+  const TensorMeta& meta = input_meta_[i];
+  if (grad->shape() != meta.shape) grad = sum_to(grad, meta.shape);
+  if (grad->dtype() != meta.dtype) grad = cast(grad, meta.dtype);
+  return grad;
+}
+
+namespace detail {
+
+void record(const std::shared_ptr<Node>& node, AutogradContext& ctx, const TensorList& inputs,
+            const TensorList& outputs) {
+  node->next_edges.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto& t = inputs[i];
+    if (!t || !t->requires_grad()) continue;
+    if (t->grad_fn()) node->next_edges[i] = Edge{t->grad_fn(), t->output_nr()};
+    else node->next_edges[i] = Edge{t->grad_accumulator(t), 0};
+  }
+  node->output_meta.reserve(outputs.size());
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const auto& out = outputs[k];
+    node->output_meta.push_back(TensorMeta{out->shape(), out->dtype()});
+    if (!ctx.is_non_differentiable(out) && is_floating(out->dtype())) {
+      out->set_history(node, static_cast<uint32_t>(k));
+    }
+  }
+  ctx.finish(outputs, node);
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------- engine
+
+TensorList AccumulateGrad::apply(TensorList grads) {
+  TensorPtr g = grads.empty() ? nullptr : grads[0];
+  if (!g) return {};
+  if (!GradMode::is_enabled()) g = detach(g);
+  const auto& old = variable->grad();
+  if (old) {
+    variable->set_grad(add_grad(old, g));
+  } else {
+    // Never hand out a stride-0 or shared buffer as .grad: own a dense copy when needed.
+    variable->set_grad(g->is_contiguous() ? g : contiguous(g));
+  }
+  return {};
+}
+
+namespace {
+
+Edge gradient_edge(const TensorPtr& t) {
+  if (t->grad_fn()) return Edge{t->grad_fn(), t->output_nr()};
+  return Edge{t->grad_accumulator(t), 0};
+}
+
+void accumulate(TensorList& buffer, uint32_t slot, const TensorPtr& g) {
+  if (buffer.size() <= slot) buffer.resize(slot + 1);
+  buffer[slot] = buffer[slot] ? add_grad(buffer[slot], g) : g;
+}
+
+}  // namespace
+
+TensorList run_backward(const TensorList& roots, const TensorList& grad_roots, bool retain_graph,
+                        bool create_graph, const TensorList& inputs, bool allow_unused) {
+  GradModeGuard mode(create_graph);
+  const bool capture_mode = !inputs.empty();
+  std::map<std::pair<Node*, uint32_t>, std::vector<size_t>> capture;
+  TensorList captured(inputs.size());
+  std::vector<std::shared_ptr<Node>> keep_alive;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i]->requires_grad()) {
+      fail<RuntimeError>("grad", "input ", i, " does not require grad");
+    }
+    Edge e = gradient_edge(inputs[i]);
+    capture[{e.fn.get(), e.input_nr}].push_back(i);
+    keep_alive.push_back(e.fn);
+  }
+
+  std::unordered_map<Node*, TensorList> buffers;
+  std::vector<std::shared_ptr<Node>> root_nodes;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const auto& r = roots[i];
+    if (!r->requires_grad()) {
+      fail<RuntimeError>("backward", "element ", i, " of tensors does not require grad and does not have a grad_fn");
+    }
+    TensorPtr g = i < grad_roots.size() ? grad_roots[i] : nullptr;
+    if (!g) {
+      if (r->numel() != 1) {
+        fail<RuntimeError>("backward", "grad can be implicitly created only for tensors with one element; "
+                                       "pass grad= for a tensor of shape ", shape_str(r->shape()));
+      }
+      g = ones_like(r);
+    } else if (g->shape() != r->shape()) {
+      fail<ValueError>("backward", "grad has shape ", shape_str(g->shape()), " but the tensor has shape ",
+                       shape_str(r->shape()));
+    } else if (g->dtype() != r->dtype()) {
+      g = cast(g, r->dtype());
+    }
+    Edge e = gradient_edge(r);
+    accumulate(buffers[e.fn.get()], e.input_nr, g);
+    root_nodes.push_back(e.fn);
+  }
+
+  // Dependency counts: how many edges lead into each node from the part of the graph we run.
+  std::unordered_map<Node*, int> deps;
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> stack;
+  for (const auto& n : root_nodes) {
+    if (seen.insert(n.get()).second) stack.push_back(n.get());
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const auto& e : n->next_edges) {
+      if (!e.fn) continue;
+      deps[e.fn.get()] += 1;
+      if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
+    }
+  }
+
+  std::vector<std::shared_ptr<Node>> ready;
+  std::unordered_set<Node*> queued;
+  for (const auto& n : root_nodes) {
+    if (deps[n.get()] == 0 && queued.insert(n.get()).second) ready.push_back(n);
+  }
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = std::move(ready.back());
+    ready.pop_back();
+    TensorList grads = std::move(buffers[node.get()]);
+    buffers.erase(node.get());
+    grads.resize(std::max(grads.size(), std::max<size_t>(node->output_meta.size(), 1)));
+    for (uint32_t k = 0; k < grads.size(); ++k) {
+      auto it = capture.find({node.get(), k});
+      if (it != capture.end() && grads[k]) {
+        for (size_t idx : it->second) captured[idx] = grads[k];
+      }
+    }
+    const bool any = std::any_of(grads.begin(), grads.end(), [](const TensorPtr& g) { return g != nullptr; });
+    const bool is_leaf_acc = dynamic_cast<AccumulateGrad*>(node.get()) != nullptr;
+    TensorList outs;
+    if (any && !(capture_mode && is_leaf_acc)) {
+      for (size_t k = 0; k < grads.size() && k < node->output_meta.size(); ++k) {
+        if (!grads[k]) grads[k] = full(node->output_meta[k].dtype, node->output_meta[k].shape, 0.0);
+      }
+      outs = node->apply(std::move(grads));
+    }
+    if (!retain_graph) node->release();
+    for (size_t k = 0; k < node->next_edges.size(); ++k) {
+      const Edge& e = node->next_edges[k];
+      if (!e.fn) continue;
+      if (k < outs.size() && outs[k]) accumulate(buffers[e.fn.get()], e.input_nr, outs[k]);
+      if (--deps[e.fn.get()] == 0) ready.push_back(e.fn);
+    }
+  }
+  if (capture_mode && !allow_unused) {
+    for (size_t i = 0; i < captured.size(); ++i) {
+      if (!captured[i]) fail<RuntimeError>("grad", "input ", i, " was not used to compute the output");
+    }
+  }
+  return captured;
+}
+
+}  // namespace opforge

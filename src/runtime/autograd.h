@@ -1,0 +1,171 @@
+// Autograd: grad mode, graph nodes, AutogradContext, Function<T>::Apply and the backward engine.
+#pragma once
+
+#include <any>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace opforge {
+
+// Thread-local switch: when off, Apply records nothing (opforge.no_grad()).
+struct GradMode {
+  static bool is_enabled();
+  static void set_enabled(bool enabled);
+};
+
+struct GradModeGuard {
+  explicit GradModeGuard(bool enabled) : prev_(GradMode::is_enabled()) { GradMode::set_enabled(enabled); }
+  ~GradModeGuard() { GradMode::set_enabled(prev_); }
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
+ private:
+  bool prev_;
+};
+
+struct NoGradGuard : GradModeGuard {
+  NoGradGuard() : GradModeGuard(false) {}
+};
+
+struct Edge {
+  std::shared_ptr<Node> fn;
+  uint32_t input_nr = 0;
+};
+
+struct TensorMeta {
+  Shape shape;
+  DType dtype;
+};
+
+// A step of the recorded graph: takes the gradients of its forward outputs, returns those of
+// its forward inputs (nullptr where none), which flow along next_edges.
+class Node : public std::enable_shared_from_this<Node> {
+ public:
+  virtual ~Node() = default;
+  virtual TensorList apply(TensorList grads) = 0;
+  virtual std::string name() const = 0;
+  virtual void release() {}
+  std::vector<Edge> next_edges;           // one per forward input
+  std::vector<TensorMeta> output_meta;    // one per forward output (for zero-filling)
+};
+
+class AccumulateGrad : public Node {
+ public:
+  explicit AccumulateGrad(TensorPtr variable) : variable(std::move(variable)) {}
+  TensorList apply(TensorList grads) override;
+  std::string name() const override { return "AccumulateGrad"; }
+  TensorPtr variable;
+};
+
+// What Forward may save, read back by Backward (the seeds' API).
+class AutogradContext {
+ public:
+  // Whether t (an input of this call) requires grad.
+  bool NeedGrad(const TensorPtr& t) const;
+  // Whether input i needs a gradient (checked by Backward).
+  bool NeedsInputGrad(size_t i) const { return i < needs_input_grad_.size() && needs_input_grad_[i]; }
+  void SaveForBackward(TensorList tensors);
+  TensorList GetSavedTensors() const;
+  // Marks outputs that carry no gradient (indices, statistics).
+  void MarkNonDifferentiable(const TensorList& outputs);
+
+  template <typename A> void SaveAttrs(const A& attrs) { attrs_ = attrs; }
+  template <typename A> const A& GetAttrs() const { return *std::any_cast<A>(&attrs_); }
+
+  // The op this context belongs to (for error messages).
+  const std::string& op() const { return op_; }
+  // Shape and dtype of input i at Forward time.
+  const TensorMeta& input_meta(size_t i) const { return input_meta_[i]; }
+  // Reduces a broadcast gradient to input i's shape and casts it to input i's dtype.
+  TensorPtr ReduceGrad(size_t i, TensorPtr grad) const;
+
+  // -- used by Function<T>::Apply and the node
+  void init(std::string op, const TensorList& inputs, bool any_grad);
+  void finish(const TensorList& outputs, const std::shared_ptr<Node>& node);
+  void release();
+  bool is_non_differentiable(const TensorPtr& t) const;
+
+ private:
+  struct Saved {
+    TensorPtr tensor;         // inputs: as given; outputs: a detached alias
+    int output_nr = -1;       // >= 0: an output of this node, re-attached on read
+  };
+  std::string op_;
+  TensorList inputs_;         // only during Forward
+  std::vector<bool> needs_input_grad_;
+  std::vector<TensorMeta> input_meta_;
+  TensorList to_save_;
+  std::vector<Saved> saved_;
+  TensorList non_differentiable_;
+  std::weak_ptr<Node> node_;
+  std::any attrs_;
+  bool released_ = false;
+  bool recording_ = false;
+};
+
+// The node recorded for a call of a Function<T>.
+template <typename T>
+class CppNode : public Node {
+ public:
+  TensorList apply(TensorList grads) override { return T::Backward(&ctx, std::move(grads)); }
+  std::string name() const override { return ctx.op(); }
+  void release() override { ctx.release(); }
+  AutogradContext ctx;
+};
+
+namespace detail {
+inline void collect(TensorList&) {}
+template <typename A, typename... Rest>
+void collect(TensorList& out, const A& a, const Rest&... rest) {
+  if constexpr (std::is_convertible_v<const A&, const TensorPtr&>) out.push_back(a);
+  collect(out, rest...);
+}
+inline void as_list(TensorList& out, const TensorPtr& t) { out.push_back(t); }
+inline void as_list(TensorList& out, const TensorList& ts) { out.insert(out.end(), ts.begin(), ts.end()); }
+void record(const std::shared_ptr<Node>& node, AutogradContext& ctx, const TensorList& inputs,
+            const TensorList& outputs);
+}  // namespace detail
+
+// CRTP base of generated (and hand-written) differentiable functions, as in the seeds:
+//   class Mul : public Function<Mul> { static TensorPtr Forward(AutogradContext*, ...);
+//                                      static TensorList Backward(AutogradContext*, TensorList); };
+// T must define `static constexpr const char* kName`.
+template <typename T>
+struct Function {
+  template <typename... Args>
+  static auto Apply(const Args&... args) {
+    TensorList inputs;
+    detail::collect(inputs, args...);
+    bool any_grad = false;
+    if (GradMode::is_enabled()) {
+      for (const auto& t : inputs) any_grad = any_grad || (t && t->requires_grad());
+    }
+    if (!any_grad) {
+      AutogradContext ctx;
+      ctx.init(T::kName, inputs, false);
+      return T::Forward(&ctx, args...);
+    }
+    auto node = std::make_shared<CppNode<T>>();
+    node->ctx.init(T::kName, inputs, true);
+    auto result = [&] {
+      NoGradGuard no_grad;
+      return T::Forward(&node->ctx, args...);
+    }();
+    TensorList outputs;
+    detail::as_list(outputs, result);
+    detail::record(node, node->ctx, inputs, outputs);
+    return result;
+  }
+};
+
+// Runs backward from roots. With `inputs` given, returns their gradients instead of
+// accumulating into .grad (opforge.grad); `allow_unused` lets an input get none (nullptr).
+TensorList run_backward(const TensorList& roots, const TensorList& grad_roots, bool retain_graph,
+                        bool create_graph, const TensorList& inputs = {}, bool allow_unused = true);
+
+}  // namespace opforge

@@ -1,0 +1,136 @@
+// Element types: the DType enum, 16-bit float storage types and the compute type of each.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+namespace opforge {
+
+enum class DType : uint8_t {
+  Bool, UInt8, Int8, Int16, Int32, Int64, Float16, BFloat16, Float32, Float64,
+};
+constexpr int kNumDTypes = 10;
+
+enum class Format : uint8_t { Default, NCHW, NHWC };
+
+const char* dtype_name(DType d);
+const char* format_name(Format f);
+bool dtype_from_name(const std::string& name, DType* out);
+bool format_from_name(const std::string& name, Format* out);
+size_t itemsize(DType d);
+inline bool is_floating(DType d) { return d >= DType::Float16; }
+
+inline uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+
+// IEEE 754 binary16, stored; arithmetic happens in float.
+struct Half {
+  uint16_t bits = 0;
+  Half() = default;
+  Half(float f) : bits(from_float(f)) {}  // NOLINT: implicit like a builtin float type
+  operator float() const { return to_float(bits); }
+
+  static uint16_t from_float(float f) {
+    // round-to-nearest-even conversion via the float bit pattern
+    uint32_t x = f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) return uint16_t(sign | (absx > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (absx >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // overflow to inf
+    if (absx < 0x38800000u) {                                  // subnormal or zero
+      float v = bits_f32(absx) + 0.5f;                         // align to 2^-24 steps
+      return uint16_t(sign | (f32_bits(v) - 0x3f000000u));
+    }
+    uint32_t mant_odd = (absx >> 13) & 1u;
+    absx += 0xc8000fffu + mant_odd;  // rebias exponent (-112 << 23) and round
+    return uint16_t(sign | (absx >> 13));
+  }
+  static float to_float(uint16_t h) {
+    uint32_t sign = uint32_t(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (mant << 13));
+    if (exp == 0) {
+      float v = float(mant) * (1.0f / 16777216.0f);  // 2^-24
+      return sign ? -v : v;
+    }
+    return bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
+  }
+};
+
+// bfloat16: the upper half of a float32, rounded to nearest even.
+struct BFloat16 {
+  uint16_t bits = 0;
+  BFloat16() = default;
+  BFloat16(float f) : bits(from_float(f)) {}  // NOLINT
+  operator float() const { return bits_f32(uint32_t(bits) << 16); }
+  static uint16_t from_float(float f) {
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40);  // quiet NaN
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return uint16_t(x >> 16);
+  }
+};
+
+template <typename T> struct dtype_of;
+template <> struct dtype_of<bool> { static constexpr DType value = DType::Bool; };
+template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::UInt8; };
+template <> struct dtype_of<int8_t> { static constexpr DType value = DType::Int8; };
+template <> struct dtype_of<int16_t> { static constexpr DType value = DType::Int16; };
+template <> struct dtype_of<int32_t> { static constexpr DType value = DType::Int32; };
+template <> struct dtype_of<int64_t> { static constexpr DType value = DType::Int64; };
+template <> struct dtype_of<Half> { static constexpr DType value = DType::Float16; };
+template <> struct dtype_of<BFloat16> { static constexpr DType value = DType::BFloat16; };
+template <> struct dtype_of<float> { static constexpr DType value = DType::Float32; };
+template <> struct dtype_of<double> { static constexpr DType value = DType::Float64; };
+
+// The type arithmetic happens in: float for the 16-bit floats, the type itself otherwise.
+template <typename T> struct compute_type { using type = T; };
+template <> struct compute_type<Half> { using type = float; };
+template <> struct compute_type<BFloat16> { using type = float; };
+template <typename T> using compute_t = typename compute_type<T>::type;
+
+// The type reductions accumulate in.
+template <typename T> struct acc_type { using type = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>; };
+template <> struct acc_type<Half> { using type = double; };
+template <> struct acc_type<BFloat16> { using type = double; };
+template <typename T> using acc_t = typename acc_type<T>::type;
+
+template <typename To, typename From>
+inline To convert(From v) {
+  if constexpr (std::is_same_v<To, bool>) {
+    if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>) {
+      return static_cast<float>(v) != 0.0f;
+    } else {
+      return v != From(0);
+    }
+  } else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) {
+    return To(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>) {
+    return static_cast<To>(static_cast<float>(v));
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+// Calls f.template operator()<T>() with T the storage type of d.
+template <typename F>
+decltype(auto) visit_dtype(DType d, F&& f) {
+  switch (d) {
+    case DType::Bool: return f(bool{});
+    case DType::UInt8: return f(uint8_t{});
+    case DType::Int8: return f(int8_t{});
+    case DType::Int16: return f(int16_t{});
+    case DType::Int32: return f(int32_t{});
+    case DType::Int64: return f(int64_t{});
+    case DType::Float16: return f(Half{});
+    case DType::BFloat16: return f(BFloat16{});
+    case DType::Float32: return f(float{});
+    case DType::Float64: default: return f(double{});
+  }
+}
+
+}  // namespace opforge

@@ -1,0 +1,113 @@
+// The broadcasting elementwise loop (contiguous fast path, OpenMP above a size threshold) and
+// the scalar functions that elementwise expressions may call.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "runtime/tensor.h"
+
+#if defined(__GNUC__)
+#define OPFORGE_INLINE inline __attribute__((always_inline))
+#else
+#define OPFORGE_INLINE inline
+#endif
+
+namespace opforge {
+
+// Scalar functions for `impl.expr` formulas; arguments are compute types (float, double, ints).
+namespace fn {
+template <typename T> OPFORGE_INLINE auto exp(T x) { return std::exp(x); }
+template <typename T> OPFORGE_INLINE auto log(T x) { return std::log(x); }
+template <typename T> OPFORGE_INLINE auto log1p(T x) { return std::log1p(x); }
+template <typename T> OPFORGE_INLINE auto expm1(T x) { return std::expm1(x); }
+template <typename T> OPFORGE_INLINE auto sqrt(T x) { return std::sqrt(x); }
+template <typename T> OPFORGE_INLINE auto rsqrt(T x) { return T(1) / std::sqrt(x); }
+template <typename T> OPFORGE_INLINE auto tanh(T x) { return std::tanh(x); }
+template <typename T> OPFORGE_INLINE auto sin(T x) { return std::sin(x); }
+template <typename T> OPFORGE_INLINE auto cos(T x) { return std::cos(x); }
+template <typename T> OPFORGE_INLINE auto erf(T x) { return std::erf(x); }
+template <typename T> OPFORGE_INLINE auto floor(T x) { return std::floor(x); }
+template <typename T> OPFORGE_INLINE auto ceil(T x) { return std::ceil(x); }
+template <typename T> OPFORGE_INLINE auto pow(T x, T y) { return std::pow(x, y); }
+template <typename T> OPFORGE_INLINE T abs(T x) {
+  if constexpr (std::is_unsigned_v<T> || std::is_same_v<T, bool>) return x;
+  else return x < T(0) ? T(-x) : x;
+}
+// NaN-propagating, like numpy.maximum / numpy.minimum.
+template <typename A, typename B> OPFORGE_INLINE auto maximum(A a, B b) {
+  using R = std::common_type_t<A, B>;
+  return (R(a) != R(a) || R(a) > R(b)) ? R(a) : R(b);
+}
+template <typename A, typename B> OPFORGE_INLINE auto minimum(A a, B b) {
+  using R = std::common_type_t<A, B>;
+  return (R(a) != R(a) || R(a) < R(b)) ? R(a) : R(b);
+}
+}  // namespace fn
+
+// Per-dimension strides (elements) of t read as broadcast to out_shape (0 on broadcast dims).
+Shape broadcast_strides(const Tensor& t, const Shape& out_shape);
+
+constexpr int64_t kParallelThreshold = int64_t(1) << 16;
+
+namespace detail {
+
+template <typename In>
+OPFORGE_INLINE compute_t<In> load(const In* p) { return convert<compute_t<In>>(*p); }
+
+template <typename Out, typename... In, typename F, size_t... I>
+void elementwise_impl(const Tensor& out, const F& f, const std::array<const Tensor*, sizeof...(In)>& ins,
+                      std::index_sequence<I...>) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  Out* o = out.data<Out>();
+  const std::tuple<const In*...> p{ins[I]->template data<In>()...};
+  const bool same = ((ins[I]->numel() == n && ins[I]->is_contiguous()) && ... && true);
+  if (same) {
+#pragma omp parallel for if (n >= kParallelThreshold) schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(f(load<In>(std::get<I>(p) + i)...));
+    return;
+  }
+  const bool flat = (((ins[I]->numel() == n && ins[I]->is_contiguous()) || ins[I]->numel() == 1) && ... && true);
+  if (flat) {
+    const std::array<int64_t, sizeof...(In)> s{(ins[I]->numel() == n ? int64_t(1) : int64_t(0))...};
+#pragma omp parallel for if (n >= kParallelThreshold) schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(f(load<In>(std::get<I>(p) + i * s[I])...));
+    return;
+  }
+  // General case: broadcasting and/or strided inputs. Iterate rows of the last dimension.
+  const Shape& shape = out.shape();
+  const int64_t nd = static_cast<int64_t>(shape.size());
+  const std::array<Shape, sizeof...(In)> st{broadcast_strides(*ins[I], shape)...};
+  const int64_t inner = shape[nd - 1];
+  const int64_t rows = n / inner;
+  const std::array<int64_t, sizeof...(In)> inner_st{st[I][nd - 1]...};
+#pragma omp parallel for if (n >= kParallelThreshold) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    std::array<int64_t, sizeof...(In)> base{};
+    int64_t rem = r;
+    for (int64_t d = nd - 2; d >= 0; --d) {
+      const int64_t idx = rem % shape[d];
+      rem /= shape[d];
+      ((base[I] += idx * st[I][d]), ...);
+    }
+    Out* orow = o + r * inner;
+    for (int64_t j = 0; j < inner; ++j) {
+      orow[j] = convert<Out>(f(load<In>(std::get<I>(p) + base[I] + j * inner_st[I])...));
+    }
+  }
+}
+
+}  // namespace detail
+
+// out[i] = f(in_0[i], ..., in_k[i]) with NumPy broadcasting; out is fresh and contiguous with the
+// broadcast shape. Inputs are read as their storage types `In...` and passed to f as compute types.
+template <typename Out, typename... In, typename F>
+void elementwise(const Tensor& out, const F& f, const std::array<const Tensor*, sizeof...(In)>& ins) {
+  detail::elementwise_impl<Out, In...>(out, f, ins, std::index_sequence_for<In...>{});
+}
+
+}  // namespace opforge

@@ -1,0 +1,33 @@
+// Runtime errors: C++ exceptions whose message starts with "[op]", mapped to Python exceptions.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace opforge {
+
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct TypeError : Error { using Error::Error; };     // -> Python TypeError
+struct ValueError : Error { using Error::Error; };    // -> Python ValueError
+struct IndexError : Error { using Error::Error; };    // -> Python IndexError
+struct RuntimeError : Error { using Error::Error; };  // -> Python RuntimeError
+
+// Builds "[op] part1part2..." from streamable parts.
+template <typename... Parts>
+std::string message(const std::string& op, Parts&&... parts) {
+  std::ostringstream os;
+  os << '[' << op << "] ";
+  (os << ... << std::forward<Parts>(parts));
+  return os.str();
+}
+
+template <typename E, typename... Parts>
+[[noreturn]] void fail(const std::string& op, Parts&&... parts) {
+  throw E(message(op, std::forward<Parts>(parts)...));
+}
+
+}  // namespace opforge

@@ -1,0 +1,46 @@
+// Runtime building blocks used by generated code: shape rules, the sum-over-axes kernel and
+// the differentiable helpers that bprop formulas and Backward use (cast, sum_to, broadcast_to,
+// reshape, expand_reduced, zeros_like, ones_like, scalar_like, numel).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace opforge {
+
+using Axes = std::optional<std::vector<int64_t>>;
+
+// ---- shape rules (throw ValueError / IndexError naming op)
+Shape broadcast_shapes(const char* op, const std::vector<const Tensor*>& inputs,
+                       const std::vector<const char*>& names);
+// Normalized, sorted, unique axes; nullopt or empty means all axes.
+std::vector<int64_t> normalize_axes(const char* op, const Axes& axes, int64_t ndim);
+Shape reduce_shape(const char* op, const Shape& shape, const Axes& axes, bool keepdims);
+Shape matmul_shape(const char* op, const Shape& a, const Shape& b);
+
+// ---- kernels (no autograd)
+// out = scale * sum of x over axes; out is contiguous with x's reduced shape (keepdims or not).
+void sum_into(const char* op, const TensorPtr& x, const Axes& axes, const TensorPtr& out, double scale = 1.0);
+// The same into a new tensor of dtype out.
+TensorPtr sum_kernel(const char* op, const TensorPtr& x, const Axes& axes, bool keepdims, DType out,
+                     double scale = 1.0);
+
+// ---- differentiable helpers (record autograd when grad mode is on)
+TensorPtr cast(const TensorPtr& x, DType dtype);
+TensorPtr sum_to(const TensorPtr& x, const Shape& shape);
+TensorPtr broadcast_to(const TensorPtr& x, const Shape& shape);
+TensorPtr reshape(const TensorPtr& x, const Shape& shape);
+TensorPtr add_grad(const TensorPtr& a, const TensorPtr& b);
+// dout (reduced over axes of x, keepdims or not) broadcast back to x's shape.
+TensorPtr expand_reduced(const TensorPtr& dout, const TensorPtr& x, const Axes& axes, bool keepdims);
+
+// ---- constants (never require grad)
+TensorPtr zeros_like(const TensorPtr& x);
+TensorPtr ones_like(const TensorPtr& x);
+TensorPtr scalar_like(double value, const TensorPtr& like);
+double numel(const TensorPtr& x);
+
+}  // namespace opforge

@@ -1,0 +1,596 @@
+// Python side of the runtime: the Tensor class, NumPy/DLPack exchange, input and attr
+// conversion, autograd entry points, op_info, and C++ -> Python exception mapping.
+#include "runtime/python.h"
+
+#include <pybind11/numpy.h>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "runtime/autograd.h"
+#include "runtime/dlpack.h"
+#include "runtime/functional.h"
+
+namespace opforge::python {
+
+namespace {
+
+std::string type_name(py::handle obj) {
+  if (obj.is_none()) return "None";
+  return py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>();
+}
+
+// ---------------------------------------------------------------------------- NumPy (buffer protocol)
+
+bool dtype_from_buffer_format(const char* fmt, Py_ssize_t size, DType* out) {
+  while (*fmt == '<' || *fmt == '=' || *fmt == '@' || *fmt == '|' || *fmt == '!' || *fmt == '>') {
+    if (*fmt == '>' || *fmt == '!') return false;  // big-endian data is not supported
+    ++fmt;
+  }
+  if (fmt[0] == '\0' || fmt[1] != '\0') return false;
+  switch (fmt[0]) {
+    case '?': *out = DType::Bool; return true;
+    case 'B': *out = DType::UInt8; return size == 1;
+    case 'b': *out = DType::Int8; return size == 1;
+    case 'h': *out = DType::Int16; return size == 2;
+    case 'i': case 'l': case 'q':
+      if (size == 4) { *out = DType::Int32; return true; }
+      if (size == 8) { *out = DType::Int64; return true; }
+      return false;
+    case 'e': *out = DType::Float16; return true;
+    case 'f': *out = DType::Float32; return true;
+    case 'd': *out = DType::Float64; return true;
+    default: return false;
+  }
+}
+
+const char* buffer_format(DType d) {
+  switch (d) {
+    case DType::Bool: return "?";
+    case DType::UInt8: return "B";
+    case DType::Int8: return "b";
+    case DType::Int16: return "h";
+    case DType::Int32: return "i";
+    case DType::Int64: return "q";
+    case DType::Float16: return "e";
+    case DType::Float32: return "f";
+    case DType::Float64: return "d";
+    default: return nullptr;
+  }
+}
+
+std::string supported_dtypes() {
+  std::string s;
+  for (int i = 0; i < kNumDTypes; ++i) s += std::string(i ? ", " : "") + dtype_name(static_cast<DType>(i));
+  return s;
+}
+
+TensorPtr from_buffer(py::handle obj, const char* op, const char* arg) {
+  auto* view = new Py_buffer();
+  if (PyObject_GetBuffer(obj.ptr(), view, PyBUF_RECORDS_RO) != 0) {
+    delete view;
+    PyErr_Clear();
+    fail<TypeError>(op, "input '", arg, "' must be a tensor or array, got ", type_name(obj));
+  }
+  std::shared_ptr<Py_buffer> owner(view, [](Py_buffer* v) {
+    py::gil_scoped_acquire gil;
+    PyBuffer_Release(v);
+    delete v;
+  });
+  DType dtype;
+  if (!dtype_from_buffer_format(view->format ? view->format : "B", view->itemsize, &dtype)) {
+    fail<TypeError>(op, "input '", arg, "' has unsupported element format '", view->format ? view->format : "?",
+                    "'; supported dtypes: ", supported_dtypes());
+  }
+  Shape shape(view->shape, view->shape + view->ndim);
+  Shape strides(static_cast<size_t>(view->ndim));
+  for (int i = 0; i < view->ndim; ++i) {
+    if (view->strides[i] % view->itemsize != 0) {
+      fail<ValueError>(op, "input '", arg, "' has strides that are not a multiple of its item size");
+    }
+    strides[static_cast<size_t>(i)] = view->strides[i] / view->itemsize;
+  }
+  auto storage = std::make_shared<Storage>();
+  storage->data = view->buf;
+  storage->nbytes = static_cast<size_t>(view->len);
+  storage->owner = owner;
+  return std::make_shared<Tensor>(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
+}
+
+// ---------------------------------------------------------------------------- DLPack
+
+bool dtype_from_dl(DLDataType t, DType* out) {
+  if (t.lanes != 1) return false;
+  switch (t.code) {
+    case kDLBool: *out = DType::Bool; return t.bits == 8;
+    case kDLUInt: if (t.bits == 8) { *out = DType::UInt8; return true; } return false;
+    case kDLInt:
+      switch (t.bits) {
+        case 8: *out = DType::Int8; return true;
+        case 16: *out = DType::Int16; return true;
+        case 32: *out = DType::Int32; return true;
+        case 64: *out = DType::Int64; return true;
+        default: return false;
+      }
+    case kDLFloat:
+      switch (t.bits) {
+        case 16: *out = DType::Float16; return true;
+        case 32: *out = DType::Float32; return true;
+        case 64: *out = DType::Float64; return true;
+        default: return false;
+      }
+    case kDLBfloat: *out = DType::BFloat16; return t.bits == 16;
+    default: return false;
+  }
+}
+
+DLDataType dl_from_dtype(DType d) {
+  const auto bits = static_cast<uint8_t>(itemsize(d) * 8);
+  switch (d) {
+    case DType::Bool: return {kDLBool, 8, 1};
+    case DType::UInt8: return {kDLUInt, 8, 1};
+    case DType::Int8: case DType::Int16: case DType::Int32: case DType::Int64: return {kDLInt, bits, 1};
+    case DType::BFloat16: return {kDLBfloat, 16, 1};
+    default: return {kDLFloat, bits, 1};
+  }
+}
+
+TensorPtr tensor_from_dl(const DLTensor& dl, std::shared_ptr<void> owner, const char* op, const char* arg) {
+  if (dl.device.device_type != kDLCPU && dl.device.device_type != kDLCUDAHost) {
+    fail<TypeError>(op, "input '", arg, "' lives on DLPack device type ", dl.device.device_type,
+                    "; this build (target ", built_target(), ") only reads CPU memory");
+  }
+  DType dtype;
+  if (!dtype_from_dl(dl.dtype, &dtype)) {
+    fail<TypeError>(op, "input '", arg, "' has an unsupported DLPack dtype (code ", int(dl.dtype.code), ", ",
+                    int(dl.dtype.bits), " bits); supported dtypes: ", supported_dtypes());
+  }
+  Shape shape(dl.shape, dl.shape + dl.ndim);
+  Shape strides = dl.strides ? Shape(dl.strides, dl.strides + dl.ndim) : contiguous_strides(shape);
+  auto storage = std::make_shared<Storage>();
+  storage->data = static_cast<char*>(dl.data) + dl.byte_offset;
+  storage->nbytes = static_cast<size_t>(shape_numel(shape)) * itemsize(dtype);
+  storage->owner = std::move(owner);
+  return std::make_shared<Tensor>(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
+}
+
+TensorPtr from_dlpack_obj(py::handle obj, const char* op, const char* arg) {
+  py::object capsule = obj.attr("__dlpack__")();
+  PyObject* cap = capsule.ptr();
+  if (PyCapsule_IsValid(cap, "dltensor")) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+    PyCapsule_SetName(cap, "used_dltensor");
+    std::shared_ptr<void> owner(managed, [](void* p) {
+      auto* m = static_cast<DLManagedTensor*>(p);
+      py::gil_scoped_acquire gil;
+      if (m->deleter) m->deleter(m);
+    });
+    return tensor_from_dl(managed->dl_tensor, owner, op, arg);
+  }
+  if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+    auto* managed = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, "dltensor_versioned"));
+    PyCapsule_SetName(cap, "used_dltensor_versioned");
+    std::shared_ptr<void> owner(managed, [](void* p) {
+      auto* m = static_cast<DLManagedTensorVersioned*>(p);
+      py::gil_scoped_acquire gil;
+      if (m->deleter) m->deleter(m);
+    });
+    return tensor_from_dl(managed->dl_tensor, owner, op, arg);
+  }
+  fail<TypeError>(op, "input '", arg, "': __dlpack__() did not return a DLPack capsule");
+}
+
+struct DLPackExport {
+  TensorPtr tensor;
+  Shape shape;
+  Shape strides;
+};
+
+template <typename Managed>
+Managed* make_managed(const TensorPtr& t) {
+  auto* ctx = new DLPackExport{t, t->shape(), t->strides()};
+  auto* m = new Managed();
+  DLTensor& dl = m->dl_tensor;
+  dl.data = t->raw_data();
+  dl.device = DLDevice{kDLCPU, 0};
+  dl.ndim = static_cast<int32_t>(t->dim());
+  dl.dtype = dl_from_dtype(t->dtype());
+  dl.shape = ctx->shape.data();
+  dl.strides = ctx->strides.data();
+  dl.byte_offset = 0;
+  m->manager_ctx = ctx;
+  m->deleter = [](Managed* self) {
+    delete static_cast<DLPackExport*>(self->manager_ctx);
+    delete self;
+  };
+  return m;
+}
+
+py::capsule to_dlpack(const TensorPtr& t, py::object max_version) {
+  bool versioned = false;
+  if (!max_version.is_none()) {
+    auto v = max_version.cast<std::pair<int, int>>();
+    versioned = v.first >= 1;
+  }
+  if (versioned) {
+    auto* m = make_managed<DLManagedTensorVersioned>(t);
+    m->version = DLPackVersion{1, 0};
+    m->flags = 0;
+    return py::capsule(m, "dltensor_versioned", [](PyObject* cap) {
+      if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        auto* p = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, "dltensor_versioned"));
+        p->deleter(p);
+      }
+    });
+  }
+  auto* m = make_managed<DLManagedTensor>(t);
+  return py::capsule(m, "dltensor", [](PyObject* cap) {
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+      auto* p = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+      p->deleter(p);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------- misc helpers
+
+DType parse_dtype(py::handle d, const char* op) {
+  if (py::isinstance<py::str>(d)) {
+    DType out;
+    if (dtype_from_name(d.cast<std::string>(), &out)) return out;
+  } else if (py::hasattr(d, "name") || py::hasattr(d, "__name__")) {
+    // numpy dtypes and scalar types: np.float32, np.dtype("float32")
+    py::object name = py::module_::import("numpy").attr("dtype")(d).attr("name");
+    DType out;
+    if (dtype_from_name(name.cast<std::string>(), &out)) return out;
+  }
+  fail<TypeError>(op, "unknown dtype ", py::repr(d).cast<std::string>(), "; supported: ", supported_dtypes());
+}
+
+py::object numpy_view(const TensorPtr& t) {
+  const char* fmt = buffer_format(t->dtype());
+  if (!fmt) {
+    fail<TypeError>("numpy", "NumPy has no ", dtype_name(t->dtype()), " dtype; use t.astype('float32') first");
+  }
+  std::vector<py::ssize_t> shape(t->shape().begin(), t->shape().end());
+  std::vector<py::ssize_t> strides;
+  const auto item = static_cast<py::ssize_t>(itemsize(t->dtype()));
+  for (int64_t s : t->strides()) strides.push_back(s * item);
+  // The array's base owns a reference to the tensor, so the memory outlives the array.
+  auto* holder = new TensorPtr(t);
+  py::capsule base(holder, [](void* p) { delete static_cast<TensorPtr*>(p); });
+  return py::array(py::dtype(fmt), shape, strides, t->raw_data(), base);
+}
+
+py::object item(const TensorPtr& t) {
+  if (t->numel() != 1) fail<ValueError>("item", "only one-element tensors can be converted to Python scalars, got shape ", shape_str(t->shape()));
+  return visit_dtype(t->dtype(), [&](auto tag) -> py::object {
+    using T = decltype(tag);
+    const T v = *t->data<T>();
+    if constexpr (std::is_same_v<T, bool>) return py::bool_(v);
+    else if constexpr (std::is_integral_v<T>) return py::int_(static_cast<int64_t>(v));
+    else return py::float_(static_cast<double>(convert<double>(v)));
+  });
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- public helpers
+
+TensorPtr to_tensor(py::handle obj, const char* op, const char* arg) {
+  if (py::isinstance<Tensor>(obj)) return obj.cast<TensorPtr>();
+  if (obj.is_none()) fail<TypeError>(op, "input '", arg, "' must be a tensor, got None");
+  if (PyObject_CheckBuffer(obj.ptr())) return from_buffer(obj, op, arg);
+  if (py::hasattr(obj, "__dlpack__")) return from_dlpack_obj(obj, op, arg);
+  fail<TypeError>(op, "input '", arg, "' must be a tensor, NumPy array, DLPack producer or Python scalar, got ",
+                  type_name(obj));
+}
+
+void InputConverter::add(py::handle obj) {
+  const size_t i = tensors_.size();
+  const ArgInfo& arg = info_.inputs[i];
+  if (obj.is_none() && arg.optional) {
+    tensors_.push_back(nullptr);
+    return;
+  }
+  if (PyBool_Check(obj.ptr())) {
+    pending_.push_back({i, obj.ptr() == Py_True ? 1.0 : 0.0, 'b'});
+    tensors_.push_back(nullptr);
+  } else if (PyLong_CheckExact(obj.ptr())) {
+    pending_.push_back({i, static_cast<double>(obj.cast<int64_t>()), 'i'});
+    tensors_.push_back(nullptr);
+  } else if (PyFloat_Check(obj.ptr())) {
+    pending_.push_back({i, PyFloat_AS_DOUBLE(obj.ptr()), 'f'});
+    tensors_.push_back(nullptr);
+  } else {
+    tensors_.push_back(to_tensor(obj, info_.name, arg.name));
+  }
+}
+
+const TensorList& InputConverter::finish() {
+  for (const auto& p : pending_) {
+    const ArgInfo& arg = info_.inputs[p.index];
+    DType dtype;
+    if (arg.typevar < 0) {
+      dtype = arg.dtype;
+    } else {
+      // the dtype bound by a tensor input of the same type variable, else a default by kind
+      bool bound = false;
+      for (size_t j = 0; j < tensors_.size() && !bound; ++j) {
+        if (tensors_[j] && info_.inputs[j].typevar == arg.typevar) {
+          dtype = tensors_[j]->dtype();
+          bound = true;
+        }
+      }
+      if (!bound) dtype = p.kind == 'f' ? DType::Float32 : p.kind == 'i' ? DType::Int64 : DType::Bool;
+    }
+    tensors_[p.index] = full(dtype, {}, p.value);
+  }
+  return tensors_;
+}
+
+bool attr_bool(const char* op, const char* name, py::handle v) {
+  if (PyBool_Check(v.ptr())) return v.ptr() == Py_True;
+  if (py::hasattr(v, "dtype") && py::hasattr(v, "item") && py::str(v.attr("dtype")).cast<std::string>() == "bool") {
+    return v.attr("item")().cast<bool>();
+  }
+  fail<TypeError>(op, "attr '", name, "' must be a bool, got ", type_name(v));
+}
+
+int64_t attr_int(const char* op, const char* name, py::handle v) {
+  if (!PyBool_Check(v.ptr()) && PyIndex_Check(v.ptr())) {
+    const long long x = PyLong_AsLongLong(py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr())).ptr());
+    if (x == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      fail<ValueError>(op, "attr '", name, "' is out of range for int64");
+    }
+    return x;
+  }
+  fail<TypeError>(op, "attr '", name, "' must be an int, got ", type_name(v));
+}
+
+double attr_float(const char* op, const char* name, py::handle v) {
+  if (!PyBool_Check(v.ptr()) && (PyFloat_Check(v.ptr()) || PyLong_Check(v.ptr()) ||
+                                 (py::hasattr(v, "dtype") && PyNumber_Check(v.ptr()) && !PyIndex_Check(v.ptr())))) {
+    return PyFloat_AsDouble(v.ptr());
+  }
+  if (!PyBool_Check(v.ptr()) && PyIndex_Check(v.ptr())) return static_cast<double>(attr_int(op, name, v));
+  fail<TypeError>(op, "attr '", name, "' must be a float, got ", type_name(v));
+}
+
+std::string attr_str(const char* op, const char* name, py::handle v) {
+  if (py::isinstance<py::str>(v)) return v.cast<std::string>();
+  fail<TypeError>(op, "attr '", name, "' must be a str, got ", type_name(v));
+}
+
+std::vector<int64_t> attr_int_list(const char* op, const char* name, py::handle v) {
+  if (!PyBool_Check(v.ptr()) && PyIndex_Check(v.ptr())) return {attr_int(op, name, v)};
+  if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
+    std::vector<int64_t> out;
+    for (py::handle x : v) {
+      if (PyBool_Check(x.ptr()) || !PyIndex_Check(x.ptr())) {
+        fail<TypeError>(op, "attr '", name, "' must be an int or a list of ints, got an item of type ", type_name(x));
+      }
+      out.push_back(attr_int(op, name, x));
+    }
+    return out;
+  }
+  fail<TypeError>(op, "attr '", name, "' must be an int or a list of ints, got ", type_name(v));
+}
+
+std::vector<double> attr_float_list(const char* op, const char* name, py::handle v) {
+  if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
+    std::vector<double> out;
+    for (py::handle x : v) out.push_back(attr_float(op, name, x));
+    return out;
+  }
+  return {attr_float(op, name, v)};
+}
+
+py::object wrap(TensorPtr t) { return py::cast(std::move(t)); }
+
+py::object wrap(const TensorList& ts) {
+  py::tuple out(ts.size());
+  for (size_t i = 0; i < ts.size(); ++i) out[i] = py::cast(ts[i]);
+  return std::move(out);
+}
+
+// ---------------------------------------------------------------------------- op_info
+
+namespace {
+
+const char* ms_target(const char* t) {
+  if (std::strcmp(t, "cpu") == 0) return "CPU";
+  if (std::strcmp(t, "cuda") == 0) return "GPU";
+  return "Ascend";
+}
+
+py::list target_info(const OpInfo& op) {
+  py::list out;
+  for (const auto& target : op.targets) {
+    py::dict d;
+    d["op_name"] = op.name;
+    d["imply_type"] = op.impl;
+    py::list inputs, outputs, attrs, dtype_format;
+    for (size_t i = 0; i < op.inputs.size(); ++i) {
+      py::dict a;
+      a["index"] = i;
+      a["name"] = op.inputs[i].name;
+      a["param_type"] = op.inputs[i].optional ? "optional" : "required";
+      inputs.append(a);
+    }
+    for (size_t i = 0; i < op.outputs.size(); ++i) {
+      py::dict a;
+      a["index"] = i;
+      a["name"] = op.outputs[i].name;
+      a["param_type"] = "required";
+      outputs.append(a);
+    }
+    for (const auto& at : op.attrs) {
+      py::dict a;
+      a["name"] = at.name;
+      a["param_type"] = at.required ? "required" : "optional";
+      a["value_type"] = at.type;
+      if (!at.required) a["default_value"] = at.default_repr;
+      attrs.append(a);
+    }
+    for (const auto& row : target.rows) {
+      py::list cols;
+      auto col = [&](const ArgInfo& a) {
+        const DType d = a.typevar < 0 ? a.dtype : row.vars[static_cast<size_t>(a.typevar)];
+        cols.append(py::make_tuple(dtype_name(d), format_name(row.format)));
+      };
+      for (const auto& a : op.inputs) col(a);
+      for (const auto& a : op.outputs) col(a);
+      dtype_format.append(py::tuple(cols));
+    }
+    d["inputs"] = inputs;
+    d["outputs"] = outputs;
+    d["attr"] = attrs;
+    d["dtype_format"] = dtype_format;
+    d["target"] = ms_target(target.name);
+    out.append(d);
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- module
+
+void bind_runtime(py::module_& m) {
+  static py::exception<Error> base_error(m, "OpforgeError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
+    } catch (const ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const IndexError& e) {
+      PyErr_SetString(PyExc_IndexError, e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    } catch (const std::bad_alloc&) {
+      PyErr_SetString(PyExc_MemoryError, "opforge: out of memory");
+    }
+  });
+
+  py::class_<Tensor, TensorPtr> cls(m, "Tensor", py::buffer_protocol(), R"doc(
+An n-dimensional array with autograd, sharing memory with NumPy and DLPack producers.
+
+Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copies) or
+``opforge.from_numpy(array)`` / ``opforge.from_dlpack(obj)`` (zero copy).
+)doc");
+  cls.def_buffer([](Tensor& t) -> py::buffer_info {
+    const char* fmt = buffer_format(t.dtype());
+    if (!fmt) fail<TypeError>("buffer", "the buffer protocol has no ", dtype_name(t.dtype()), " format");
+    std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end()), strides;
+    const auto item = static_cast<py::ssize_t>(itemsize(t.dtype()));
+    for (int64_t s : t.strides()) strides.push_back(s * item);
+    return py::buffer_info(t.raw_data(), item, fmt, t.dim(), shape, strides, /*readonly=*/false);
+  });
+  cls.def_property_readonly("shape", [](const Tensor& t) { return py::tuple(py::cast(t.shape())); })
+      .def_property_readonly("dtype", [](const Tensor& t) { return dtype_name(t.dtype()); })
+      .def_property_readonly("format", [](const Tensor& t) { return format_name(t.format()); })
+      .def_property_readonly("ndim", &Tensor::dim)
+      .def_property_readonly("size", &Tensor::numel)
+      .def_property_readonly("strides", [](const Tensor& t) { return py::tuple(py::cast(t.strides())); },
+                             "Strides in elements.")
+      .def_property_readonly("is_leaf", &Tensor::is_leaf)
+      .def_property_readonly("grad_fn", [](const Tensor& t) -> py::object {
+        if (!t.grad_fn()) return py::none();
+        return py::str(t.grad_fn()->name());
+      }, "The name of the op that produced this tensor, or None for a leaf.")
+      .def_property("requires_grad", &Tensor::requires_grad, &Tensor::set_requires_grad)
+      .def_property("grad", &Tensor::grad, [](Tensor& t, py::object g) {
+        t.set_grad(g.is_none() ? nullptr : to_tensor(g, "grad", "grad"));
+      })
+      .def("numpy", [](const TensorPtr& t) { return numpy_view(t); },
+           "A NumPy array sharing this tensor's memory (no copy).")
+      .def("item", [](const TensorPtr& t) { return item(t); })
+      .def("detach", [](const TensorPtr& t) { return detach(t); },
+           "The same data without autograd history.")
+      .def("astype", [](const TensorPtr& t, py::handle d) { return cast(t, parse_dtype(d, "astype")); },
+           py::arg("dtype"), "A copy converted to dtype (differentiable).")
+      .def("reshape", [](const TensorPtr& t, const Shape& s) { return reshape(t, s); }, py::arg("shape"),
+           "A tensor with the same data and another shape (differentiable).")
+      .def("with_format", [](const TensorPtr& t, const std::string& f) {
+        Format fmt;
+        if (!format_from_name(f, &fmt)) fail<ValueError>("with_format", "unknown format '", f, "'; supported: DefaultFormat, NCHW, NHWC");
+        auto out = detach(t);
+        out->set_format(fmt);
+        return out;
+      }, py::arg("format"), "A view of the same data tagged with a layout format (NCHW, NHWC...).")
+      .def("backward", [](const TensorPtr& t, py::object grad, bool retain_graph, bool create_graph) {
+        TensorList grads{grad.is_none() ? nullptr : to_tensor(grad, "backward", "grad")};
+        py::gil_scoped_release nogil;
+        run_backward({t}, grads, retain_graph, create_graph);
+      }, py::arg("grad") = py::none(), py::arg("retain_graph") = false, py::arg("create_graph") = false,
+         "Accumulate the gradient of this tensor into the .grad of the leaves it depends on.")
+      .def("__dlpack__", [](const TensorPtr& t, py::object stream, py::object max_version, py::object dl_device,
+                            py::object copy) {
+        (void)stream;
+        (void)dl_device;
+        if (!copy.is_none() && copy.cast<bool>()) {
+          auto c = empty(t->dtype(), t->shape(), t->format());
+          copy_into(c, t);
+          return to_dlpack(c, max_version);
+        }
+        return to_dlpack(t, max_version);
+      }, py::kw_only(), py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
+         py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
+      .def("__dlpack_device__", [](const Tensor&) { return py::make_tuple(int(kDLCPU), 0); })
+      .def("__len__", [](const Tensor& t) {
+        if (t.dim() == 0) fail<TypeError>("len", "len() of a 0-d tensor");
+        return t.shape()[0];
+      })
+      .def("__float__", [](const TensorPtr& t) { return item(t).cast<double>(); })
+      .def("__int__", [](const TensorPtr& t) { return py::int_(item(t)); })
+      .def("__bool__", [](const TensorPtr& t) { return py::bool_(item(t)).cast<bool>(); })
+      .def_property_readonly_static("__array_ufunc__", [](py::object) { return py::none(); });
+
+  m.def("from_numpy", [](py::handle a) { return to_tensor(a, "from_numpy", "array"); }, py::arg("array"),
+        "Wrap a NumPy array (or any buffer-protocol object) without copying.");
+  m.def("from_dlpack", [](py::handle a) {
+    if (py::isinstance<Tensor>(a)) return a.cast<TensorPtr>();
+    if (!py::hasattr(a, "__dlpack__")) fail<TypeError>("from_dlpack", "object of type ", type_name(a), " has no __dlpack__");
+    return from_dlpack_obj(a, "from_dlpack", "x");
+  }, py::arg("x"), "Wrap a DLPack producer (torch tensor, NumPy array, ...) without copying.");
+  m.def("_convert", [](const TensorPtr& t, py::handle d) {
+    const DType dtype = parse_dtype(d, "tensor");
+    auto out = empty(dtype, t->shape(), t->format());
+    copy_into(out, t);
+    return out;
+  });
+  m.def("_zeros_like", [](const TensorPtr& t) { return zeros_like(t); });
+  m.def("_parse_dtype", [](py::handle d) { return dtype_name(parse_dtype(d, "dtype")); });
+  m.def("is_grad_enabled", &GradMode::is_enabled);
+  m.def("set_grad_enabled", &GradMode::set_enabled, py::arg("enabled"));
+  m.def("_run_backward", [](const TensorList& roots, std::vector<py::object> grads, bool retain_graph,
+                            bool create_graph, const TensorList& inputs, bool allow_unused) {
+    TensorList gs;
+    for (auto& g : grads) gs.push_back(g.is_none() ? nullptr : to_tensor(g, "backward", "grad"));
+    py::gil_scoped_release nogil;
+    return run_backward(roots, gs, retain_graph, create_graph, inputs, allow_unused);
+  });
+  m.def("op_info", [](const std::string& name) {
+    const OpInfo* op = find_op(name);
+    if (!op) {
+      std::string names;
+      for (const OpInfo* o : registry()) names += std::string(names.empty() ? "" : ", ") + o->name;
+      fail<ValueError>("op_info", "unknown op '", name, "'; known ops: ", names);
+    }
+    return target_info(*op);
+  }, py::arg("name"));
+  m.def("list_ops", [] {
+    std::vector<std::string> names;
+    for (const OpInfo* o : registry()) names.push_back(o->name);
+    std::sort(names.begin(), names.end());
+    return names;
+  });
+  m.attr("backend") = built_target();
+}
+
+}  // namespace opforge::python

@@ -1,0 +1,125 @@
+// Registration table storage and the call-time dtype/format check.
+#include "runtime/registry.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+namespace opforge {
+
+const char* built_target() { return "cpu"; }
+
+std::vector<const OpInfo*>& registry() {
+  static std::vector<const OpInfo*> ops;
+  return ops;
+}
+
+void register_op(OpInfo& info) {
+  for (const auto& t : info.targets) {
+    if (std::strcmp(t.name, built_target()) == 0) info.built = &t;
+  }
+  registry().push_back(&info);
+}
+
+const OpInfo* find_op(const std::string& name) {
+  for (const OpInfo* op : registry()) {
+    if (name == op->name) return op;
+  }
+  return nullptr;
+}
+
+namespace {
+
+std::string supported_list(const OpInfo& info, const TargetInfo& target) {
+  // "T=float32, T=float64" style, listing the distinct type-variable bindings.
+  std::vector<std::string> seen;
+  for (const auto& row : target.rows) {
+    std::string s;
+    for (size_t v = 0; v < info.typevars.size(); ++v) {
+      s += std::string(v ? ", " : "") + dtype_name(row.vars[v]);
+    }
+    if (std::find(seen.begin(), seen.end(), s) == seen.end()) seen.push_back(s);
+  }
+  std::string out;
+  for (size_t i = 0; i < seen.size(); ++i) out += (i ? "; " : "") + seen[i];
+  return out;
+}
+
+std::string typevar_names(const OpInfo& info) {
+  std::string s;
+  for (size_t v = 0; v < info.typevars.size(); ++v) s += std::string(v ? ", " : "") + info.typevars[v];
+  return s;
+}
+
+}  // namespace
+
+CallInfo check_call(const OpInfo& info, std::initializer_list<const Tensor*> inputs) {
+  if (!info.built) {
+    fail<RuntimeError>(info.name, "has no kernel for target ", built_target(),
+                       " (the spec does not list it under targets)");
+  }
+  CallInfo call;
+  std::array<int, kMaxTypeVars> bound_by{-1, -1, -1, -1};
+  bool any_format = false;
+  size_t i = 0;
+  for (const Tensor* t : inputs) {
+    const ArgInfo& arg = info.inputs[i];
+    if (!t) {
+      if (!arg.optional) fail<TypeError>(info.name, "input '", arg.name, "' is required");
+      ++i;
+      continue;
+    }
+    if (arg.typevar < 0) {
+      if (t->dtype() != arg.dtype) {
+        fail<TypeError>(info.name, "input '", arg.name, "' must be ", dtype_name(arg.dtype), ", got ",
+                        dtype_name(t->dtype()));
+      }
+    } else {
+      const auto v = static_cast<size_t>(arg.typevar);
+      if (bound_by[v] < 0) {
+        call.vars[v] = t->dtype();
+        bound_by[v] = static_cast<int>(i);
+      } else if (call.vars[v] != t->dtype()) {
+        fail<TypeError>(info.name, "inputs '", info.inputs[static_cast<size_t>(bound_by[v])].name, "' (",
+                        dtype_name(call.vars[v]), ") and '", arg.name, "' (", dtype_name(t->dtype()),
+                        ") must have the same dtype (type variable ", info.typevars[v], ")");
+      }
+    }
+    if (t->format() != Format::Default) {
+      if (any_format && call.format != t->format()) {
+        fail<ValueError>(info.name, "inputs mix formats ", format_name(call.format), " and ",
+                         format_name(t->format()));
+      }
+      call.format = t->format();
+      any_format = true;
+    }
+    ++i;
+  }
+  const size_t nv = info.typevars.size();
+  bool dtype_ok = false;
+  for (const auto& row : info.built->rows) {
+    bool match = true;
+    for (size_t v = 0; v < nv; ++v) match = match && row.vars[v] == call.vars[v];
+    if (!match) continue;
+    dtype_ok = true;
+    if (row.format == call.format) return call;
+  }
+  std::ostringstream given;
+  for (size_t v = 0; v < nv; ++v) given << (v ? ", " : "") << dtype_name(call.vars[v]);
+  if (!dtype_ok) {
+    fail<TypeError>(info.name, "dtype ", given.str(), " is not supported on target ", info.built->name,
+                    "; supported (", typevar_names(info), "): ", supported_list(info, *info.built));
+  }
+  std::string formats;
+  for (const auto& row : info.built->rows) {
+    bool match = true;
+    for (size_t v = 0; v < nv; ++v) match = match && row.vars[v] == call.vars[v];
+    if (match && formats.find(format_name(row.format)) == std::string::npos) {
+      formats += std::string(formats.empty() ? "" : ", ") + format_name(row.format);
+    }
+  }
+  fail<TypeError>(info.name, "format ", format_name(call.format), " is not supported on target ",
+                  info.built->name, "; supported: ", formats);
+}
+
+}  // namespace opforge

@@ -1,0 +1,72 @@
+// The registration table (one OpInfo per op, rows of dtype x format per target) and the
+// call-time check that binds type variables and validates a call against it.
+#pragma once
+
+#include <array>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace opforge {
+
+constexpr int kMaxTypeVars = 4;
+
+struct ArgInfo {
+  const char* name;
+  int typevar;          // index into OpInfo::typevars, or -1 for a concrete dtype
+  DType dtype;          // the concrete dtype when typevar < 0
+  bool optional;
+  bool differentiable;
+};
+
+struct AttrInfo {
+  const char* name;
+  const char* type;     // bool | int | float | str | list[int] | list[float]
+  bool required;
+  const char* default_repr;  // Python literal, "" when required
+};
+
+struct RowInfo {
+  std::array<DType, kMaxTypeVars> vars;  // one dtype per type variable
+  Format format;
+};
+
+struct TargetInfo {
+  const char* name;     // cpu | cuda | ascend
+  std::vector<RowInfo> rows;
+};
+
+struct OpInfo {
+  const char* name;
+  const char* doc;
+  const char* impl;     // expr | cpp | composite
+  std::vector<const char*> typevars;
+  std::vector<ArgInfo> inputs;
+  std::vector<ArgInfo> outputs;
+  std::vector<AttrInfo> attrs;
+  std::vector<TargetInfo> targets;
+  const TargetInfo* built = nullptr;  // the row set of the target this wheel was built for
+};
+
+// The result of checking a call: the bound type variables and the call's format.
+struct CallInfo {
+  std::array<DType, kMaxTypeVars> vars{};
+  Format format = Format::Default;
+  DType var(int i) const { return vars[static_cast<size_t>(i)]; }
+};
+
+// The target this build compiles kernels for ("cpu").
+const char* built_target();
+
+// Binds type variables from the inputs (null entries are absent optional inputs) and checks
+// dtypes and format against the built target's rows; throws TypeError / ValueError naming op.
+CallInfo check_call(const OpInfo& info, std::initializer_list<const Tensor*> inputs);
+
+// Global table of every registered op (for op_info / list_ops).
+std::vector<const OpInfo*>& registry();
+void register_op(OpInfo& info);
+const OpInfo* find_op(const std::string& name);
+
+}  // namespace opforge

@@ -1,0 +1,165 @@
+// Tensor storage, construction and data movement helpers.
+#include "runtime/tensor.h"
+
+#include <cstdlib>
+#include <sstream>
+
+#include "runtime/autograd.h"
+#include "runtime/elementwise.h"
+
+namespace opforge {
+
+namespace {
+const char* const kDTypeNames[] = {"bool", "uint8", "int8", "int16", "int32", "int64",
+                                   "float16", "bfloat16", "float32", "float64"};
+const size_t kItemsize[] = {1, 1, 1, 2, 4, 8, 2, 2, 4, 8};
+const char* const kFormatNames[] = {"DefaultFormat", "NCHW", "NHWC"};
+}  // namespace
+
+const char* dtype_name(DType d) { return kDTypeNames[static_cast<int>(d)]; }
+const char* format_name(Format f) { return kFormatNames[static_cast<int>(f)]; }
+size_t itemsize(DType d) { return kItemsize[static_cast<int>(d)]; }
+
+bool dtype_from_name(const std::string& name, DType* out) {
+  for (int i = 0; i < kNumDTypes; ++i) {
+    if (name == kDTypeNames[i]) {
+      *out = static_cast<DType>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool format_from_name(const std::string& name, Format* out) {
+  for (int i = 0; i < 3; ++i) {
+    if (name == kFormatNames[i]) {
+      *out = static_cast<Format>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::ostringstream os;
+  os << '(';
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  if (shape.size() == 1) os << ',';
+  os << ')';
+  return os.str();
+}
+
+Tensor::Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides, int64_t offset,
+               Format format)
+    : storage_(std::move(storage)), dtype_(dtype), format_(format), shape_(std::move(shape)),
+      strides_(std::move(strides)), offset_(offset) {
+  numel_ = shape_numel(shape_);
+  contiguous_ = true;
+  int64_t expected = 1;
+  for (size_t i = shape_.size(); i-- > 0;) {
+    if (shape_[i] != 1 && strides_[i] != expected) contiguous_ = false;
+    expected *= shape_[i];
+  }
+  if (numel_ == 0) contiguous_ = true;
+}
+
+void Tensor::set_requires_grad(bool r) {
+  if (!is_leaf()) {
+    throw RuntimeError("requires_grad can only be changed on leaf tensors; use detach() first");
+  }
+  if (r && !is_floating(dtype_)) {
+    throw TypeError(std::string("only floating-point tensors can require gradients, got ") + dtype_name(dtype_));
+  }
+  requires_grad_ = r;
+}
+
+std::shared_ptr<Node> Tensor::grad_accumulator(const TensorPtr& self) {
+  auto acc = grad_accumulator_.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(self);
+    grad_accumulator_ = acc;
+  }
+  return acc;
+}
+
+TensorPtr empty(DType dtype, const Shape& shape, Format format) {
+  for (int64_t d : shape) {
+    if (d < 0) throw ValueError("negative dimension in shape " + shape_str(shape));
+  }
+  auto storage = std::make_shared<Storage>();
+  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * itemsize(dtype);
+  const size_t rounded = ((nbytes + 63) / 64) * 64;
+  void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+  if (rounded && !p) throw RuntimeError("out of memory allocating " + std::to_string(nbytes) + " bytes");
+  storage->data = p;
+  storage->nbytes = nbytes;
+  storage->owner = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  return std::make_shared<Tensor>(std::move(storage), dtype, shape, contiguous_strides(shape), 0, format);
+}
+
+TensorPtr full(DType dtype, const Shape& shape, double value, Format format) {
+  auto t = empty(dtype, shape, format);
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T v = convert<T>(value);
+    T* p = t->data<T>();
+    for (int64_t i = 0, n = t->numel(); i < n; ++i) p[i] = v;
+  });
+  return t;
+}
+
+TensorPtr detach(const TensorPtr& t) {
+  return std::make_shared<Tensor>(t->storage(), t->dtype(), t->shape(), t->strides(), t->offset(), t->format());
+}
+
+void copy_into(const TensorPtr& dst, const TensorPtr& src) {
+  visit_dtype(dst->dtype(), [&](auto out_tag) {
+    using Out = decltype(out_tag);
+    visit_dtype(src->dtype(), [&](auto in_tag) {
+      using In = decltype(in_tag);
+      elementwise<Out, In>(*dst, [](auto v) { return v; }, {src.get()});
+    });
+  });
+}
+
+TensorPtr contiguous(const TensorPtr& t) {
+  if (t->is_contiguous()) return t;
+  auto out = empty(t->dtype(), t->shape(), t->format());
+  copy_into(out, t);
+  return out;
+}
+
+TensorPtr reshape_data(const TensorPtr& t, const Shape& shape) {
+  auto c = contiguous(t);
+  return std::make_shared<Tensor>(c->storage(), c->dtype(), shape, contiguous_strides(shape), c->offset(),
+                                  c->format());
+}
+
+Shape broadcast_strides(const Tensor& t, const Shape& out_shape) {
+  const size_t nd = out_shape.size();
+  const size_t td = t.shape().size();
+  Shape st(nd, 0);
+  for (size_t i = 0; i < td; ++i) {
+    const size_t o = nd - td + i;
+    st[o] = t.shape()[i] == 1 ? 0 : t.strides()[i];
+  }
+  return st;
+}
+
+}  // namespace opforge

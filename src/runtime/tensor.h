@@ -1,0 +1,101 @@
+// Tensor: shared (owner-aware) storage, dtype, shape, strides, format and autograd metadata.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/dtype.h"
+#include "runtime/errors.h"
+
+namespace opforge {
+
+using Shape = std::vector<int64_t>;
+
+// Bytes plus whatever keeps them alive: our own allocation, a NumPy array, a DLPack capsule.
+struct Storage {
+  void* data = nullptr;
+  size_t nbytes = 0;
+  std::shared_ptr<void> owner;
+};
+
+class Node;
+class Tensor;
+using TensorPtr = std::shared_ptr<Tensor>;
+using TensorList = std::vector<TensorPtr>;
+
+enum class Device : uint8_t { CPU, CUDA };
+
+class Tensor {
+ public:
+  Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides, int64_t offset,
+         Format format = Format::Default);
+
+  // data
+  DType dtype() const { return dtype_; }
+  Format format() const { return format_; }
+  void set_format(Format f) { format_ = f; }
+  Device device() const { return Device::CPU; }
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }  // in elements
+  int64_t offset() const { return offset_; }         // in elements
+  int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t numel() const { return numel_; }
+  bool is_contiguous() const { return contiguous_; }
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+  void* raw_data() const {
+    return static_cast<char*>(storage_->data) + offset_ * static_cast<int64_t>(itemsize(dtype_));
+  }
+  template <typename T> T* data() const { return static_cast<T*>(raw_data()); }
+
+  // autograd
+  bool requires_grad() const { return requires_grad_; }
+  void set_requires_grad(bool r);
+  const TensorPtr& grad() const { return grad_; }
+  void set_grad(TensorPtr g) { grad_ = std::move(g); }
+  const std::shared_ptr<Node>& grad_fn() const { return grad_fn_; }
+  uint32_t output_nr() const { return output_nr_; }
+  bool is_leaf() const { return grad_fn_ == nullptr; }
+  void set_history(std::shared_ptr<Node> fn, uint32_t output_nr) {
+    grad_fn_ = std::move(fn);
+    output_nr_ = output_nr;
+    requires_grad_ = true;
+  }
+  // The node that accumulates into .grad for a leaf (created on first use, held weakly).
+  std::shared_ptr<Node> grad_accumulator(const TensorPtr& self);
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  DType dtype_;
+  Format format_;
+  Shape shape_;
+  Shape strides_;
+  int64_t offset_;
+  int64_t numel_;
+  bool contiguous_;
+  bool requires_grad_ = false;
+  TensorPtr grad_;
+  std::shared_ptr<Node> grad_fn_;
+  uint32_t output_nr_ = 0;
+  std::weak_ptr<Node> grad_accumulator_;
+};
+
+Shape contiguous_strides(const Shape& shape);
+int64_t shape_numel(const Shape& shape);
+std::string shape_str(const Shape& shape);
+
+// A new tensor with fresh, 64-byte aligned, uninitialized contiguous storage.
+TensorPtr empty(DType dtype, const Shape& shape, Format format = Format::Default);
+// A tensor filled with value.
+TensorPtr full(DType dtype, const Shape& shape, double value, Format format = Format::Default);
+// The same data with no autograd history (shares storage).
+TensorPtr detach(const TensorPtr& t);
+// t itself if contiguous, else a contiguous copy (no autograd).
+TensorPtr contiguous(const TensorPtr& t);
+// A view with another shape when t is contiguous, else a copy (no autograd).
+TensorPtr reshape_data(const TensorPtr& t, const Shape& shape);
+// Copies src into dst elementwise with conversion (same shapes; any strides).
+void copy_into(const TensorPtr& dst, const TensorPtr& src);
+
+}  // namespace opforge
