@@ -144,30 +144,31 @@ _PY_CONVERT = {"bool": "attr_bool", "int": "attr_int", "float": "attr_float", "s
                "list[int]": "attr_int_list", "list[float]": "attr_float_list"}
 
 
-def _py_attr(op: OpSpec, a: Attr) -> str:
+def _py_attr(op: OpSpec, a: Attr, index: int) -> str:
     conv = f"python::{_PY_CONVERT[a.type]}"
     if a.optional_value:
-        return (f"python::attr_optional(py_{a.name}, [](py::handle h) {{ return {conv}(kName, "
+        return (f"python::attr_optional(a[{index}], [](py::handle h) {{ return {conv}(kName, "
                 f"\"{a.name}\", h); }})")
-    return f"{conv}(kName, \"{a.name}\", py_{a.name})"
+    return f"{conv}(kName, \"{a.name}\", a[{index}])"
 
 
 def _py_default(a: Attr) -> str:
+    """The Python default value of an attr (a null object when required)."""
     if a.required:
-        return ""
+        return "py::object()"
     if a.optional_value:
-        return " = py::none()"
+        return "py::none()"
     v = a.default
     if a.type == "bool":
-        return f" = py::bool_({'true' if v else 'false'})"
+        return f"py::bool_({'true' if v else 'false'})"
     if a.type == "int":
-        return f" = py::int_({int(v)})"
+        return f"py::int_({int(v)})"
     if a.type == "float":
-        return f" = py::float_({float(v)!r})"
+        return f"py::float_({float(v)!r})"
     if a.type == "str":
-        return f" = py::str({_cpp_str(v)})"
+        return f"py::str({_cpp_str(v)})"
     items = ", ".join(repr(x) for x in v)
-    return f" = py::make_tuple({items})" if v else " = py::tuple()"
+    return f"py::make_tuple({items})" if v else "py::tuple()"
 
 
 def _py_sig(op: OpSpec) -> str:
@@ -346,10 +347,10 @@ def _op_context(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str) -> di
         info_targets.append((t.name, rows))
 
     # -- Python binding
-    py_params = [f"py::handle py_{i.name}" for i in inputs] + [f"py::handle py_{a.name}" for a in op.attrs]
-    py_args = ([f"py::arg(\"{i.name}\")" + (" = py::none()" if i.optional else "") for i in inputs]
-               + [f"py::arg(\"{a.name}\"){_py_default(a)}" for a in op.attrs])
-    py_attr_lines = [f"const auto a_{a.name} = {_py_attr(op, a)};" for a in op.attrs]
+    py_defaults = (["py::none()" if i.optional else "py::object()" for i in inputs]
+                   + [_py_default(a) for a in op.attrs])
+    py_attr_lines = [f"const auto a_{a.name} = {_py_attr(op, a, len(inputs) + k)};"
+                     for k, a in enumerate(op.attrs)]
     call_args = ", ".join([f"in[{k}]" for k in range(len(inputs))] + [f"a_{a.name}" for a in op.attrs])
 
     kernel_decl = None
@@ -390,8 +391,8 @@ def _op_context(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str) -> di
         "info_typevars": ", ".join(_cpp_str(v) for v in tvars),
         "info_inputs": info_inputs, "info_outputs": info_outputs, "info_attrs": info_attrs,
         "info_targets": info_targets,
-        "py_params": ", ".join(py_params), "py_args": ", ".join(py_args),
-        "py_inputs": [f"conv.add(py_{i.name});" for i in inputs],
+        "py_defaults": ", ".join(py_defaults),
+        "py_inputs": [f"conv.add(a[{k}]);" for k in range(len(inputs))],
         "py_attr_lines": py_attr_lines, "call_args": call_args,
         "kernel": kernel_decl, "infer_fns": infer_fns, "expr": expr_functor,
         "includes": includes,

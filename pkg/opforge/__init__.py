@@ -18,11 +18,11 @@ import numpy as np
 from opforge import _C
 from opforge._C import Tensor, from_dlpack, from_numpy, is_grad_enabled, list_ops, set_grad_enabled
 from opforge import ops
-from opforge._autograd import enable_grad, grad, no_grad, value_and_grad
+from opforge._autograd import enable_grad, grad, gradients, no_grad, value_and_grad
 
 __all__ = [
     "Tensor", "tensor", "from_numpy", "from_dlpack", "ops", "op_info", "list_ops", "spec", "backend",
-    "no_grad", "enable_grad", "grad", "value_and_grad", "is_grad_enabled", "set_grad_enabled",
+    "no_grad", "enable_grad", "grad", "value_and_grad", "gradients", "is_grad_enabled", "set_grad_enabled",
     "DTYPES",
 ]
 
@@ -48,7 +48,7 @@ def tensor(data: Any, dtype: Optional[Any] = None, requires_grad: bool = False,
         if arr.dtype.kind not in "biuf?":
             raise TypeError(f"[tensor] cannot make a tensor from {type(data).__name__} "
                             f"(NumPy dtype {arr.dtype}); supported dtypes: {', '.join(DTYPES)}")
-        src = from_numpy(np.ascontiguousarray(arr))
+        src = from_numpy(arr)
     out = _C._convert(src, src.dtype if dtype is None else dtype)
     if format is not None:
         out = out.with_format(format)

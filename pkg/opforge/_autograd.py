@@ -127,3 +127,17 @@ def grad(fn: Callable[..., Any], argnums: Positions = 0, weights: Optional[Itera
         return (g, value[1:]) if has_aux else g
 
     return wrapper
+
+
+def gradients(outputs: Union[Tensor, Sequence[Tensor]], inputs: Union[Tensor, Sequence[Tensor]],
+              grad_outputs: Optional[Sequence[Any]] = None, retain_graph: Optional[bool] = None,
+              create_graph: bool = False, allow_unused: bool = False) -> tuple[Optional[Tensor], ...]:
+    """The gradients of outputs with respect to inputs, without touching ``.grad``
+    (like ``torch.autograd.grad``). With ``create_graph=True`` the results are differentiable."""
+    outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    ins = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    gs = list(grad_outputs) if grad_outputs is not None else [None] * len(outs)
+    if len(gs) != len(outs):
+        raise ValueError(f"[gradients] {len(outs)} outputs but {len(gs)} grad_outputs")
+    retain = create_graph if retain_graph is None else retain_graph
+    return tuple(_C._run_backward(outs, gs, retain, create_graph, ins, allow_unused))

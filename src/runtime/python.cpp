@@ -330,6 +330,69 @@ const TensorList& InputConverter::finish() {
   return tensors_;
 }
 
+namespace {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+}  // namespace
+
+std::vector<py::handle> bind_args(const OpInfo& info, const std::vector<py::object>& defaults,
+                                  const py::args& args, const py::kwargs& kwargs) {
+  const size_t n_in = info.inputs.size();
+  const size_t n = n_in + info.attrs.size();
+  auto param_name = [&](size_t i) { return i < n_in ? info.inputs[i].name : info.attrs[i - n_in].name; };
+  auto signature = [&] {
+    std::string s = std::string(info.name) + "(";
+    for (size_t i = 0; i < n; ++i) s += std::string(i ? ", " : "") + param_name(i);
+    return s + ")";
+  };
+  if (args.size() > n) {
+    fail<TypeError>(info.name, "takes at most ", n, " arguments ", signature(), ", got ", args.size());
+  }
+  std::vector<py::handle> out(n);
+  for (size_t i = 0; i < args.size(); ++i) out[i] = args[i];
+  for (auto item : kwargs) {
+    const std::string key = py::str(item.first);
+    size_t i = 0;
+    while (i < n && key != param_name(i)) ++i;
+    if (i == n) {
+      std::string best;
+      size_t best_d = 3;
+      for (size_t j = 0; j < n; ++j) {
+        const size_t d = edit_distance(key, param_name(j));
+        if (d < best_d) {
+          best_d = d;
+          best = param_name(j);
+        }
+      }
+      fail<TypeError>(info.name, "unexpected keyword '", key, "'",
+                      best.empty() ? std::string() : " (did you mean '" + best + "'?)", "; signature: ", signature());
+    }
+    if (out[i]) fail<TypeError>(info.name, "got multiple values for '", key, "'");
+    out[i] = item.second;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (out[i]) continue;
+    if (!defaults[i]) {
+      fail<TypeError>(info.name, "missing required ", i < n_in ? "input" : "attr", " '", param_name(i),
+                      "'; signature: ", signature());
+    }
+    out[i] = defaults[i];
+  }
+  return out;
+}
+
 bool attr_bool(const char* op, const char* name, py::handle v) {
   if (PyBool_Check(v.ptr())) return v.ptr() == Py_True;
   if (py::hasattr(v, "dtype") && py::hasattr(v, "item") && py::str(v.attr("dtype")).cast<std::string>() == "bool") {

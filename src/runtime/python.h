@@ -34,6 +34,12 @@ class InputConverter {
   std::vector<Pending> pending_;
 };
 
+// Binds a call's positional and keyword arguments to the op's parameters (inputs, then attrs),
+// filling defaults (a null object marks a required parameter). Errors name the op:
+// "[op] unexpected keyword 'alhpa' (did you mean 'alpha'?)", "[op] missing required attr 'axis'".
+std::vector<py::handle> bind_args(const OpInfo& info, const std::vector<py::object>& defaults,
+                                  const py::args& args, const py::kwargs& kwargs);
+
 // Attr conversion with "[op] attr 'name' must be ..." errors.
 bool attr_bool(const char* op, const char* name, py::handle v);
 int64_t attr_int(const char* op, const char* name, py::handle v);

@@ -1,0 +1,431 @@
+"""Each kind of spec mistake gives its exact message: ``path:line:col: key.path: message``.
+
+Every case is a small spec written to ``specs/<op>.yaml`` (in a temporary working directory,
+so paths print short) and loaded with op_specs/ as the table of ops formulas may call.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from codegen import SpecError, SpecErrors, load_specs
+
+
+def case(id: str, op: str, spec: str, expected: str):
+    return pytest.param(op, textwrap.dedent(spec), textwrap.dedent(expected).strip(), id=id)
+
+
+# A valid spec that most cases below change in one place (line numbers refer to it):
+#  1 leaky:
+#  2   doc: Leaky ReLU.
+#  3   inputs:
+#  4     x: T
+#  5   attrs:
+#  6     alpha: {type: float, default: 0.01}
+#  7   outputs:
+#  8     out: {dtype: T, shape: same(x)}
+#  9   dtypes:
+# 10     T: [float32, float64]
+# 11   targets:
+# 12     cpu: {}
+# 13   impl:
+# 14     expr: where(x > 0, x, alpha * x)
+# 15   bprop:
+# 16     x: where(x > 0, dout, alpha * dout)
+LEAKY = """\
+leaky:
+  doc: Leaky ReLU.
+  inputs:
+    x: T
+  attrs:
+    alpha: {type: float, default: 0.01}
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float32, float64]
+  targets:
+    cpu: {}
+  impl:
+    expr: where(x > 0, x, alpha * x)
+  bprop:
+    x: where(x > 0, dout, alpha * dout)
+"""
+
+
+def leaky(old: str, new: str) -> str:
+    """LEAKY with one piece of text replaced (which must occur exactly once)."""
+    assert LEAKY.count(old) == 1, old
+    return LEAKY.replace(old, new)
+
+
+# A cpp op with an optional input (no kernel_root is given, so no kernel file is needed):
+#  1 scale:
+#  2   doc: Scale x by an optional weight.
+#  3   inputs:
+#  4     x: T
+#  5     w: {dtype: T, optional: true}
+#  6   outputs:
+#  7     out: {dtype: T, shape: same(x)}
+#  8   dtypes:
+#  9     T: [float32]
+# 10   targets:
+# 11     cpu: {}
+# 12   impl:
+# 13     cpp: {}
+# 14   bprop:
+# 15     x: if_given(w, dout * w, dout)
+# 16     w: dout * x
+SCALE = """\
+scale:
+  doc: Scale x by an optional weight.
+  inputs:
+    x: T
+    w: {dtype: T, optional: true}
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float32]
+  targets:
+    cpu: {}
+  impl:
+    cpp: {}
+  bprop:
+    x: if_given(w, dout * w, dout)
+    w: dout * x
+"""
+
+
+def scale(old: str, new: str) -> str:
+    assert SCALE.count(old) == 1, old
+    return SCALE.replace(old, new)
+
+
+CASES = [
+    # ------------------------------------------------------------------ YAML and file level
+    case("yaml-syntax", "leaky", leaky("    x: T\n", "    x: [T\n"),
+         "specs/leaky.yaml:5:8: invalid YAML: expected ',' or ']', but got ':'"),
+    case("yaml-tab", "leaky", leaky("    x: T\n", "\tx: T\n"),
+         r"specs/leaky.yaml:4:1: invalid YAML: found character '\t' that cannot start any token"),
+    case("yaml-unsafe-tag", "leaky", leaky("    x: T\n", "    x: !!python/name:os.system T\n"),
+         "specs/leaky.yaml:4:8: invalid YAML: could not determine a constructor for the tag "
+         "'tag:yaml.org,2002:python/name:os.system'"),
+    case("duplicate-key", "leaky", leaky("  targets:", "  doc: Again.\n  targets:"),
+         "specs/leaky.yaml:11:3: doc: duplicate key (first defined at line 2)"),
+    case("duplicate-op", "leaky", LEAKY + "leaky: {}\n",
+         "specs/leaky.yaml:17:1: leaky: duplicate key (first defined at line 1)"),
+    case("empty-file", "leaky", "",
+         "specs/leaky.yaml:1:1: a spec is a mapping with one key, the op name"),
+    case("not-a-mapping", "leaky", "- leaky\n",
+         "specs/leaky.yaml:1:1: a spec is a mapping with one key, the op name"),
+    case("two-ops-in-one-file", "leaky", LEAKY + "other: {}\n",
+         "specs/leaky.yaml:17:1: other: a spec file defines exactly one op (one top-level key)"),
+    case("file-name-is-not-op-name", "leaky_relu", LEAKY,
+         "specs/leaky_relu.yaml:1:1: leaky: op name must match the file name 'leaky_relu' "
+         "(one name for one thing)"),
+    case("op-body-not-a-mapping", "leaky", "leaky: 3\n",
+         "specs/leaky.yaml:1:8: leaky: must be a mapping, got an integer"),
+    # ------------------------------------------------------------------ schema: keys and types
+    case("unknown-key-did-you-mean", "leaky", leaky("  doc:", "  dco:"),
+         """
+         specs/leaky.yaml:2:3: unknown key 'dco' (did you mean 'doc'?)
+         specs/leaky.yaml:2:3: missing required key 'doc'
+         """),
+    case("unknown-key-bprop-misspelled", "leaky", leaky("  bprop:", "  bporp:"),
+         "specs/leaky.yaml:15:3: unknown key 'bporp' (did you mean 'bprop'?)"),
+    case("unknown-nested-key", "leaky", leaky("default: 0.01", "defualt: 0.01"),
+         "specs/leaky.yaml:6:26: attrs.alpha: unknown key 'defualt' (did you mean 'default'?)"),
+    case("unknown-impl-kind", "leaky", leaky("    expr:", "    exp:"),
+         "specs/leaky.yaml:14:5: impl: unknown key 'exp' (did you mean 'expr'?)"),
+    case("missing-doc", "leaky", leaky("  doc: Leaky ReLU.\n", ""),
+         "specs/leaky.yaml:2:3: missing required key 'doc'"),
+    case("missing-outputs", "leaky", leaky("  outputs:\n    out: {dtype: T, shape: same(x)}\n", ""),
+         "specs/leaky.yaml:2:3: missing required key 'outputs'"),
+    case("missing-targets", "leaky", leaky("  targets:\n    cpu: {}\n", ""),
+         "specs/leaky.yaml:2:3: missing required key 'targets'"),
+    case("missing-impl", "leaky", leaky("  impl:\n    expr: where(x > 0, x, alpha * x)\n", ""),
+         "specs/leaky.yaml:2:3: missing required key 'impl'"),
+    case("missing-nested-key", "leaky", leaky("{type: float, default: 0.01}", "{default: 0.01}"),
+         "specs/leaky.yaml:6:12: attrs.alpha: missing required key 'type'"),
+    case("inputs-as-a-list", "leaky", leaky("  inputs:\n    x: T\n", "  inputs: [x]\n"),
+         "specs/leaky.yaml:3:11: inputs: must be a mapping, got a list"),
+    case("doc-as-a-list", "leaky", leaky("doc: Leaky ReLU.", "doc: [Leaky ReLU.]"),
+         "specs/leaky.yaml:2:8: doc: must be a string, got a list"),
+    case("flag-not-a-boolean", "leaky", leaky("    x: T\n", "    x: {dtype: T, optional: maybe}\n"),
+         "specs/leaky.yaml:4:29: inputs.x.optional: must be true or false, got a string"),
+    case("formula-not-a-string", "leaky", leaky("    x: where(x > 0, dout, alpha * dout)", "    x: 3"),
+         "specs/leaky.yaml:16:8: bprop.x: must be a string, got an integer"),
+    case("null-value", "leaky", leaky("    x: where(x > 0, dout, alpha * dout)", "    x:"),
+         "specs/leaky.yaml:16:7: bprop.x: must not be null"),
+    case("empty-outputs", "leaky", leaky("  outputs:\n    out: {dtype: T, shape: same(x)}\n",
+                                         "  outputs: {}\n"),
+         "specs/leaky.yaml:7:12: outputs: must not be empty"),
+    case("invalid-input-name", "leaky", leaky("    x: T\n", "    X: T\n"),
+         "specs/leaky.yaml:4:5: inputs: invalid name 'X': must match [a-z_][a-z0-9_]*"),
+    case("attr-type-did-you-mean", "leaky", leaky("type: float", "type: flaot"),
+         "specs/leaky.yaml:6:19: attrs.alpha.type: 'flaot' is not one of: bool, int, float, str, "
+         "list[int], list[float] (did you mean 'float'?)"),
+    case("flow-mapping-comma", "leaky", leaky("shape: same(x)", "shape: broadcast(x, x)"),
+         "specs/leaky.yaml:8:41: outputs.out: unknown key 'x)' "
+         "(a comma splits a {...} flow mapping: quote values that contain commas)"),
+    # ------------------------------------------------------------------ dtypes and type variables
+    case("unknown-dtype-did-you-mean", "leaky", leaky("    x: T\n", "    x: flaot32\n"),
+         """
+         specs/leaky.yaml:4:8: inputs.x.dtype: unknown dtype or type variable 'flaot32' (did you mean 'float32'?)
+         specs/leaky.yaml:8:18: outputs.out.dtype: type variable 'T' is not bound by any input
+         """),
+    case("unknown-dtype-in-dtypes", "leaky", leaky("T: [float32, float64]", "T: [flaot32, float64]"),
+         "specs/leaky.yaml:10:9: dtypes.T.0: 'flaot32' is not one of: bool, uint8, int8, int16, int32, "
+         "int64, float16, bfloat16, float32, float64 (did you mean 'float32'?)"),
+    case("unknown-type-variable", "leaky", leaky("    x: T\n", "    x: Tx\n"),
+         """
+         specs/leaky.yaml:4:8: inputs.x.dtype: unknown dtype or type variable 'Tx' (did you mean 'T'?)
+         specs/leaky.yaml:8:18: outputs.out.dtype: type variable 'T' is not bound by any input
+         """),
+    case("unknown-type-variable-in-target", "leaky", leaky("    cpu: {}", "    cpu: {dtypes: {U: [float32]}}"),
+         "specs/leaky.yaml:12:20: targets.cpu.dtypes.U: unknown type variable 'U'"),
+    case("target-dtype-not-declared", "leaky", leaky("    cpu: {}", "    cpu: {dtypes: {T: [float16]}}"),
+         "specs/leaky.yaml:12:24: targets.cpu.dtypes.T.0: float16 is not among the dtypes of T "
+         "(float32, float64)"),
+    case("unused-type-variable", "leaky", leaky("    T: [float32, float64]\n",
+                                                "    T: [float32, float64]\n    U: [int32]\n"),
+         "specs/leaky.yaml:11:5: dtypes.U: type variable 'U' is not used by any input or output"),
+    case("integer-input-differentiable", "leaky",
+         leaky("    x: T\n", "    x: T\n    n: {dtype: int32, differentiable: true}\n"),
+         """
+         specs/leaky.yaml:5:39: inputs.n.differentiable: an input of dtype int32 cannot be differentiable
+         specs/leaky.yaml:17:5: bprop: missing formula for differentiable input 'n' (or mark it differentiable: false)
+         """),
+    # ------------------------------------------------------------------ attrs
+    case("attr-default-wrong-type", "leaky", leaky("default: 0.01", 'default: "small"'),
+         "specs/leaky.yaml:6:35: attrs.alpha.default: default must be float, got 'small'"),
+    case("attr-default-not-in-choices", "leaky", leaky("default: 0.01}", "default: 0.01, choices: [0.1, 0.2]}"),
+         "specs/leaky.yaml:6:35: attrs.alpha.default: default 0.01 is not one of the choices"),
+    case("attr-choice-wrong-type", "leaky", leaky("default: 0.01}", "default: 0.01, choices: [0.01, a]}"),
+         "specs/leaky.yaml:6:57: attrs.alpha.choices.1: choice must be float, got 'a'"),
+    case("attr-min-on-str", "leaky", leaky("    alpha: {type: float, default: 0.01}\n",
+                                           "    alpha: {type: float, default: 0.01}\n"
+                                           "    mode: {type: str, default: fast, min: 0}\n"),
+         "specs/leaky.yaml:7:43: attrs.mode.min: min/max apply to int and float attrs only"),
+    case("attr-default-below-min", "leaky", leaky("default: 0.01}", "default: 0.01, min: 0.5}"),
+         "specs/leaky.yaml:6:35: attrs.alpha.default: default 0.01 is below min 0.5"),
+    case("attr-required-with-default", "leaky", leaky("default: 0.01}", "default: 0.01, required: true}"),
+         "specs/leaky.yaml:6:51: attrs.alpha.required: a required attr cannot have a default"),
+    # ------------------------------------------------------------------ names
+    case("reserved-input-name", "leaky", leaky("    x: T\n", "    x: T\n    class: T\n"),
+         """
+         specs/leaky.yaml:5:5: inputs.class: 'class' is a reserved word and cannot name an input
+         specs/leaky.yaml:17:5: bprop: missing formula for differentiable input 'class' (or mark it differentiable: false)
+         """),
+    case("reserved-attr-name", "leaky", leaky("    alpha:", "    lambda: {type: int, default: 0}\n    alpha:"),
+         "specs/leaky.yaml:6:5: attrs.lambda: 'lambda' is a reserved word and cannot name an attr"),
+    case("input-and-attr-share-a-name", "leaky", leaky("    alpha:", "    x: {type: int, default: 0}\n    alpha:"),
+         "specs/leaky.yaml:6:5: attrs.x: 'x' names both an input and an attr"),
+    case("output-gradient-name-clash", "leaky", leaky("    x: T\n", "    x: T\n    dout: T\n"),
+         """
+         specs/leaky.yaml:9:5: outputs.out: the gradient of output 'out' is named 'dout' in formulas, which clashes with an input or attr
+         specs/leaky.yaml:17:5: bprop: missing formula for differentiable input 'dout' (or mark it differentiable: false)
+         """),
+    # ------------------------------------------------------------------ shape rules
+    case("shape-rule-unknown", "leaky", leaky("same(x)", "sam(x)"),
+         "specs/leaky.yaml:8:28: outputs.out.shape: unknown shape rule 'sam' (did you mean 'same'?)"),
+    case("shape-rule-unparsable", "leaky", leaky("same(x)", "x"),
+         "specs/leaky.yaml:8:28: outputs.out.shape: cannot parse shape rule 'x': expected one of "
+         "same(...), broadcast(...), reduce(...), matmul(...), infer(...)"),
+    case("shape-rule-arity", "leaky", leaky("shape: same(x)", 'shape: "same(x, x)"'),
+         "specs/leaky.yaml:8:28: outputs.out.shape: same() takes 1 argument, got 2"),
+    case("shape-rule-arity-variadic", "leaky", leaky("same(x)", "broadcast()"),
+         "specs/leaky.yaml:8:28: outputs.out.shape: broadcast() takes at least 1 argument, got 0"),
+    case("shape-rule-unknown-input", "leaky", leaky("same(x)", "same(xs)"),
+         "specs/leaky.yaml:8:28: outputs.out.shape: shape rule same() names unknown input 'xs' "
+         "(did you mean 'x'?)"),
+    case("shape-rule-reduce-axis-not-an-attr", "leaky", leaky("shape: same(x)", 'shape: "reduce(x, alpha, true)"'),
+         """
+         specs/leaky.yaml:8:28: outputs.out.shape: reduce() axis 'alpha' must be an int or list[int] attr
+         specs/leaky.yaml:14:11: impl.expr: an expr op's output shape is same() or broadcast(), not reduce()
+         """),
+    case("shape-rule-reads-optional-input", "scale", scale("same(x)", "same(w)"),
+         "specs/scale.yaml:7:28: outputs.out.shape: shape rule same() cannot read optional input 'w'"),
+    # ------------------------------------------------------------------ impl
+    case("impl-two-kinds", "leaky", leaky("  impl:\n", "  impl:\n    cpp: {}\n"),
+         "specs/leaky.yaml:14:5: impl: give exactly one of expr, composite, cpp"),
+    case("expr-op-with-reduce-shape", "leaky",
+         leaky("shape: same(x)}", 'shape: "reduce(x, axis, true)"}').replace(
+             "  outputs:", '    axis: {type: "list[int]", default: [0]}\n  outputs:'),
+         "specs/leaky.yaml:15:11: impl.expr: an expr op's output shape is same() or broadcast(), not reduce()"),
+    case("expr-op-with-optional-input", "scale", scale("cpp: {}", "expr: x * w"),
+         "specs/scale.yaml:13:11: impl.expr: an expr op cannot have optional inputs"),
+    case("expr-op-with-two-outputs", "leaky",
+         leaky("    out: {dtype: T, shape: same(x)}\n",
+               "    out: {dtype: T, shape: same(x)}\n    out2: {dtype: T, shape: same(x)}\n"),
+         "specs/leaky.yaml:15:11: impl.expr: an expr op has exactly one output; use a cpp impl for several"),
+    case("expr-unknown-function-did-you-mean", "leaky", leaky("alpha * x)", "alpha * tahn(x))"),
+         "specs/leaky.yaml:14:35: impl.expr: unknown function 'tahn' in an elementwise expression "
+         "(did you mean 'tanh'?)"),
+    case("expr-unknown-function", "leaky", leaky("alpha * x)", "alpha * sigmoid(x))"),
+         "specs/leaky.yaml:14:35: impl.expr: unknown function 'sigmoid' in an elementwise expression"),
+    case("expr-function-arity", "leaky", leaky("where(x > 0, x, alpha * x)", "where(x > 0, x)"),
+         "specs/leaky.yaml:14:11: impl.expr: where() takes 3 arguments, got 2"),
+    case("expr-unknown-name", "leaky", leaky("where(x > 0, x, alpha * x)", "where(x > 0, x, alhpa * x)"),
+         "specs/leaky.yaml:14:27: impl.expr: unknown name 'alhpa' (did you mean 'alpha'?)"),
+    case("expr-string", "leaky", leaky("where(x > 0, x, alpha * x)", "where(x > 0, x, 'a')"),
+         "specs/leaky.yaml:14:27: impl.expr: strings and lists are not allowed in an elementwise expression"),
+    case("composite-not-a-tensor", "leaky", leaky("expr: where(x > 0, x, alpha * x)", "composite: alpha > 0"),
+         "specs/leaky.yaml:14:16: impl.composite: a composite formula must give a tensor, got bool"),
+    case("infer-shape-without-cpp", "leaky", leaky("same(x)", "infer(leaky_shape)"),
+         """
+         specs/leaky.yaml:14:11: impl.expr: shape rule infer() needs a cpp impl (the function lives in its kernel file)
+         specs/leaky.yaml:14:11: impl.expr: an expr op's output shape is same() or broadcast(), not infer()
+         """),
+    # ------------------------------------------------------------------ bprop
+    case("bprop-missing", "leaky", leaky("  bprop:\n    x: where(x > 0, dout, alpha * dout)\n", ""),
+         "specs/leaky.yaml:2:3: missing bprop: give a formula for each differentiable input (x), "
+         "or mark inputs differentiable: false"),
+    case("bprop-for-unknown-input", "leaky", leaky("    x: where(x > 0, dout", "    xx: where(x > 0, dout"),
+         """
+         specs/leaky.yaml:16:5: bprop: missing formula for differentiable input 'x' (or mark it differentiable: false)
+         specs/leaky.yaml:16:5: bprop.xx: 'xx' is not an input (did you mean 'x'?)
+         """),
+    case("bprop-missing-for-one-input", "scale", scale("    w: dout * x\n", ""),
+         "specs/scale.yaml:15:5: bprop: missing formula for differentiable input 'w' "
+         "(or mark it differentiable: false)"),
+    case("bprop-for-non-differentiable-input", "scale",
+         scale("optional: true}", "optional: true, differentiable: false}"),
+         "specs/scale.yaml:16:5: bprop.w: input 'w' is not differentiable and takes no bprop formula"),
+    case("bprop-let-shadows", "leaky", leaky("  bprop:\n", "  bprop:\n    let:\n      x: dout\n"),
+         "specs/leaky.yaml:17:7: bprop.let.x: let name 'x' shadows an input, output, attr or gradient"),
+    case("bprop-not-a-tensor", "leaky", leaky("where(x > 0, dout, alpha * dout)", "alpha * 2"),
+         "specs/leaky.yaml:16:8: bprop.x: a gradient must be a tensor, got number"),
+    case("bprop-gradient-of-non-differentiable-output", "leaky",
+         leaky("shape: same(x)}", "shape: same(x), differentiable: false}"),
+         "specs/leaky.yaml:16:21: bprop.x: unknown name 'dout' (did you mean 'out'?)"),
+    # ------------------------------------------------------------------ formulas
+    case("formula-syntax-error", "leaky", leaky("alpha * dout)", "alpha * dout))"),
+         "specs/leaky.yaml:16:40: bprop.x: syntax error: unexpected ')'"),
+    case("formula-syntax-error-quoted", "leaky", leaky("x: where(x > 0, dout, alpha * dout)",
+                                                       'x: "where(x > 0, dout, alpha $ dout)"'),
+         "specs/leaky.yaml:16:34: bprop.x: syntax error: unexpected character '$'"),
+    case("formula-syntax-error-at-end", "leaky", leaky("alpha * x)", "alpha * x"),
+         "specs/leaky.yaml:14:36: impl.expr: syntax error: expected ')', found end of formula"),
+    case("formula-unknown-name-did-you-mean", "leaky", leaky("alpha * dout)", "alhpa * dout)"),
+         "specs/leaky.yaml:16:27: bprop.x: unknown name 'alhpa' (did you mean 'alpha'?)"),
+    case("formula-unknown-name-in-block-scalar", "leaky",
+         leaky("    x: where(x > 0, dout, alpha * dout)", "    x: >-\n      where(x > 0, dout,\n        alhpa * dout)"),
+         "specs/leaky.yaml:16:8: bprop.x: unknown name 'alhpa' (did you mean 'alpha'?)"),
+    case("formula-unknown-op-did-you-mean", "leaky", leaky("where(x > 0, dout, alpha * dout)", "mull(dout, x)"),
+         "specs/leaky.yaml:16:8: bprop.x: unknown op 'mull' (did you mean 'mul'?)"),
+    case("formula-unknown-op", "leaky", leaky("where(x > 0, dout, alpha * dout)", "frobnicate(dout)"),
+         "specs/leaky.yaml:16:8: bprop.x: unknown op 'frobnicate'"),
+    case("formula-op-arity", "leaky", leaky("where(x > 0, dout, alpha * dout)", "mul(dout)"),
+         "specs/leaky.yaml:16:8: bprop.x: mul() takes 2 inputs (x, y), got 1"),
+    case("formula-multi-output-op", "leaky", leaky("where(x > 0, dout, alpha * dout)", "layer_norm(dout)"),
+         "specs/leaky.yaml:16:8: bprop.x: op 'layer_norm' has 3 outputs; only single-output ops can be "
+         "called in a formula"),
+    case("formula-unknown-attr-keyword", "leaky", leaky("where(x > 0, dout, alpha * dout)", "sum(dout, axes=[0])"),
+         "specs/leaky.yaml:16:18: bprop.x: sum() has no attr 'axes' (did you mean 'axis'?)"),
+    case("formula-attr-wrong-type", "leaky", leaky("where(x > 0, dout, alpha * dout)", "sum(dout, keepdims=1.5)"),
+         "specs/leaky.yaml:16:18: bprop.x: sum(): attr 'keepdims' must be bool, got float"),
+    case("formula-attr-wrong-type-str", "leaky", leaky("where(x > 0, dout, alpha * dout)", 'sum(dout, axis="a")'),
+         "specs/leaky.yaml:16:18: bprop.x: sum(): attr 'axis' must be list[int], got str"),
+    case("formula-op-input-not-a-tensor", "leaky", leaky("where(x > 0, dout, alpha * dout)", "exp(alpha)"),
+         "specs/leaky.yaml:16:12: bprop.x: exp(): inputs must be tensors, got float"),
+    case("formula-optional-input-without-if-given", "scale", scale("if_given(w, dout * w, dout)", "dout * w"),
+         "specs/scale.yaml:15:15: bprop.x: optional input 'w' may be absent; use if_given(w, ..., ...)"),
+    case("formula-if-given-on-required-input", "scale", scale("if_given(w,", "if_given(x,"),
+         "specs/scale.yaml:15:17: bprop.x: if_given() needs an optional input as its first argument"),
+    case("formula-helper-arity", "leaky", leaky("where(x > 0, dout, alpha * dout)", "zeros_like(dout, x)"),
+         "specs/leaky.yaml:16:8: bprop.x: zeros_like() takes 1 argument, got 2"),
+    # ------------------------------------------------------------------ tests section
+    case("tests-missing-reference", "leaky", LEAKY + "  tests:\n    attrs: [{}]\n",
+         "specs/leaky.yaml:18:5: tests: missing required key 'reference'"),
+    case("tests-reference-not-python", "leaky", LEAKY + "  tests:\n    reference: np.where(x >\n",
+         "specs/leaky.yaml:18:16: tests.reference: not a Python expression: '(' was never closed"),
+    case("tests-unknown-attr", "leaky", LEAKY + "  tests:\n    reference: x\n    attrs: [{alpah: 1.0}]\n",
+         "specs/leaky.yaml:19:14: tests.attrs.0.alpah: 'alpah' is not an attr (did you mean 'alpha'?)"),
+    case("tests-shapes-count", "leaky", LEAKY + "  tests:\n    reference: x\n    shapes: [[[2], [3]]]\n",
+         "specs/leaky.yaml:19:14: tests.shapes.0: gives 2 shapes for 1 inputs"),
+]
+
+
+@pytest.mark.parametrize("op, spec, expected", CASES)
+def test_spec_mistake_message(spec_errors, op: str, spec: str, expected: str) -> None:
+    assert spec_errors({op: spec}) == expected
+
+
+def test_the_valid_base_specs_load(in_tmp: Path, real_ops) -> None:
+    """The bases of the table are valid: each case's error comes from its one change."""
+    (in_tmp / "specs").mkdir()
+    (in_tmp / "specs" / "leaky.yaml").write_text(LEAKY)
+    (in_tmp / "specs" / "scale.yaml").write_text(SCALE)
+    ops = load_specs(["specs"], known=real_ops)
+    assert [o.name for o in ops] == ["leaky", "scale"]
+
+
+# ---------------------------------------------------------------------- mistakes across files
+
+
+def test_missing_kernel_file(in_tmp: Path, real_ops) -> None:
+    spec = scale("    cpu: {}\n", "    cpu: {}\n    cuda: {}\n    ascend: {}\n")
+    (in_tmp / "specs").mkdir()
+    (in_tmp / "specs" / "scale.yaml").write_text(spec)
+    with pytest.raises(SpecErrors) as info:
+        load_specs(["specs"], kernel_root=Path("."), known=real_ops)
+    # ascend is on paper only: it needs no kernel file
+    assert str(info.value) == textwrap.dedent("""\
+        specs/scale.yaml:15:10: impl.cpp: missing kernel file src/kernels/cpu/scale.cpp for target cpu
+        specs/scale.yaml:15:10: impl.cpp: missing kernel file src/kernels/cuda/scale.cpp for target cuda""")
+    for target in ("cpu", "cuda"):
+        (in_tmp / "src" / "kernels" / target).mkdir(parents=True)
+        (in_tmp / "src" / "kernels" / target / "scale.cpp").write_text("")
+    assert [o.name for o in load_specs(["specs"], kernel_root=Path("."), known=real_ops)] == ["scale"]
+
+
+def test_two_ops_with_one_name(in_tmp: Path) -> None:
+    for d in ("a", "b"):
+        (in_tmp / d).mkdir()
+        (in_tmp / d / "leaky.yaml").write_text(LEAKY)
+    with pytest.raises(SpecErrors) as info:
+        load_specs(["a", "b"])
+    assert str(info.value) == "b/leaky.yaml:1:1: leaky: two ops named 'leaky' (also a/leaky.yaml)"
+
+
+def test_formula_calling_an_op_outside_the_table(in_tmp: Path) -> None:
+    """Without op_specs/ loaded, the ops that formula operators stand for are missing."""
+    (in_tmp / "specs").mkdir()
+    (in_tmp / "specs" / "leaky.yaml").write_text(leaky("where(x > 0, dout, alpha * dout)", "dout * alpha"))
+    with pytest.raises(SpecErrors) as info:
+        load_specs(["specs"])
+    assert str(info.value) == ("specs/leaky.yaml:16:13: bprop.x: operator '*' needs op 'mul', "
+                               "which is not defined")
+
+
+def test_unreadable_spec(in_tmp: Path) -> None:
+    with pytest.raises(SpecErrors) as info:
+        load_specs(["specs/missing.yaml"])
+    assert str(info.value) == "specs/missing.yaml:1:1: cannot read spec: No such file or directory"
+
+
+def test_spec_errors_collects_every_file_sorted(in_tmp: Path, real_ops) -> None:
+    """One run reports every mistake of every file, sorted by file, line and column."""
+    (in_tmp / "specs").mkdir()
+    files = {
+        "zeta": leaky("leaky:", "zeta:").replace("  dtypes:", "  dtyps:"),
+        "alpha": leaky("leaky:", "alpha:").replace("same(x)", "same(y)").replace("default: 0.01", "default: a"),
+        "beta": leaky("leaky:", "beta:").replace("    x: T\n", "    x: {dtype: T\n"),
+        "gamma": LEAKY.replace("leaky:", "gamma:"),  # valid: no errors of its own
+    }
+    for name, text in files.items():
+        (in_tmp / "specs" / f"{name}.yaml").write_text(text)
+    with pytest.raises(SpecErrors) as info:
+        load_specs(["specs"], known=real_ops)
+    errors = info.value.errors
+    assert all(isinstance(e, SpecError) for e in errors)
+    assert str(info.value) == textwrap.dedent("""\
+        specs/alpha.yaml:6:35: attrs.alpha.default: default must be float, got 'a'
+        specs/alpha.yaml:8:28: outputs.out.shape: shape rule same() names unknown input 'y'
+        specs/beta.yaml:5:3: invalid YAML: expected ',' or '}', but got '<block mapping start>'
+        specs/zeta.yaml:2:3: missing required key 'dtypes'
+        specs/zeta.yaml:9:3: unknown key 'dtyps' (did you mean 'dtypes'?)""")
+    assert [(e.loc.path, e.loc.line) for e in errors] == sorted((e.loc.path, e.loc.line) for e in errors)

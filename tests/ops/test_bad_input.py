@@ -1,0 +1,126 @@
+"""Bad calls raise a Python exception that names the op and says what is allowed; none crash."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import opforge
+from opforge import ops
+
+F32 = np.ones((2, 3), np.float32)
+
+
+def test_undeclared_dtype_lists_what_the_target_supports() -> None:
+    with pytest.raises(TypeError, match=re.escape(
+            "[exp] dtype int64 is not supported on target cpu; supported (T): "
+            "float16; bfloat16; float32; float64")):
+        ops.exp(np.arange(3))
+
+
+def test_unsupported_array_dtype_names_the_op() -> None:
+    with pytest.raises(TypeError, match=r"^\[mul\] input 'x' has unsupported element format 'Zf'"):
+        ops.mul(np.ones(3, np.complex64), np.ones(3, np.complex64))
+
+
+def test_unbroadcastable_shapes() -> None:
+    with pytest.raises(ValueError, match=re.escape(
+            "[add] shapes cannot be broadcast together: x (2, 3), y (4,)")):
+        ops.add(F32, np.ones(4, np.float32))
+
+
+def test_wrong_attr_type() -> None:
+    with pytest.raises(TypeError, match=re.escape("[leaky_relu] attr 'alpha' must be a float, got str")):
+        ops.leaky_relu(F32, alpha="0.1")
+    with pytest.raises(TypeError, match=re.escape("[sum] attr 'keepdims' must be a bool, got int")):
+        ops.sum(F32, keepdims=1)
+    with pytest.raises(TypeError, match=re.escape("[sum] attr 'axis' must be an int or a list of ints, got float")):
+        ops.sum(F32, axis=1.5)
+
+
+def test_attr_constraint() -> None:
+    with pytest.raises(ValueError, match=re.escape("[layer_norm] attr 'eps' must be >= 0, got -1")):
+        ops.layer_norm(F32, eps=-1.0)
+
+
+def test_missing_required_input_or_attr_and_unknown_keyword() -> None:
+    with pytest.raises(TypeError, match=re.escape("[mul] missing required input 'y'; signature: mul(x, y)")):
+        ops.mul(F32)
+    with pytest.raises(TypeError, match=re.escape(
+            "[leaky_relu] unexpected keyword 'alhpa' (did you mean 'alpha'?); signature: leaky_relu(x, alpha)")):
+        ops.leaky_relu(F32, alhpa=0.1)
+    with pytest.raises(TypeError, match=re.escape("[mul] got multiple values for 'x'")):
+        ops.mul(F32, F32, x=F32)
+    with pytest.raises(TypeError, match=re.escape("[neg] takes at most 1 arguments neg(x), got 2")):
+        ops.neg(F32, F32)
+
+
+def test_none_and_non_array_inputs() -> None:
+    with pytest.raises(TypeError, match=re.escape("[mul] input 'y' must be a tensor, got None")):
+        ops.mul(F32, None)
+    with pytest.raises(TypeError, match=re.escape(
+            "[mul] input 'x' must be a tensor, NumPy array, DLPack producer or Python scalar, got object")):
+        ops.mul(object(), F32)
+    with pytest.raises(TypeError, match=re.escape("[neg] input 'x' must be a tensor, NumPy array, DLPack "
+                                                  "producer or Python scalar, got list")):
+        ops.neg([1.0, 2.0])
+
+
+def test_two_dtypes_for_one_type_variable() -> None:
+    with pytest.raises(TypeError, match=re.escape(
+            "[mul] inputs 'x' (float32) and 'y' (float64) must have the same dtype (type variable T)")):
+        ops.mul(F32, np.ones((2, 3)))
+
+
+def test_concrete_dtype_input() -> None:
+    with pytest.raises(TypeError, match=re.escape("[where] input 'condition' must be bool, got float32")):
+        ops.where(F32, F32, F32)
+
+
+def test_axis_out_of_range_is_an_index_error() -> None:
+    with pytest.raises(IndexError, match=re.escape("[sum] axis 2 is out of range for a tensor of rank 2")):
+        ops.sum(F32, axis=2)
+    with pytest.raises(ValueError, match=re.escape("[mean] axis -2 is repeated")):
+        ops.mean(F32, axis=[0, -2])
+
+
+def test_format_not_in_registration_table() -> None:
+    x = opforge.tensor(np.ones((1, 2, 2, 2), np.float32), format="NCHW")
+    y = opforge.tensor(np.ones((1, 2, 2, 2), np.float32), format="NHWC")
+    assert ops.mul(x, x).format == "NCHW"
+    with pytest.raises(ValueError, match=re.escape("[mul] inputs mix formats NCHW and NHWC")):
+        ops.mul(x, y)
+
+
+def test_weight_that_does_not_broadcast() -> None:
+    with pytest.raises(ValueError, match=re.escape(
+            "[layer_norm] weight of shape (4, 1, 3) does not broadcast to x of shape (2, 3)")):
+        ops.layer_norm(F32, np.ones((4, 1, 3), np.float32))
+    with pytest.raises(ValueError, match=re.escape(
+            "[layer_norm] shapes cannot be broadcast together: x (2, 3), weight (3, 1)")):
+        ops.layer_norm(F32, np.ones((3, 1), np.float32))
+
+
+def test_backward_errors() -> None:
+    x = opforge.tensor([1.0, 2.0], requires_grad=True)
+    y = ops.mul(x, x)
+    with pytest.raises(RuntimeError, match=re.escape("[backward] grad can be implicitly created only")):
+        y.backward()
+    z = ops.sum(y)
+    z.backward()
+    with pytest.raises(RuntimeError, match=re.escape("[sum] trying to backward through the graph a second time")):
+        z.backward()
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        opforge.tensor([1.0]).backward()
+    with pytest.raises(TypeError, match="only floating-point tensors can require gradients, got int64"):
+        opforge.tensor([1, 2], requires_grad=True)
+
+
+def test_scalar_that_does_not_fit_the_dtype_is_still_checked() -> None:
+    # a Python float given with an int tensor binds T to int64, then the registration table decides
+    out = ops.mul(np.array([1, 2]), 2.5)
+    assert out.dtype == "int64"
+    with pytest.raises(TypeError, match=r"^\[exp\] dtype int64 is not supported"):
+        ops.exp(3)
