@@ -1,0 +1,189 @@
+"""Tensor: zero-copy exchange with NumPy and DLPack, dtypes, strides, 0-d and empty tensors."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import opforge
+from opforge import ops
+
+NUMPY_DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
+def test_from_numpy_is_zero_copy_for_every_dtype(dtype: str) -> None:
+    a = np.zeros((2, 3), dtype)
+    t = opforge.from_numpy(a)
+    assert t.dtype == dtype and t.shape == (2, 3) and t.strides == (3, 1)
+    a[1, 2] = 1
+    assert t.numpy()[1, 2] == 1
+    assert np.shares_memory(t.numpy(), a)
+
+
+def test_bfloat16_round_trips_through_float32() -> None:
+    x = np.array([1.0, 0.5, -3.25, 1e-3], np.float32)
+    b = opforge.tensor(x).astype("bfloat16")
+    assert b.dtype == "bfloat16"
+    np.testing.assert_allclose(b.astype("float32").numpy(), x, rtol=1e-2)
+    with pytest.raises(TypeError, match=r"\[numpy\] NumPy has no bfloat16 dtype"):
+        b.numpy()
+
+
+def test_float16_conversion_is_exact_for_representable_values() -> None:
+    h = np.array([0.0, -0.0, 1.0, 65504.0, 6.1e-5, 5.96e-8, np.inf, -np.inf], np.float16)
+    t = opforge.tensor(h.astype(np.float32)).astype("float16")
+    np.testing.assert_array_equal(t.numpy(), h)
+    assert np.isnan(opforge.tensor(np.float32(np.nan)).astype("float16").item())
+
+
+def test_tensor_owner_is_kept_alive() -> None:
+    a = np.arange(6.0)
+    t = opforge.from_numpy(a)
+    del a
+    gc.collect()
+    np.testing.assert_array_equal(t.numpy(), np.arange(6.0))
+    view = ops.mul(t, 2.0).numpy()
+    gc.collect()
+    np.testing.assert_array_equal(view, np.arange(6.0) * 2)
+
+
+def test_numpy_view_keeps_tensor_alive() -> None:
+    arr = ops.add(np.ones(4), np.ones(4)).numpy()
+    gc.collect()
+    np.testing.assert_array_equal(arr, [2, 2, 2, 2])
+
+
+def test_ops_on_arrays_return_tensors_sharing_memory_with_numpy() -> None:
+    out = ops.mul(np.ones(3, np.float32), np.full(3, 2, np.float32))
+    assert isinstance(out, opforge.Tensor)
+    a = out.numpy()
+    b = out.numpy()
+    assert np.shares_memory(a, b)
+
+
+def test_dlpack_both_ways_zero_copy() -> None:
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]
+    t = opforge.from_dlpack(a)
+    assert t.shape == (3, 2) and t.strides == (4, 2)
+    a[0, 1] = 100
+    assert t.numpy()[0, 1] == 100
+    back = np.from_dlpack(t)
+    assert np.shares_memory(back, a)
+    assert t.__dlpack_device__() == (1, 0)
+    cap = t.__dlpack__(max_version=(1, 0))
+    assert "dltensor_versioned" in repr(cap)
+
+
+def test_dlpack_owner_is_kept_alive() -> None:
+    t = opforge.from_dlpack(np.arange(5, dtype=np.int64))
+    gc.collect()
+    np.testing.assert_array_equal(t.numpy(), np.arange(5))
+
+
+def test_tensor_copies_and_infers_dtype() -> None:
+    a = np.ones(3, np.float32)
+    t = opforge.tensor(a)
+    a[0] = 5
+    assert t.numpy()[0] == 1
+    assert opforge.tensor([1, 2]).dtype == "int64"
+    assert opforge.tensor([1.0, 2.0]).dtype == "float64"
+    assert opforge.tensor([1.0], dtype="float16").dtype == "float16"
+    assert opforge.tensor(np.float32(2.0)).shape == ()
+    with pytest.raises(TypeError, match=r"\[tensor\] cannot make a tensor from list"):
+        opforge.tensor(["a"])
+    with pytest.raises(TypeError, match=r"\[tensor\] unknown dtype 'float8'"):
+        opforge.tensor([1.0], dtype="float8")
+
+
+def test_zero_dim_and_empty_tensors() -> None:
+    s = ops.add(np.float64(2.0), np.float64(3.0))
+    assert s.shape == () and s.item() == 5.0 and float(s) == 5.0
+    e = ops.exp(np.zeros((0, 3), np.float32))
+    assert e.shape == (0, 3) and e.numpy().size == 0
+    assert ops.sum(np.zeros((0, 3))).item() == 0.0
+    assert ops.sum(np.zeros((0, 3)), axis=0).shape == (3,)
+
+
+def test_non_contiguous_inputs() -> None:
+    base = np.arange(24, dtype=np.float64).reshape(4, 6)
+    view = base.T[::2]
+    np.testing.assert_array_equal(ops.neg(view).numpy(), -view)
+    np.testing.assert_array_equal(ops.add(view, base.T[1::2]).numpy(), view + base.T[1::2])
+    rev = np.arange(5.0)[::-1]
+    np.testing.assert_array_equal(ops.mul(rev, 2.0).numpy(), rev * 2)
+
+
+def test_python_scalars_take_the_bound_dtype() -> None:
+    x = np.ones(3, np.float16)
+    assert ops.mul(x, 2.0).dtype == "float16"
+    assert ops.mul(2, np.ones(3, np.int32)).dtype == "int32"
+    assert ops.mul(2.0, 3.0).dtype == "float32"
+    assert ops.where(True, 1.0, 2.0).item() == 1.0
+
+
+def test_tensor_methods_and_operators() -> None:
+    x = opforge.tensor([1.0, -2.0, 3.0])
+    np.testing.assert_array_equal((x * 2 + 1 - x / 2).numpy(), [2.5, -2.0, 5.5])
+    np.testing.assert_array_equal((2 - x).numpy(), [1.0, 4.0, -1.0])
+    np.testing.assert_array_equal((-x).numpy(), [-1.0, 2.0, -3.0])
+    np.testing.assert_array_equal((x > 0).numpy(), [True, False, True])
+    assert x.sum().item() == 2.0 and len(x) == 3 and x.ndim == 1 and x.size == 3
+    assert repr(x) == "tensor([ 1., -2.,  3.], dtype=float64)"
+    assert x.reshape([3, 1]).shape == (3, 1)
+    # NumPy defers to Tensor's operators instead of broadcasting over a Tensor object
+    assert isinstance(np.ones(3) * x, opforge.Tensor)
+
+
+def test_format_tags() -> None:
+    x = opforge.tensor(np.ones((1, 2, 2, 2)), format="NHWC")
+    assert x.format == "NHWC" and ops.exp(x).format == "NHWC"
+    with pytest.raises(ValueError, match="unknown format 'NCWH'"):
+        x.with_format("NCWH")
+
+
+def test_ops_release_the_gil_and_run_in_threads() -> None:
+    a = np.random.default_rng(0).standard_normal((256, 256))
+    results = []
+
+    def work() -> None:
+        results.append(ops.tanh(ops.mul(a, a)).numpy().sum())
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(results) == 4 and np.allclose(results, np.tanh(a * a).sum())
+
+
+def test_list_ops_backend_and_op_info() -> None:
+    assert opforge.backend == "cpu"
+    assert {"mul", "layer_norm", "where", "sum"} <= set(opforge.list_ops())
+    (info,) = opforge.op_info("where")
+    assert info["op_name"] == "where" and info["target"] == "CPU"
+    assert info["inputs"] == [{"index": 0, "name": "condition", "param_type": "required"},
+                              {"index": 1, "name": "x", "param_type": "required"},
+                              {"index": 2, "name": "y", "param_type": "required"}]
+    assert info["outputs"] == [{"index": 0, "name": "out", "param_type": "required"}]
+    assert info["attr"] == []
+    assert (("bool", "NCHW"), ("float32", "NCHW"), ("float32", "NCHW"), ("float32", "NCHW")) in info["dtype_format"]
+    ln = opforge.op_info("layer_norm")[0]
+    assert ln["inputs"][1] == {"index": 1, "name": "weight", "param_type": "optional"}
+    assert ln["attr"] == [
+        {"name": "axis", "param_type": "optional", "value_type": "list[int]", "default_value": "[-1]"},
+        {"name": "eps", "param_type": "optional", "value_type": "float", "default_value": "1e-05"}]
+    targets = [i["target"] for i in opforge.op_info("mul")]
+    assert targets == ["CPU", "GPU"]
+    with pytest.raises(ValueError, match=r"\[op_info\] unknown op 'mull'"):
+        opforge.op_info("mull")
+
+
+def test_spec_model_is_readable_for_adapters() -> None:
+    s = opforge.spec("leaky_relu")
+    assert [a.name for a in s.attrs] == ["alpha"] and s.attrs[0].default == 0.01
+    assert dict(s.bprop.grads)["x"].text == "where(x > 0, dout, alpha * dout)"
+    assert s.outputs[0].shape.kind == "same"
