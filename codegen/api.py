@@ -139,7 +139,8 @@ def graph_scopes(op: OpSpec, table: Mapping[str, OpSpec]) -> Lowered:
                 raise f.error(0, f"a let must give a tensor or a number, got {kind}")
             bscope_used |= scope.used_ops
             refs = names_in(f.ast)
-            deps[name] = set().union(*[deps.get(r, {r}) for r in refs]) if refs else set()
+            # everything a let reads, transitively (intermediate lets included)
+            deps[name] = set().union(*[{r} | deps.get(r, set()) for r in refs]) if refs else set()
             lets.append((name, code, "TensorPtr" if kind == "tensor" else "double"))
         grads = []
         needers: dict[str, set[int]] = {}
@@ -151,8 +152,8 @@ def graph_scopes(op: OpSpec, table: Mapping[str, OpSpec]) -> Lowered:
             bscope_used |= scope.used_ops
             grads.append((index[name], name, code))
             for r in names_in(f.ast):
-                for leaf in deps.get(r, {r}) | ({r} if r in deps else set()):
-                    needers.setdefault(leaf, set()).add(index[name])
+                for needed in {r} | deps.get(r, set()):
+                    needers.setdefault(needed, set()).add(index[name])
         saveable = [i.name for i in op.inputs] + [o.name for o in op.outputs]
         saved = tuple((n, tuple(sorted(needers[n]))) for n in saveable if n in needers)
         let_rows = tuple((n, c, t, tuple(sorted(needers.get(n, set())))) for n, c, t in lets)

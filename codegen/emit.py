@@ -285,7 +285,8 @@ def _op_context(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str) -> di
                 body = f"elementwise<{tys}>(*v_{out.name}, {cls}Expr<{ctype}>{{attrs}}, {{{ins}}});"
             else:
                 args = ", ".join([f"c_{i.name}" for i in inputs] + [f"v_{o.name}" for o in op.outputs] + ["attrs"])
-                body = f"kernels::cpu::{op.name}<{_template_args(op, b)}>({args});"
+                targs = f"<{_template_args(op, b)}>" if tvars else ""
+                body = f"kernels::cpu::{op.name}{targs}({args});"
             branches.append(("if" if not branches else "else if", _condition(op, b), body))
     else:
         branches = []
@@ -357,10 +358,11 @@ def _op_context(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str) -> di
     if op.impl.kind == "cpp":
         tparams = ", ".join(f"typename {v}" for v in tvars)
         inst = []
-        for b in _bindings(op):
+        for b in (_bindings(op) if tvars else []):
             inst.append(f"template void opforge::kernels::cpu::{op.name}<{_template_args(op, b, True)}>"
                         f"({_kernel_params(op, qualified=True)});")
-        kernel_decl = {"tparams": tparams, "params": _kernel_params(op), "instantiations": inst,
+        kernel_decl = {"template": f"template <{tparams}>\n" if tvars else "",
+                       "params": _kernel_params(op), "instantiations": inst or ["/* not a template */"],
                        "macro": f"OPFORGE_INSTANTIATE_{op.name.upper()}_CPU"}
     infer_fns = sorted({o.shape.args[0] for o in op.outputs if o.shape.kind == "infer"})
 

@@ -310,6 +310,7 @@ class ExprScope:
 
     inputs: Sequence[str]
     attrs: Mapping[str, str]  # name -> attr type
+    optional_attrs: set = field(default_factory=set)  # attrs without a value by default (None)
 
 
 def lower_expr(formula: Formula, scope: ExprScope) -> str:
@@ -325,6 +326,9 @@ def lower_expr(formula: Formula, scope: ExprScope) -> str:
                 return f"v_{node.id}"
             if node.id in scope.attrs:
                 kind = scope.attrs[node.id]
+                if node.id in scope.optional_attrs:
+                    raise formula.error(node.pos, f"attr '{node.id}' may be None and cannot be used in an "
+                                        "elementwise expression; give it a default")
                 if kind not in NUMERIC_ATTRS:
                     raise formula.error(node.pos, f"attr '{node.id}' is {kind}; only int, float "
                                         "and bool attrs can be used in an elementwise expression")
@@ -396,22 +400,30 @@ class GraphScope:
     used_ops: set = field(default_factory=set)
 
 
-def _type_ok(want: str, got: str) -> bool:
-    if want == got:
-        return True
-    if want == "float" and got in ("int", "number"):
-        return True
-    if want == "int" and got == "int":
-        return True
-    if want == "number" and got in ("int", "float"):
-        return True
-    if want in ("list[int]", "axes") and got in ("list[int]", "int", "optional list[int]", "empty list"):
-        return True
-    if want == "list[float]" and got in ("list[float]", "list[int]", "number", "int", "float", "empty list"):
-        return True
-    if want.startswith("optional ") and _type_ok(want[len("optional "):], got):
-        return True
-    return False
+def convert_attr(want: str, code: str, kind: str) -> str | None:
+    """C++ code passing a value of ``kind`` to an attr of type ``want`` ("optional T" when the
+    attr may be None), or None when the value does not fit."""
+    if want.startswith("optional "):
+        if kind == want:
+            return code
+        want = want[len("optional "):]
+    if kind == want:
+        return code
+    if want == "float" and kind in ("int", "number"):
+        return f"double({code})"
+    if want == "list[int]":
+        if kind == "int":
+            return f"std::vector<int64_t>{{{code}}}"
+        if kind == "empty list":
+            return "std::vector<int64_t>{}"
+    if want == "list[float]":
+        if kind == "list[int]":
+            return f"to_float_list({code})"
+        if kind in ("int", "float", "number"):
+            return f"std::vector<double>{{double({code})}}"
+        if kind == "empty list":
+            return "std::vector<double>{}"
+    return None
 
 
 def _cpp_list(items: list[str], kind: str) -> str:
@@ -482,14 +494,17 @@ def lower_graph(formula: Formula, scope: GraphScope) -> tuple[str, str]:
         for name, atype, required_attr, default in sig.attrs:
             if name in given:
                 value, p = given[name]
-                code, kind = go(value, list_kind=atype)
-                if not _type_ok(atype, kind) and not (atype.startswith("list") and kind == "empty list"):
-                    raise formula.error(p, f"{node.func}(): attr '{name}' must be {atype}, got {kind}")
-                args.append(code)
+                code, kind = go(value)
+                want = "optional " + atype if default == "std::nullopt" else atype
+                converted = convert_attr(want, code, kind)
+                if converted is None:
+                    raise formula.error(p, f"{node.func}(): attr '{name}' must be {want}, got {kind}")
+                args.append(converted)
             elif required_attr:
                 raise formula.error(node.pos, f"{node.func}(): missing required attr '{name}'")
             else:
                 args.append(default)
+
         def build(t: str) -> str:
             ins = [t if k == like else (code if kind == "tensor" else f"scalar_like({code}, {t})")
                    for k, (code, kind) in enumerate(lowered)]
@@ -510,31 +525,26 @@ def lower_graph(formula: Formula, scope: GraphScope) -> tuple[str, str]:
             cond = node.args[0]
             if not (isinstance(cond, Name) and cond.id in scope.optional):
                 raise formula.error(_pos(cond), "if_given() needs an optional input as its first argument")
-            scope.optional.discard(cond.id)
+            scope.optional.discard(cond.id)  # present in the first branch only
             try:
-                (ac, ak), (bc, bk) = go(node.args[1]), go(node.args[2])
+                ac, ak = go(node.args[1])
             finally:
                 scope.optional.add(cond.id)
+            bc, bk = go(node.args[2])
             if (ak == "tensor") != (bk == "tensor"):
                 raise formula.error(node.pos, "if_given(): both branches must be tensors or both numbers")
             return f"({scope.tensors[cond.id]} ? {ac} : {bc})", ak
         codes = []
         for param, arg in zip(params, node.args):
-            code, kind = go(arg, list_kind="list[int]")
-            want = {"tensor": "tensor", "axes": "axes", "bool": "bool"}[param]
-            if param == "axes" and kind in ("optional list[int]",):
-                codes.append(code)
-                continue
-            if param == "axes" and kind in ("list[int]", "int", "empty list"):
-                codes.append(f"std::optional<std::vector<int64_t>>({code})"
-                             if kind != "int" else f"std::optional<std::vector<int64_t>>({{{code}}})")
-                continue
-            if not _type_ok(want, kind):
+            code, kind = go(arg)
+            want = {"tensor": "tensor", "axes": "optional list[int]", "bool": "bool"}[param]
+            converted = code if kind == want else convert_attr(want, code, kind) if param == "axes" else None
+            if converted is None:
                 raise formula.error(_pos(arg), f"{node.func}(): expected {want}, got {kind}")
-            codes.append(code)
+            codes.append(converted)
         return f"{node.func}({', '.join(codes)})", result
 
-    def go(node: Node, list_kind: str = "list[float]") -> tuple[str, str]:
+    def go(node: Node) -> tuple[str, str]:
         if isinstance(node, Num):
             return (node.text if isinstance(node.value, int) else repr(float(node.value)),
                     "int" if isinstance(node.value, int) else "float")
@@ -544,8 +554,7 @@ def lower_graph(formula: Formula, scope: GraphScope) -> tuple[str, str]:
             return f'std::string("{node.value}")', "str"
         if isinstance(node, ListLit):
             if not node.items:
-                return (_cpp_list([], "int" if list_kind.endswith("[int]") or list_kind == "axes" else "float"),
-                        "empty list")
+                return "{}", "empty list"
             items = [go(i) for i in node.items]
             kinds = {k for _, k in items}
             if kinds <= {"int"}:

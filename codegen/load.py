@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -267,6 +268,12 @@ def read_spec_document(path: str | os.PathLike[str]) -> tuple[str, LocMap]:
         raise SpecError(doc.key_locs[second], second,
                         "a spec file defines exactly one op (one top-level key)")
     name = next(iter(doc))
+    from .model import RESERVED
+
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+        raise SpecError(doc.key_locs[name], name, "an op name must match [a-z_][a-z0-9_]*")
+    if name in RESERVED:
+        raise SpecError(doc.key_locs[name], name, f"'{name}' is a reserved word and cannot name an op")
     if name != stem:
         raise SpecError(doc.key_locs[name], name,
                         f"op name must match the file name '{stem}' (one name for one thing)")

@@ -26,6 +26,7 @@ typedef typeid typename union unsigned using virtual void volatile wchar_t while
 """.split())
 RESERVED = frozenset(keyword.kwlist) | CPP_KEYWORDS | {"let", "self", "ctx", "attrs"}
 
+KERNEL_TARGETS = ("cpu",)  # targets whose hand-written kernels are compiled
 SHAPE_RULES = ("same", "broadcast", "reduce", "matmul", "infer")
 _SHAPE = re.compile(r"^\s*([a-z_]+)\s*\((.*)\)\s*$")
 
@@ -246,6 +247,12 @@ class _Builder:
             inputs.append(Input(n, dtype, spec.get("optional", False), diff, spec.get("doc", ""),
                                 self.loc("inputs", n, key=True)))
         input_names = [i.name for i in inputs]
+        for k, i in enumerate(inputs[:-1]):
+            if i.optional and not inputs[k + 1].optional:
+                self.err(("inputs", inputs[k + 1].name), "a required input cannot follow an optional one",
+                         key=True)
+        if len(declared) > 4:
+            self.err(("dtypes",), "at most 4 type variables are supported")
 
         attrs = []
         for n, spec in (b.get("attrs") or {}).items():
@@ -312,7 +319,7 @@ class _Builder:
         lo, hi = spec.get("min"), spec.get("max")
         if (lo is not None or hi is not None) and atype not in ("int", "float"):
             self.err(keys + ("min" if lo is not None else "max",), "min/max apply to int and float attrs only")
-        elif has_default and atype in ("int", "float"):
+        elif has_default and atype in ("int", "float") and _value_ok(atype, default):
             if lo is not None and default < lo:
                 self.err(keys + ("default",), f"default {default!r} is below min {lo}")
             if hi is not None and default > hi:
@@ -351,10 +358,17 @@ class _Builder:
                 want_input(a)
         elif kind == "reduce":
             want_input(args[0])
-            if attr_types.get(args[1]) not in ("list[int]", "int"):
-                self.err(keys, f"reduce() axis '{args[1]}' must be an int or list[int] attr")
-            if args[2] not in ("true", "false") and attr_types.get(args[2]) != "bool":
-                self.err(keys, f"reduce() keepdims '{args[2]}' must be true, false or a bool attr")
+            spec_attrs = self.body.get("attrs") or {}
+
+            def optional_attr(n: str) -> bool:
+                a = spec_attrs.get(n) or {}
+                return a.get("default") is None and a.get("required") is False
+
+            if attr_types.get(args[1]) not in ("list[int]", "int") or (
+                    attr_types.get(args[1]) == "int" and optional_attr(args[1])):
+                self.err(keys, f"reduce() axis '{args[1]}' must be a list[int] attr or a non-optional int attr")
+            if args[2] not in ("true", "false") and (attr_types.get(args[2]) != "bool" or optional_attr(args[2])):
+                self.err(keys, f"reduce() keepdims '{args[2]}' must be true, false or a non-optional bool attr")
         elif kind == "infer":
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", args[0]):
                 self.err(keys, f"infer() needs a C++ function name, got '{args[0]}'")
@@ -389,8 +403,8 @@ class _Builder:
         keys = ("impl", kind)
         if kind == "cpp":
             for t in self.body["targets"]:
-                if t == "ascend":
-                    continue
+                if t not in KERNEL_TARGETS:
+                    continue  # kernels for other targets are not built yet
                 if self.kernel_root is not None:
                     kernel = self.kernel_root / "src" / "kernels" / t / f"{self.name}.cpp"
                     if not kernel.is_file():
@@ -414,7 +428,8 @@ class _Builder:
                 self.err(keys, f"an expr op's output shape is same() or broadcast(), not {o.shape.kind}()")
         if any(i.optional for i in inputs):
             self.err(keys, "an expr op cannot have optional inputs")
-        scope = ExprScope([i.name for i in inputs], {a.name: a.type for a in attrs})
+        scope = ExprScope([i.name for i in inputs], {a.name: a.type for a in attrs},
+                          {a.name for a in attrs if a.optional_value})
         try:
             cpp = lower_expr(formula, scope)
         except SpecError as exc:

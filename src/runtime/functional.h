@@ -43,4 +43,7 @@ TensorPtr ones_like(const TensorPtr& x);
 TensorPtr scalar_like(double value, const TensorPtr& like);
 double numel(const TensorPtr& x);
 
+// list[int] attr values passed where a list[float] attr is expected
+inline std::vector<double> to_float_list(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+
 }  // namespace opforge

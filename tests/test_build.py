@@ -1,0 +1,28 @@
+"""Building the wheel: its file name carries the backend; a CUDA build stops with a clear error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+
+@pytest.mark.slow
+def test_wheel_name_says_its_backend(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-w", str(tmp_path)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    wheels = [p.name for p in tmp_path.glob("*.whl")]
+    assert len(wheels) == 1 and wheels[0].startswith("opforge-0.1.0+cpu-cp311"), wheels
+
+
+def test_cuda_backend_is_not_available_yet(tmp_path: Path) -> None:
+    meson = Path(sys.executable).parent / "meson"
+    cmd = [str(meson) if meson.exists() else "meson", "setup", str(tmp_path / "b"), str(ROOT), "-Dops_backend=cuda"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode != 0
+    assert "ops_backend=cuda is not available yet" in r.stdout + r.stderr
