@@ -261,6 +261,24 @@ def names_in(node: Node) -> set[str]:
     return out
 
 
+def ops_in(node: Node) -> set[str]:
+    """Every op name a graph formula may call: explicit calls and the ops behind operators."""
+    if isinstance(node, Call):
+        out = {node.func}
+        for a in node.args:
+            out |= ops_in(a)
+        for _, a, _ in node.kwargs:
+            out |= ops_in(a)
+        return out
+    if isinstance(node, Unary):
+        return {"neg"} | ops_in(node.operand)
+    if isinstance(node, Binary):
+        return {OPERATOR_OPS[node.op]} | ops_in(node.left) | ops_in(node.right)
+    if isinstance(node, ListLit):
+        return set().union(*[ops_in(i) for i in node.items]) if node.items else set()
+    return set()
+
+
 # ---------------------------------------------------------------------------- source mapping
 
 
@@ -279,9 +297,11 @@ class Formula:
         return SpecError(loc, self.key, message)
 
 
-def make_formula(text: str, loc: Loc, key: str, style: object) -> Formula:
-    inline = style in (None, "'", '"') and "\n" not in text
-    base = loc.shifted(1) if style in ("'", '"') else loc
+def make_formula(text: str, loc: Loc, key: str, style: str) -> Formula:
+    """Parse a formula from a YAML scalar of the given style (see load._style)."""
+    quoted = style[:1] in ("'", '"')
+    inline = style in ("", "'", '"') and "\n" not in text  # columns map one to one
+    base = loc.shifted(1) if quoted else loc
     try:
         ast = parse(text)
     except FormulaSyntaxError as exc:

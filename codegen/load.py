@@ -21,6 +21,7 @@ class LocMap(dict):
     key_locs: dict[str, Loc]
     value_locs: dict[str, Loc]
     value_styles: dict[str, Any]
+    duplicates: list[tuple[str, Loc, int]]  # (key, where repeated, line first defined)
 
 
 class LocList(list):
@@ -35,8 +36,12 @@ def _loc(path: str, node: yaml.Node) -> Loc:
     return Loc(path, node.start_mark.line + 1, node.start_mark.column + 1)
 
 
-def _style(node: yaml.Node) -> Any:
-    return node.style if isinstance(node, yaml.ScalarNode) else "collection"
+def _style(node: yaml.Node) -> str:
+    """A scalar's style: "" plain, "'" or '"' quoted, "|" or ">" block, with "+" appended when
+    it spans lines; "collection" for mappings and sequences."""
+    if not isinstance(node, yaml.ScalarNode):
+        return "collection"
+    return (node.style or "") + ("+" if node.end_mark.line != node.start_mark.line else "")
 
 
 class _Loader(yaml.SafeLoader):
@@ -50,14 +55,14 @@ class _Loader(yaml.SafeLoader):
         out = LocMap()
         out.loc = _loc(self.spec_path, node)
         out.key_locs, out.value_locs, out.value_styles = {}, {}, {}
+        out.duplicates = []
         for key_node, value_node in node.value:
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, str):
                 key = str(key)
             if key in out:
-                first = out.key_locs[key]
-                raise SpecError(_loc(self.spec_path, key_node), key,
-                                f"duplicate key (first defined at line {first.line})")
+                out.duplicates.append((key, _loc(self.spec_path, key_node), out.key_locs[key].line))
+                continue
             out[key] = self.construct_object(value_node, deep=True)
             out.key_locs[key] = _loc(self.spec_path, key_node)
             out.value_locs[key] = _loc(self.spec_path, value_node)
@@ -83,6 +88,21 @@ def display_path(path: str) -> str:
     except ValueError:
         return path
     return path if rel.startswith("..") else rel
+
+
+def duplicate_keys(node: Any, keys: tuple = ()) -> list[SpecError]:
+    """Every repeated key in a parsed document, with its key path (below the op name)."""
+    errors = []
+    if isinstance(node, LocMap):
+        for key, loc, first in node.duplicates:
+            path = ".".join(map(str, keys[1:] + (key,))) or key
+            errors.append(SpecError(loc, path, f"duplicate key (first defined at line {first})"))
+        for k, v in node.items():
+            errors.extend(duplicate_keys(v, keys + (k,)))
+    elif isinstance(node, LocList):
+        for i, v in enumerate(node):
+            errors.extend(duplicate_keys(v, keys + (i,)))
+    return errors
 
 
 def parse_yaml(text: str, path: str) -> Any:
@@ -198,6 +218,10 @@ def _schema_message(err: cerberus.errors.ValidationError, doc: Any, base: Sequen
     if code == cerberus.errors.BAD_TYPE.code:
         return SpecError(locate(doc, keys), kp(keys),
                          f"must be {_TYPE_NAMES.get(err.constraint, err.constraint)}, got {_yaml_type(value)}")
+    if code == cerberus.errors.UNALLOWED_VALUE.code and "keysrules" in err.schema_path:
+        allowed = [str(a) for a in err.constraint]
+        return SpecError(locate(doc, keys, key=True), kp(keys[:-1]) or str(keys[-1]),
+                         f"'{value}' is not one of: {', '.join(allowed)}{did_you_mean(str(value), allowed)}")
     if code == cerberus.errors.UNALLOWED_VALUE.code:
         allowed = [str(a) for a in err.constraint]
         return SpecError(locate(doc, keys), kp(keys),
@@ -256,10 +280,21 @@ def read_spec_document(path: str | os.PathLike[str]) -> tuple[str, LocMap]:
     """Read one spec file: returns (op name, document) after the schema check."""
     shown = display_path(str(path))
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise SpecError(Loc(shown, 1, 1), "", f"cannot read spec: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise SpecError(Loc(shown, line, col), "",
+                        f"a spec must be UTF-8 text (byte 0x{data[exc.start]:02x} is not)") from None
     doc = parse_yaml(text, shown)
+    if isinstance(doc, LocMap):
+        dups = duplicate_keys(doc)
+        if dups:
+            raise SpecErrors(dups)
     if not isinstance(doc, LocMap) or not doc:
         raise SpecError(Loc(shown, 1, 1), "", "a spec is a mapping with one key, the op name")
     stem = Path(path).stem
@@ -314,23 +349,21 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
 
     errors: list[SpecError] = []
     docs = []
+    broken: set[str] = set()
     for path in spec_paths(paths):
         try:
             docs.append(read_spec_document(path))
-        except SpecError as exc:
-            errors.append(exc)
-        except SpecErrors as exc:
-            errors.extend(exc.errors)
+        except (SpecError, SpecErrors) as exc:
+            errors.extend(exc.errors if isinstance(exc, SpecErrors) else [exc])
+            broken.add(Path(path).stem)
     ops: list[OpSpec] = []
     seen: dict[str, OpSpec] = {}
     for name, doc in docs:
         try:
-            op = OpSpec.from_yaml(name, doc, kernel_root)
-        except SpecError as exc:
-            errors.append(exc)
-            continue
-        except SpecErrors as exc:
-            errors.extend(exc.errors)
+            op = OpSpec.from_yaml(name, doc, Path(kernel_root) if kernel_root is not None else None)
+        except (SpecError, SpecErrors) as exc:
+            errors.extend(exc.errors if isinstance(exc, SpecErrors) else [exc])
+            broken.add(name)
             continue
         if name in seen:
             errors.append(SpecError(op.loc, name,
@@ -338,8 +371,7 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
             continue
         seen[name] = op
         ops.append(op)
-    if not errors:
-        errors.extend(check_ops(ops, list(known)))
+    errors.extend(check_ops(ops, list(known), frozenset(broken)))
     if errors:
         raise SpecErrors(errors)
     return sorted(ops, key=lambda o: o.name)

@@ -22,7 +22,7 @@ def test_check_installed_and_source_specs() -> None:
 
 
 def test_check_reports_mistakes_and_exits_non_zero(tmp_path: Path) -> None:
-    shutil.copy(SPEC_DIR / "leaky_relu.yaml", tmp_path / "leaky_relu.yaml")
+    shutil.copytree(SPEC_DIR, tmp_path, dirs_exist_ok=True)
     text = (tmp_path / "leaky_relu.yaml").read_text().replace("alpha * dout", "alhpa * dout")
     (tmp_path / "leaky_relu.yaml").write_text(text)
     (tmp_path / "bad.yaml").write_text("bad:\n  doc: x\n  inputs: {x: T}\n")
@@ -33,7 +33,7 @@ def test_check_reports_mistakes_and_exits_non_zero(tmp_path: Path) -> None:
         "bad.yaml:2:3: missing required key 'impl'",
         "bad.yaml:2:3: missing required key 'outputs'",
         "bad.yaml:2:3: missing required key 'targets'",
-        "leaky_relu.yaml:23:26: bprop.x: unknown name 'alhpa' (did you mean 'alpha'?)",
+        "leaky_relu.yaml:18:27: bprop.x: unknown name 'alhpa' (did you mean 'alpha'?)",
         "4 errors",
     ]
 
