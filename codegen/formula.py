@@ -100,6 +100,8 @@ def _tokenize(text: str) -> list[tuple[str, str, int]]:
         if not m:
             raise FormulaSyntaxError(i, f"unexpected character {text[i]!r}")
         kind = m.lastgroup
+        if m.group() == "**":
+            raise FormulaSyntaxError(i, "'**' is not supported; use square(), or pow() in an expr")
         if kind != "ws":
             tokens.append((kind, m.group(), i))
         i = m.end()
@@ -174,8 +176,6 @@ class _Parser:
             if isinstance(operand, Num):
                 return Num(-operand.value, "-" + operand.text, pos)
             return Unary("-", operand, pos)
-        if kind == "op" and text == "**":
-            raise FormulaSyntaxError(pos, "unexpected '**'")
         return self.primary()
 
     def primary(self) -> Node:
@@ -205,8 +205,6 @@ class _Parser:
                     items.append(self.comparison())
             self.expect("]")
             return ListLit(tuple(items), pos)
-        if text == "**":
-            raise FormulaSyntaxError(pos, "'**' is not supported; use pow() or square()")
         found = "end of formula" if kind == "end" else repr(text)
         raise FormulaSyntaxError(pos, f"unexpected {found}")
 

@@ -442,8 +442,9 @@ class _Builder:
         diff = [i.name for i in inputs if i.differentiable]
         if spec is None:
             if impl.kind != "composite" and diff:
-                self.err(("outputs",) if False else (), f"missing bprop: give a formula for each "
-                         f"differentiable input ({', '.join(diff)}), or mark inputs differentiable: false")
+                self.errors.append(SpecError(self.doc.key_locs[self.name], "bprop",
+                                             f"missing: give a formula for each differentiable input "
+                                             f"({', '.join(diff)}), or mark inputs differentiable: false"))
             return None
         lets = []
         grads = []

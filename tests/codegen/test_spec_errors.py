@@ -268,6 +268,8 @@ CASES = [
     case("expr-unknown-function-did-you-mean", "leaky", leaky("alpha * x)", "alpha * tahn(x))"),
          "specs/leaky.yaml:14:35: impl.expr: unknown function 'tahn' in an elementwise expression "
          "(did you mean 'tanh'?)"),
+    case("power-operator", "leaky", leaky("alpha * x)", "x ** 2)"),
+         "specs/leaky.yaml:14:29: impl.expr: syntax error: '**' is not supported; use square(), or pow() in an expr"),
     case("expr-unknown-function", "leaky", leaky("alpha * x)", "alpha * sigmoid(x))"),
          "specs/leaky.yaml:14:35: impl.expr: unknown function 'sigmoid' in an elementwise expression"),
     case("expr-function-arity", "leaky", leaky("where(x > 0, x, alpha * x)", "where(x > 0, x)"),
@@ -290,7 +292,7 @@ CASES = [
          """),
     # ------------------------------------------------------------------ bprop
     case("bprop-missing", "leaky", leaky("  bprop:\n    x: where(x > 0, dout, alpha * dout)\n", ""),
-         "specs/leaky.yaml:2:3: missing bprop: give a formula for each differentiable input (x), "
+         "specs/leaky.yaml:1:1: bprop: missing: give a formula for each differentiable input (x), "
          "or mark inputs differentiable: false"),
     case("bprop-for-unknown-input", "leaky", leaky("    x: where(x > 0, dout", "    xx: where(x > 0, dout"),
          """
