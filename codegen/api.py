@@ -43,7 +43,7 @@ def cpp_literal(atype: str, value: Any) -> str:
     if atype == "int":
         return f"int64_t({value})"
     if atype == "float":
-        return repr(float(value))
+        return repr(float(value))  # finite: the model rejects inf and nan
     if atype == "str":
         return f"std::string({json.dumps(value)})"
     if atype == "list[int]":

@@ -128,9 +128,8 @@ def _attr_check(op: OpSpec, a: Attr) -> list[str]:
         val = f"(*attrs.{a.name})"
     if a.choices is not None:
         cond = " || ".join(f"{val} == {api.cpp_literal(a.type, c)}" for c in a.choices)
-        shown = ", ".join(str(c) for c in a.choices)
-        lines.append(f"if ({guard}!({cond})) fail<ValueError>(kName, \"attr '{a.name}' must be one of: "
-                     f"{shown}; got \", {val});")
+        shown = _cpp_str(f"attr '{a.name}' must be one of: " + ", ".join(str(c) for c in a.choices) + "; got ")
+        lines.append(f"if ({guard}!({cond})) fail<ValueError>(kName, {shown}, {val});")
     if a.min is not None:
         lines.append(f"if ({guard}{val} < {a.min!r}) fail<ValueError>(kName, \"attr '{a.name}' must be >= "
                      f"{a.min}, got \", {val});")

@@ -7,6 +7,7 @@ Checking and C++ lowering are one walk, so what is checked is exactly what is em
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence, Union
@@ -182,7 +183,10 @@ class _Parser:
         kind, text, pos = self.take()
         if kind == "num":
             is_int = re.fullmatch(r"\d+", text) is not None
-            return Num(int(text) if is_int else float(text), text, pos)
+            value = int(text) if is_int else float(text)
+            if (is_int and value > 2 ** 63 - 1) or (not is_int and not math.isfinite(value)):
+                raise FormulaSyntaxError(pos, f"number {text} is out of range")
+            return Num(value, text, pos)
         if kind == "str":
             return Str(text[1:-1], pos)
         if kind == "name":
@@ -234,9 +238,36 @@ class _Parser:
         return Call(func, tuple(args), tuple(kwargs), pos)
 
 
+MAX_DEPTH = 100  # nesting of a formula's expression tree
+
+
+def _depth(node: Node) -> int:
+    stack, deepest = [(node, 1)], 0
+    while stack:  # iterative: a formula's depth must not exhaust Python's stack
+        n, d = stack.pop()
+        deepest = max(deepest, d)
+        children: list = []
+        if isinstance(n, Unary):
+            children = [n.operand]
+        elif isinstance(n, Binary):
+            children = [n.left, n.right]
+        elif isinstance(n, ListLit):
+            children = list(n.items)
+        elif isinstance(n, Call):
+            children = list(n.args) + [a for _, a, _ in n.kwargs]
+        stack.extend((c, d + 1) for c in children)
+    return deepest
+
+
 def parse(text: str) -> Node:
     """Parse a formula; raises FormulaSyntaxError with a character offset."""
-    return _Parser(text).parse()
+    try:
+        node = _Parser(text).parse()
+    except RecursionError:
+        raise FormulaSyntaxError(0, f"formula nests more than {MAX_DEPTH} levels") from None
+    if _depth(node) > MAX_DEPTH:
+        raise FormulaSyntaxError(0, f"formula nests more than {MAX_DEPTH} levels")
+    return node
 
 
 def names_in(node: Node) -> set[str]:

@@ -303,12 +303,16 @@ def read_spec_document(path: str | os.PathLike[str]) -> tuple[str, LocMap]:
         raise SpecError(doc.key_locs[second], second,
                         "a spec file defines exactly one op (one top-level key)")
     name = next(iter(doc))
-    from .model import RESERVED
+    from .formula import HELPERS
+    from .model import RESERVED, RUNTIME_CLASSES, class_name
 
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
         raise SpecError(doc.key_locs[name], name, "an op name must match [a-z_][a-z0-9_]*")
-    if name in RESERVED:
+    if name in RESERVED or name in HELPERS:
         raise SpecError(doc.key_locs[name], name, f"'{name}' is a reserved word and cannot name an op")
+    if class_name(name) in RUNTIME_CLASSES:
+        raise SpecError(doc.key_locs[name], name, f"'{name}' would generate class {class_name(name)}, "
+                        "which the runtime already defines")
     if name != stem:
         raise SpecError(doc.key_locs[name], name,
                         f"op name must match the file name '{stem}' (one name for one thing)")
@@ -358,6 +362,7 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
             broken.add(Path(path).stem)
     ops: list[OpSpec] = []
     seen: dict[str, OpSpec] = {}
+    classes: dict[str, OpSpec] = {}
     for name, doc in docs:
         try:
             op = OpSpec.from_yaml(name, doc, Path(kernel_root) if kernel_root is not None else None)
@@ -369,7 +374,12 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
             errors.append(SpecError(op.loc, name,
                                     f"two ops named '{name}' (also {seen[name].loc.path})"))
             continue
+        if op.class_name in classes:
+            errors.append(SpecError(op.loc, name, f"generates class {op.class_name}, as op "
+                                    f"'{classes[op.class_name].name}' does ({classes[op.class_name].loc.path})"))
+            continue
         seen[name] = op
+        classes[op.class_name] = op
         ops.append(op)
     errors.extend(check_ops(ops, list(known), frozenset(broken)))
     if errors:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast as pyast
 import itertools
 import keyword
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +25,24 @@ operator or or_eq private protected public register reinterpret_cast requires re
 sizeof static static_assert static_cast struct switch template this thread_local throw true try
 typedef typeid typename union unsigned using virtual void volatile wchar_t while xor xor_eq
 """.split())
-RESERVED = frozenset(keyword.kwlist) | CPP_KEYWORDS | {"let", "self", "ctx", "attrs"}
+# C++ type names visible where attrs become struct fields
+CPP_TYPES = frozenset("""int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t size_t std
+TensorPtr TensorList Shape Axes DType Format Half BFloat16""".split())
+RESERVED = frozenset(keyword.kwlist) | CPP_KEYWORDS | CPP_TYPES | {"let", "self", "ctx", "attrs"}
+# op classes are CamelCase of the op name and live beside the runtime's own classes
+RUNTIME_CLASSES = frozenset("""Tensor Storage Node Edge Function AutogradContext AccumulateGrad CppNode
+GradMode GradModeGuard NoGradGuard TensorMeta OpInfo ArgInfo AttrInfo RowInfo TargetInfo CallInfo Error
+TypeError ValueError IndexError RuntimeError Shape Format DType Device Half BFloat16 Axes""".split())
+INT64 = (-(2 ** 63), 2 ** 63 - 1)
 
 KERNEL_TARGETS = ("cpu",)  # targets whose hand-written kernels are compiled
 SHAPE_RULES = ("same", "broadcast", "reduce", "matmul", "infer")
 _SHAPE = re.compile(r"^\s*([a-z_]+)\s*\((.*)\)\s*$")
+
+
+def class_name(op: str) -> str:
+    """The generated C++ class of an op: CamelCase of its name (leaky_relu -> LeakyRelu)."""
+    return "".join(p.capitalize() for p in op.split("_"))
 
 
 # ---------------------------------------------------------------------------- parts
@@ -147,7 +161,7 @@ class OpSpec:
 
     @property
     def class_name(self) -> str:
-        return "".join(p.capitalize() for p in self.name.split("_"))
+        return class_name(self.name)
 
     def input(self, name: str) -> Input:
         return next(i for i in self.inputs if i.name == name)
@@ -176,20 +190,25 @@ class OpSpec:
 
 
 def _float(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (
+        not isinstance(v, int) or INT64[0] <= v <= INT64[1])
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and INT64[0] <= v <= INT64[1]
 
 
 def _value_ok(atype: str, v: Any) -> bool:
     if atype == "bool":
         return isinstance(v, bool)
     if atype == "int":
-        return isinstance(v, int) and not isinstance(v, bool)
+        return _int(v)
     if atype == "float":
         return _float(v)
     if atype == "str":
         return isinstance(v, str)
     if atype == "list[int]":
-        return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+        return isinstance(v, list) and all(_int(x) for x in v)
     if atype == "list[float]":
         return isinstance(v, list) and all(_float(x) for x in v)
     return False
@@ -303,7 +322,9 @@ class _Builder:
             self.err(keys + ("required",), "a required attr cannot have a default")
         if has_default:
             if not _value_ok(atype, default):
-                self.err(keys + ("default",), f"default must be {atype}, got {default!r}")
+                what = {"float": "a finite float", "int": "an int64", "list[int]": "a list of int64",
+                        "list[float]": "a list of finite floats"}.get(atype, atype)
+                self.err(keys + ("default",), f"default must be {what}, got {default!r}")
             elif atype == "float":
                 default = float(default)
             elif atype == "list[float]":
@@ -317,6 +338,10 @@ class _Builder:
                 self.err(keys + ("default",), f"default {default!r} is not one of the choices")
             choices = tuple(choices)
         lo, hi = spec.get("min"), spec.get("max")
+        for k, bound in (("min", lo), ("max", hi)):
+            if bound is not None and not _float(bound):
+                self.err(keys + (k,), f"{k} must be a finite number, got {bound!r}")
+                lo, hi = (None, hi) if k == "min" else (lo, None)
         if (lo is not None or hi is not None) and atype not in ("int", "float"):
             self.err(keys + ("min" if lo is not None else "max",), "min/max apply to int and float attrs only")
         elif has_default and atype in ("int", "float") and _value_ok(atype, default):

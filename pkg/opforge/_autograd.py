@@ -94,10 +94,12 @@ def value_and_grad(fn: Callable[..., Any], grad_position: Positions = 0,
             if not -len(args) <= p < len(args):
                 raise IndexError(f"[value_and_grad] grad_position {p} is out of range for {len(args)} arguments")
         args = list(args)
-        leaves = []
+        leaf_at: dict[int, Tensor] = {}  # a position given twice gets one leaf (and its gradient twice)
         for p in positions:
-            args[p] = _as_leaf(args[p])
-            leaves.append(args[p])
+            k = p % len(args)
+            if k not in leaf_at:
+                leaf_at[k] = args[k] = _as_leaf(args[k])
+        leaves = [leaf_at[p % len(args)] for p in positions]
         with enable_grad():
             value = fn(*args, **kwargs)
         out, aux = _output(value, has_aux)

@@ -112,6 +112,15 @@ TensorPtr AutogradContext::ReduceGrad(size_t i, TensorPtr grad) const {
 
 namespace detail {
 
+void unalias(TensorPtr& out, const TensorList& inputs) {
+  for (const auto& in : inputs) {
+    if (in && in.get() == out.get()) {
+      out = detach(out);
+      return;
+    }
+  }
+}
+
 void record(const std::shared_ptr<Node>& node, AutogradContext& ctx, const TensorList& inputs,
             const TensorList& outputs) {
   node->next_edges.resize(inputs.size());
@@ -136,17 +145,29 @@ void record(const std::shared_ptr<Node>& node, AutogradContext& ctx, const Tenso
 
 // ---------------------------------------------------------------------------- engine
 
+namespace {
+
+// g itself when nothing else can see its memory, else a dense copy: .grad never shares memory
+// with another tensor (another leaf's .grad, a caller's array, a broadcast view).
+TensorPtr owned(TensorPtr g) {
+  const bool exclusive = g.use_count() == 1 && g->storage().use_count() == 1 && !g->storage()->external;
+  if (exclusive && g->is_contiguous()) return g;
+  auto out = empty(g->dtype(), g->shape(), g->format());
+  copy_into(out, g);
+  return out;
+}
+
+}  // namespace
+
 TensorList AccumulateGrad::apply(TensorList grads) {
-  TensorPtr g = grads.empty() ? nullptr : grads[0];
+  TensorPtr g = grads.empty() ? nullptr : std::move(grads[0]);
+  grads.clear();
   if (!g) return {};
-  if (!GradMode::is_enabled()) g = detach(g);
-  const auto& old = variable->grad();
-  if (old) {
-    variable->set_grad(add_grad(old, g));
-  } else {
-    // Never hand out a stride-0 or shared buffer as .grad: own a dense copy when needed.
-    variable->set_grad(g->is_contiguous() ? g : contiguous(g));
-  }
+  // Without create_graph the stored gradient has no history (and may be reused in place).
+  if (!GradMode::is_enabled()) g = owned(g->grad_fn() ? detach(g) : std::move(g));
+  std::lock_guard<std::mutex> lock(variable->grad_mutex());
+  TensorPtr& slot = variable->grad_unlocked();
+  slot = slot ? add_grad(slot, g) : std::move(g);
   return {};
 }
 

@@ -127,6 +127,12 @@ void collect(TensorList& out, const A& a, const Rest&... rest) {
 }
 inline void as_list(TensorList& out, const TensorPtr& t) { out.push_back(t); }
 inline void as_list(TensorList& out, const TensorList& ts) { out.insert(out.end(), ts.begin(), ts.end()); }
+// An output that is one of the inputs becomes a fresh alias, so recording it never rewrites the
+// history of the caller's tensor.
+void unalias(TensorPtr& out, const TensorList& inputs);
+inline void unalias(TensorList& outs, const TensorList& inputs) {
+  for (auto& o : outs) unalias(o, inputs);
+}
 void record(const std::shared_ptr<Node>& node, AutogradContext& ctx, const TensorList& inputs,
             const TensorList& outputs);
 }  // namespace detail
@@ -156,6 +162,7 @@ struct Function {
       NoGradGuard no_grad;
       return T::Forward(&node->ctx, args...);
     }();
+    detail::unalias(result, inputs);
     TensorList outputs;
     detail::as_list(outputs, result);
     detail::record(node, node->ctx, inputs, outputs);

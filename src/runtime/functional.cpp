@@ -29,6 +29,7 @@ Shape broadcast_shapes(const char* op, const std::vector<const Tensor*>& inputs,
       fail<ValueError>(op, "shapes cannot be broadcast together: ", shapes);
     }
   }
+  checked_numel(op, out, DType::Float64);
   return out;
 }
 
@@ -187,9 +188,23 @@ struct BroadcastToFn : Function<BroadcastToFn> {
 
 struct ReshapeFn : Function<ReshapeFn> {
   static constexpr const char* kName = "reshape";
-  static TensorPtr Forward(AutogradContext*, const TensorPtr& x, const Shape& shape) {
-    if (shape_numel(shape) != x->numel()) {
-      fail<ValueError>("reshape", "cannot reshape ", shape_str(x->shape()), " to ", shape_str(shape));
+  static TensorPtr Forward(AutogradContext*, const TensorPtr& x, const Shape& requested) {
+    // one dimension may be -1: inferred from the others, as in NumPy
+    Shape shape = requested;
+    int64_t known = 1;
+    int infer = -1;
+    for (size_t i = 0; i < shape.size(); ++i) {
+      if (shape[i] == -1 && infer < 0) {
+        infer = static_cast<int>(i);
+      } else if (shape[i] < 0) {
+        fail<ValueError>("reshape", "invalid dimension ", shape[i], " in shape ", shape_str(requested));
+      } else if (__builtin_mul_overflow(known, shape[i], &known)) {
+        fail<ValueError>("reshape", "shape ", shape_str(requested), " has too many elements");
+      }
+    }
+    if (infer >= 0 && known > 0 && x->numel() % known == 0) shape[static_cast<size_t>(infer)] = x->numel() / known;
+    if (shape_numel(shape) != x->numel() || (infer >= 0 && shape[static_cast<size_t>(infer)] < 0)) {
+      fail<ValueError>("reshape", "cannot reshape ", shape_str(x->shape()), " to ", shape_str(requested));
     }
     return reshape_data(x, shape);
   }

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 
 #include "runtime/autograd.h"
@@ -95,6 +96,8 @@ TensorPtr from_buffer(py::handle obj, const char* op, const char* arg) {
   storage->data = view->buf;
   storage->nbytes = static_cast<size_t>(view->len);
   storage->owner = owner;
+  storage->external = true;
+  storage->readonly = view->readonly != 0;
   return std::make_shared<Tensor>(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
 }
 
@@ -136,7 +139,8 @@ DLDataType dl_from_dtype(DType d) {
   }
 }
 
-TensorPtr tensor_from_dl(const DLTensor& dl, std::shared_ptr<void> owner, const char* op, const char* arg) {
+TensorPtr tensor_from_dl(const DLTensor& dl, std::shared_ptr<void> owner, const char* op, const char* arg,
+                         bool readonly) {
   if (dl.device.device_type != kDLCPU && dl.device.device_type != kDLCUDAHost) {
     fail<TypeError>(op, "input '", arg, "' lives on DLPack device type ", dl.device.device_type,
                     "; this build (target ", built_target(), ") only reads CPU memory");
@@ -152,6 +156,8 @@ TensorPtr tensor_from_dl(const DLTensor& dl, std::shared_ptr<void> owner, const 
   storage->data = static_cast<char*>(dl.data) + dl.byte_offset;
   storage->nbytes = static_cast<size_t>(shape_numel(shape)) * itemsize(dtype);
   storage->owner = std::move(owner);
+  storage->external = true;
+  storage->readonly = readonly;
   return std::make_shared<Tensor>(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
 }
 
@@ -166,7 +172,7 @@ TensorPtr from_dlpack_obj(py::handle obj, const char* op, const char* arg) {
       py::gil_scoped_acquire gil;
       if (m->deleter) m->deleter(m);
     });
-    return tensor_from_dl(managed->dl_tensor, owner, op, arg);
+    return tensor_from_dl(managed->dl_tensor, owner, op, arg, false);
   }
   if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
     auto* managed = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, "dltensor_versioned"));
@@ -176,7 +182,7 @@ TensorPtr from_dlpack_obj(py::handle obj, const char* op, const char* arg) {
       py::gil_scoped_acquire gil;
       if (m->deleter) m->deleter(m);
     });
-    return tensor_from_dl(managed->dl_tensor, owner, op, arg);
+    return tensor_from_dl(managed->dl_tensor, owner, op, arg, (managed->flags & kDLPackFlagReadOnly) != 0);
   }
   fail<TypeError>(op, "input '", arg, "': __dlpack__() did not return a DLPack capsule");
 }
@@ -216,7 +222,7 @@ py::capsule to_dlpack(const TensorPtr& t, py::object max_version) {
   if (versioned) {
     auto* m = make_managed<DLManagedTensorVersioned>(t);
     m->version = DLPackVersion{1, 0};
-    m->flags = 0;
+    m->flags = t->storage()->readonly ? kDLPackFlagReadOnly : 0;
     return py::capsule(m, "dltensor_versioned", [](PyObject* cap) {
       if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
         auto* p = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, "dltensor_versioned"));
@@ -224,7 +230,13 @@ py::capsule to_dlpack(const TensorPtr& t, py::object max_version) {
       }
     });
   }
-  auto* m = make_managed<DLManagedTensor>(t);
+  // the legacy struct cannot say "read-only": hand out a copy of read-only memory instead
+  TensorPtr src = t;
+  if (t->storage()->readonly) {
+    src = empty(t->dtype(), t->shape(), t->format());
+    copy_into(src, t);
+  }
+  auto* m = make_managed<DLManagedTensor>(src);
   return py::capsule(m, "dltensor", [](PyObject* cap) {
     if (PyCapsule_IsValid(cap, "dltensor")) {
       auto* p = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
@@ -260,7 +272,9 @@ py::object numpy_view(const TensorPtr& t) {
   // The array's base owns a reference to the tensor, so the memory outlives the array.
   auto* holder = new TensorPtr(t);
   py::capsule base(holder, [](void* p) { delete static_cast<TensorPtr*>(p); });
-  return py::array(py::dtype(fmt), shape, strides, t->raw_data(), base);
+  py::array arr(py::dtype(fmt), shape, strides, t->raw_data(), base);
+  if (t->storage()->readonly) arr.attr("setflags")(py::arg("write") = false);
+  return std::move(arr);
 }
 
 py::object item(const TensorPtr& t) {
@@ -290,42 +304,76 @@ TensorPtr to_tensor(py::handle obj, const char* op, const char* arg) {
 void InputConverter::add(py::handle obj) {
   const size_t i = tensors_.size();
   const ArgInfo& arg = info_.inputs[i];
-  if (obj.is_none() && arg.optional) {
-    tensors_.push_back(nullptr);
-    return;
-  }
-  if (PyBool_Check(obj.ptr())) {
-    pending_.push_back({i, obj.ptr() == Py_True ? 1.0 : 0.0, 'b'});
-    tensors_.push_back(nullptr);
-  } else if (PyLong_CheckExact(obj.ptr())) {
-    pending_.push_back({i, static_cast<double>(obj.cast<int64_t>()), 'i'});
-    tensors_.push_back(nullptr);
-  } else if (PyFloat_Check(obj.ptr())) {
-    pending_.push_back({i, PyFloat_AS_DOUBLE(obj.ptr()), 'f'});
-    tensors_.push_back(nullptr);
+  tensors_.push_back(nullptr);
+  if (obj.is_none() && arg.optional) return;
+  PyObject* p = obj.ptr();
+  if (PyBool_Check(p)) {
+    pending_.push_back({i, 0.0, p == Py_True ? 1 : 0, 'b'});
+  } else if (PyLong_Check(p)) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(p, &overflow);
+    if (overflow) fail<ValueError>(info_.name, "input '", arg.name, "': the Python int is out of range for int64");
+    pending_.push_back({i, 0.0, v, 'i'});
+  } else if (PyFloat_Check(p)) {
+    pending_.push_back({i, PyFloat_AS_DOUBLE(p), 0, 'f'});
   } else {
-    tensors_.push_back(to_tensor(obj, info_.name, arg.name));
+    tensors_.back() = to_tensor(obj, info_.name, arg.name);
   }
 }
 
+namespace {
+
+bool int_fits(DType d, int64_t v) {
+  switch (d) {
+    case DType::Bool: return v == 0 || v == 1;
+    case DType::UInt8: return v >= 0 && v <= 255;
+    case DType::Int8: return v >= -128 && v <= 127;
+    case DType::Int16: return v >= -32768 && v <= 32767;
+    case DType::Int32: return v >= INT32_MIN && v <= INT32_MAX;
+    default: return true;
+  }
+}
+
+}  // namespace
+
 const TensorList& InputConverter::finish() {
+  static const auto rank = [](char kind) { return kind == 'f' ? 2 : kind == 'i' ? 1 : 0; };
   for (const auto& p : pending_) {
     const ArgInfo& arg = info_.inputs[p.index];
     DType dtype;
+    int bound_by = -1;
     if (arg.typevar < 0) {
       dtype = arg.dtype;
     } else {
-      // the dtype bound by a tensor input of the same type variable, else a default by kind
-      bool bound = false;
-      for (size_t j = 0; j < tensors_.size() && !bound; ++j) {
-        if (tensors_[j] && info_.inputs[j].typevar == arg.typevar) {
-          dtype = tensors_[j]->dtype();
-          bound = true;
-        }
+      // the dtype of a tensor input of the same type variable; with none, the widest scalar's
+      // default dtype (float -> float32, int -> int64, bool -> bool), whatever the order
+      char widest = p.kind;
+      for (size_t j = 0; j < tensors_.size() && bound_by < 0; ++j) {
+        if (tensors_[j] && info_.inputs[j].typevar == arg.typevar) bound_by = static_cast<int>(j);
       }
-      if (!bound) dtype = p.kind == 'f' ? DType::Float32 : p.kind == 'i' ? DType::Int64 : DType::Bool;
+      for (const auto& q : pending_) {
+        if (info_.inputs[q.index].typevar == arg.typevar && rank(q.kind) > rank(widest)) widest = q.kind;
+      }
+      dtype = bound_by >= 0 ? tensors_[static_cast<size_t>(bound_by)]->dtype()
+              : widest == 'f' ? DType::Float32 : widest == 'i' ? DType::Int64 : DType::Bool;
     }
-    tensors_[p.index] = full(dtype, {}, p.value);
+    const std::string by = bound_by >= 0 ? std::string(" (bound by input '") +
+                                               info_.inputs[static_cast<size_t>(bound_by)].name + "')"
+                                         : std::string();
+    if (p.kind == 'f' && !is_floating(dtype)) {
+      fail<TypeError>(info_.name, "input '", arg.name, "': a Python float cannot be ", dtype_name(dtype), by,
+                      "; pass an array of the intended dtype");
+    }
+    if (p.kind == 'i' && !is_floating(dtype) && !int_fits(dtype, p.ivalue)) {
+      fail<ValueError>(info_.name, "input '", arg.name, "': the Python int ", p.ivalue, " is out of range for ",
+                       dtype_name(dtype), by);
+    }
+    auto t = empty(dtype, {});
+    visit_dtype(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      *t->data<T>() = p.kind == 'f' ? convert<T>(p.fvalue) : convert<T>(p.ivalue);
+    });
+    tensors_[p.index] = std::move(t);
   }
   return tensors_;
 }
@@ -402,24 +450,40 @@ bool attr_bool(const char* op, const char* name, py::handle v) {
 }
 
 int64_t attr_int(const char* op, const char* name, py::handle v) {
-  if (!PyBool_Check(v.ptr()) && PyIndex_Check(v.ptr())) {
-    const long long x = PyLong_AsLongLong(py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr())).ptr());
-    if (x == -1 && PyErr_Occurred()) {
-      PyErr_Clear();
-      fail<ValueError>(op, "attr '", name, "' is out of range for int64");
+  PyObject* p = v.ptr();
+  if (!PyBool_Check(p) && PyIndex_Check(p)) {
+    py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(p));  // ints, NumPy integers
+    if (index) {
+      int overflow = 0;
+      const long long x = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+      if (overflow) fail<ValueError>(op, "attr '", name, "' is out of range for int64");
+      return x;
     }
-    return x;
+    PyErr_Clear();
   }
   fail<TypeError>(op, "attr '", name, "' must be an int, got ", type_name(v));
 }
 
 double attr_float(const char* op, const char* name, py::handle v) {
-  if (!PyBool_Check(v.ptr()) && (PyFloat_Check(v.ptr()) || PyLong_Check(v.ptr()) ||
-                                 (py::hasattr(v, "dtype") && PyNumber_Check(v.ptr()) && !PyIndex_Check(v.ptr())))) {
-    return PyFloat_AsDouble(v.ptr());
+  PyObject* p = v.ptr();
+  if (PyFloat_Check(p)) return PyFloat_AS_DOUBLE(p);
+  if (!PyBool_Check(p) && PyLong_Check(p)) {
+    const double x = PyLong_AsDouble(p);
+    if (x == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      fail<ValueError>(op, "attr '", name, "' is out of range for float");
+    }
+    return x;
   }
-  if (!PyBool_Check(v.ptr()) && PyIndex_Check(v.ptr())) return static_cast<double>(attr_int(op, name, v));
-  fail<TypeError>(op, "attr '", name, "' must be a float, got ", type_name(v));
+  // NumPy scalars (np.float32(0.1), np.int64(2)); not arrays, tensors or bools
+  const std::string type = type_name(v);
+  py::module_ np = py::module_::import("numpy");
+  if (py::isinstance(v, np.attr("generic")) && !py::isinstance(v, np.attr("bool_"))) {
+    const double x = PyFloat_AsDouble(p);
+    if (!(x == -1.0 && PyErr_Occurred())) return x;
+    PyErr_Clear();
+  }
+  fail<TypeError>(op, "attr '", name, "' must be a float, got ", type);
 }
 
 std::string attr_str(const char* op, const char* name, py::handle v) {
@@ -428,7 +492,10 @@ std::string attr_str(const char* op, const char* name, py::handle v) {
 }
 
 std::vector<int64_t> attr_int_list(const char* op, const char* name, py::handle v) {
-  if (!PyBool_Check(v.ptr()) && PyIndex_Check(v.ptr())) return {attr_int(op, name, v)};
+  if (!PyBool_Check(v.ptr()) && (PyLong_Check(v.ptr()) ||
+                                 py::isinstance(v, py::module_::import("numpy").attr("integer")))) {
+    return {attr_int(op, name, v)};
+  }
   if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
     std::vector<int64_t> out;
     for (py::handle x : v) {
@@ -552,7 +619,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end()), strides;
     const auto item = static_cast<py::ssize_t>(itemsize(t.dtype()));
     for (int64_t s : t.strides()) strides.push_back(s * item);
-    return py::buffer_info(t.raw_data(), item, fmt, t.dim(), shape, strides, /*readonly=*/false);
+    return py::buffer_info(t.raw_data(), item, fmt, t.dim(), shape, strides, t.storage()->readonly);
   });
   cls.def_property_readonly("shape", [](const Tensor& t) { return py::tuple(py::cast(t.shape())); })
       .def_property_readonly("dtype", [](const Tensor& t) { return dtype_name(t.dtype()); })
@@ -586,12 +653,14 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
         out->set_format(fmt);
         return out;
       }, py::arg("format"), "A view of the same data tagged with a layout format (NCHW, NHWC...).")
-      .def("backward", [](const TensorPtr& t, py::object grad, bool retain_graph, bool create_graph) {
+      .def("backward", [](const TensorPtr& t, py::object grad, py::object retain_graph, bool create_graph) {
         TensorList grads{grad.is_none() ? nullptr : to_tensor(grad, "backward", "grad")};
+        const bool retain = retain_graph.is_none() ? create_graph : retain_graph.cast<bool>();
         py::gil_scoped_release nogil;
-        run_backward({t}, grads, retain_graph, create_graph);
-      }, py::arg("grad") = py::none(), py::arg("retain_graph") = false, py::arg("create_graph") = false,
-         "Accumulate the gradient of this tensor into the .grad of the leaves it depends on.")
+        run_backward({t}, grads, retain, create_graph);
+      }, py::arg("grad") = py::none(), py::arg("retain_graph") = py::none(), py::arg("create_graph") = false,
+         "Accumulate the gradient of this tensor into the .grad of the leaves it depends on.\n"
+         "retain_graph defaults to create_graph, as in PyTorch.")
       .def("__dlpack__", [](const TensorPtr& t, py::object stream, py::object max_version, py::object dl_device,
                             py::object copy) {
         (void)stream;
@@ -629,6 +698,19 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
   });
   m.def("_zeros_like", [](const TensorPtr& t) { return zeros_like(t); });
   m.def("_parse_dtype", [](py::handle d) { return dtype_name(parse_dtype(d, "dtype")); });
+  // Test hook: records whether the GIL was held when each op's kernel dispatch began.
+  m.def("_trace_gil", [](bool on) {
+    static std::vector<std::pair<std::string, bool>> calls;
+    static std::mutex lock;
+    std::lock_guard<std::mutex> guard(lock);
+    auto out = calls;
+    calls.clear();
+    on_checked_call = on ? +[](const OpInfo& info) {
+      std::lock_guard<std::mutex> g(lock);
+      calls.emplace_back(info.name, PyGILState_Check() != 0);
+    } : nullptr;
+    return out;
+  }, py::arg("on"), "Start (True) or stop (False) tracing op calls; returns [(op, gil_held)] so far.");
   m.def("is_grad_enabled", &GradMode::is_enabled);
   m.def("set_grad_enabled", &GradMode::set_enabled, py::arg("enabled"));
   m.def("_run_backward", [](const TensorList& roots, std::vector<py::object> grads, bool retain_graph,

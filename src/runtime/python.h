@@ -28,7 +28,7 @@ class InputConverter {
   const TensorList& finish();
 
  private:
-  struct Pending { size_t index; double value; char kind; };  // kind: b(ool) i(nt) f(loat)
+  struct Pending { size_t index; double fvalue; int64_t ivalue; char kind; };  // kind: b(ool) i(nt) f(loat)
   const OpInfo& info_;
   TensorList tensors_;
   std::vector<Pending> pending_;

@@ -9,6 +9,8 @@ namespace opforge {
 
 const char* built_target() { return "cpu"; }
 
+void (*on_checked_call)(const OpInfo& info) = nullptr;
+
 std::vector<const OpInfo*>& registry() {
   static std::vector<const OpInfo*> ops;
   return ops;
@@ -54,6 +56,7 @@ std::string typevar_names(const OpInfo& info) {
 }  // namespace
 
 CallInfo check_call(const OpInfo& info, std::initializer_list<const Tensor*> inputs) {
+  if (on_checked_call) on_checked_call(info);
   if (!info.built) {
     fail<RuntimeError>(info.name, "has no kernel for target ", built_target(),
                        " (the spec does not list it under targets)");

@@ -57,6 +57,9 @@ struct CallInfo {
   DType var(int i) const { return vars[static_cast<size_t>(i)]; }
 };
 
+// Test hook: when set, check_call reports each call to it (from the thread running the op).
+extern void (*on_checked_call)(const OpInfo& info);
+
 // The target this build compiles kernels for ("cpu").
 const char* built_target();
 

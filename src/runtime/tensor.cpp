@@ -90,6 +90,7 @@ void Tensor::set_requires_grad(bool r) {
 }
 
 std::shared_ptr<Node> Tensor::grad_accumulator(const TensorPtr& self) {
+  std::lock_guard<std::mutex> lock(mutex_);
   auto acc = grad_accumulator_.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(self);
@@ -98,12 +99,23 @@ std::shared_ptr<Node> Tensor::grad_accumulator(const TensorPtr& self) {
   return acc;
 }
 
-TensorPtr empty(DType dtype, const Shape& shape, Format format) {
+int64_t checked_numel(const char* op, const Shape& shape, DType dtype) {
+  int64_t n = 1;
   for (int64_t d : shape) {
-    if (d < 0) throw ValueError("negative dimension in shape " + shape_str(shape));
+    if (d < 0) fail<ValueError>(op, "negative dimension in shape ", shape_str(shape));
+    if (__builtin_mul_overflow(n, d, &n)) fail<ValueError>(op, "shape ", shape_str(shape), " has too many elements");
   }
+  int64_t bytes;
+  if (__builtin_mul_overflow(n, static_cast<int64_t>(itemsize(dtype)), &bytes) || bytes > (int64_t(1) << 62)) {
+    fail<ValueError>(op, "shape ", shape_str(shape), " has too many elements");
+  }
+  return n;
+}
+
+TensorPtr empty(DType dtype, const Shape& shape, Format format) {
+  const int64_t n = checked_numel("allocate", shape, dtype);
   auto storage = std::make_shared<Storage>();
-  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * itemsize(dtype);
+  const size_t nbytes = static_cast<size_t>(n) * itemsize(dtype);
   const size_t rounded = ((nbytes + 63) / 64) * 64;
   void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
   if (rounded && !p) throw RuntimeError("out of memory allocating " + std::to_string(nbytes) + " bytes");

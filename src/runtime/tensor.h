@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@ struct Storage {
   void* data = nullptr;
   size_t nbytes = 0;
   std::shared_ptr<void> owner;
+  bool external = false;  // memory of another library (NumPy, DLPack): never reused as ours
+  bool readonly = false;  // the owner forbids writes: views handed out are read-only too
 };
 
 class Node;
@@ -52,8 +55,17 @@ class Tensor {
   // autograd
   bool requires_grad() const { return requires_grad_; }
   void set_requires_grad(bool r);
-  const TensorPtr& grad() const { return grad_; }
-  void set_grad(TensorPtr g) { grad_ = std::move(g); }
+  // .grad is read and written under a lock: backward may run in several threads at once.
+  TensorPtr grad() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return grad_;
+  }
+  void set_grad(TensorPtr g) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    grad_ = std::move(g);
+  }
+  std::mutex& grad_mutex() const { return mutex_; }
+  TensorPtr& grad_unlocked() { return grad_; }
   const std::shared_ptr<Node>& grad_fn() const { return grad_fn_; }
   uint32_t output_nr() const { return output_nr_; }
   bool is_leaf() const { return grad_fn_ == nullptr; }
@@ -79,12 +91,15 @@ class Tensor {
   std::shared_ptr<Node> grad_fn_;
   uint32_t output_nr_ = 0;
   std::weak_ptr<Node> grad_accumulator_;
+  mutable std::mutex mutex_;
 };
 
 Shape contiguous_strides(const Shape& shape);
 int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);
 
+// Elements of a shape; throws ValueError naming op when negative or too large to address.
+int64_t checked_numel(const char* op, const Shape& shape, DType dtype);
 // A new tensor with fresh, 64-byte aligned, uninitialized contiguous storage.
 TensorPtr empty(DType dtype, const Shape& shape, Format format = Format::Default);
 // A tensor filled with value.

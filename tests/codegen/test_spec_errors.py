@@ -204,7 +204,7 @@ CASES = [
          """),
     # ------------------------------------------------------------------ attrs
     case("attr-default-wrong-type", "leaky", leaky("default: 0.01", 'default: "small"'),
-         "specs/leaky.yaml:6:35: attrs.alpha.default: default must be float, got 'small'"),
+         "specs/leaky.yaml:6:35: attrs.alpha.default: default must be a finite float, got 'small'"),
     case("attr-default-not-in-choices", "leaky", leaky("default: 0.01}", "default: 0.01, choices: [0.1, 0.2]}"),
          "specs/leaky.yaml:6:35: attrs.alpha.default: default 0.01 is not one of the choices"),
     case("attr-choice-wrong-type", "leaky", leaky("default: 0.01}", "default: 0.01, choices: [0.01, a]}"),
@@ -470,7 +470,7 @@ def test_spec_errors_collects_every_file_sorted(in_tmp: Path, real_ops) -> None:
     # formulas of the specs that load are checked against the op table in the same run
     assert str(info.value) == textwrap.dedent("""\
         more/delta.yaml:15:3: unknown key 'bporp' (did you mean 'bprop'?)
-        specs/alpha.yaml:6:35: attrs.alpha.default: default must be float, got 'a'
+        specs/alpha.yaml:6:35: attrs.alpha.default: default must be a finite float, got 'a'
         specs/alpha.yaml:8:28: outputs.out.shape: shape rule same() names unknown input 'y'
         specs/beta.yaml:5:8: invalid YAML: expected ',' or '}', but got ':'
         specs/epsilon.yaml:16:27: bprop.x: unknown name 'alhpa' (did you mean 'alpha'?)

@@ -118,9 +118,43 @@ def test_backward_errors() -> None:
         opforge.tensor([1, 2], requires_grad=True)
 
 
-def test_scalar_that_does_not_fit_the_dtype_is_still_checked() -> None:
-    # a Python float given with an int tensor binds T to int64, then the registration table decides
-    out = ops.mul(np.array([1, 2]), 2.5)
-    assert out.dtype == "int64"
+def test_python_scalars_never_lose_their_value() -> None:
+    with pytest.raises(TypeError, match=re.escape(
+            "[mul] input 'y': a Python float cannot be int64 (bound by input 'x'); "
+            "pass an array of the intended dtype")):
+        ops.mul(np.array([1, 2]), 2.5)
+    with pytest.raises(ValueError, match=re.escape(
+            "[add] input 'y': the Python int 1099511627776 is out of range for int32 (bound by input 'x')")):
+        ops.add(np.array([1], np.int32), 2 ** 40)
+    with pytest.raises(ValueError, match=re.escape("[add] input 'y': the Python int is out of range for int64")):
+        ops.add(np.array([1]), 2 ** 70)
+    # scalars alone: the widest kind decides, whatever the order
+    assert ops.add(1, 2.5).item() == 3.5 and ops.add(2.5, 1).item() == 3.5
+    assert ops.mul(3, 0.5).dtype == "float32"
     with pytest.raises(TypeError, match=r"^\[exp\] dtype int64 is not supported"):
         ops.exp(3)
+
+
+def test_attr_values_of_the_wrong_kind_are_type_errors() -> None:
+    with pytest.raises(TypeError, match=re.escape("[leaky_relu] attr 'alpha' must be a float, got ndarray")):
+        ops.leaky_relu(F32, alpha=np.array(0.1))
+    with pytest.raises(TypeError, match=re.escape("[leaky_relu] attr 'alpha' must be a float, got Tensor")):
+        ops.leaky_relu(F32, alpha=opforge.tensor([0.1, 0.2]))
+    with pytest.raises(TypeError, match=re.escape("[leaky_relu] attr 'alpha' must be a float, got bool")):
+        ops.leaky_relu(F32, alpha=True)
+    with pytest.raises(TypeError, match=re.escape("[sum] attr 'axis' must be an int or a list of ints, got ndarray")):
+        ops.sum(F32, axis=np.array([0]))
+    with pytest.raises(ValueError, match=re.escape("[sum] attr 'axis' is out of range for int64")):
+        ops.sum(F32, axis=2 ** 64)
+    assert ops.leaky_relu(F32, alpha=np.float32(0.5)).shape == (2, 3)
+    assert ops.sum(F32, axis=np.int64(1)).shape == (2,)
+
+
+def test_shapes_too_large_to_allocate() -> None:
+    a = np.broadcast_to(np.float64(1), (3, 1))
+    b = np.broadcast_to(np.float64(2), (1, 768614336404564651))
+    with pytest.raises(ValueError, match=re.escape("[add] shape (3, 768614336404564651) has too many elements")):
+        ops.add(a, b)
+    with pytest.raises(ValueError, match=r"^\[reshape\] invalid dimension -2"):
+        opforge.tensor(np.arange(6.0)).reshape([-2, -3])
+    assert opforge.tensor(np.arange(6.0)).reshape([-1, 2]).shape == (3, 2)

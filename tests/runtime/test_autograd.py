@@ -50,6 +50,44 @@ def test_backward_with_create_graph_then_backward_again() -> None:
     np.testing.assert_allclose(x.grad.numpy(), [-2 * t * (1 - t * t)])
 
 
+def test_tensor_backward_with_create_graph_keeps_the_graph() -> None:
+    x = leaf([1.0, 2.0])
+    ops.sum(ops.mul(ops.mul(x, x), x)).backward(create_graph=True)
+    g = x.grad
+    np.testing.assert_array_equal(g.numpy(), [3.0, 12.0])
+    x.grad = None
+    ops.sum(g).backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [6.0, 12.0])
+
+
+def test_grads_never_share_memory() -> None:
+    x, w = leaf([1.0, 2.0]), leaf([3.0, 4.0])
+    ops.sum(ops.add(x, w)).backward()
+    assert not np.shares_memory(x.grad.numpy(), w.grad.numpy())
+    seed = np.ones(2)
+    y = ops.add(x, 0.0)
+    x.grad = None
+    y.backward(seed)
+    assert not np.shares_memory(x.grad.numpy(), seed)
+
+
+def test_concurrent_backward_into_one_leaf() -> None:
+    import threading
+
+    x = leaf(np.ones(64))
+
+    def work() -> None:
+        for _ in range(200):
+            ops.sum(ops.mul(x, x)).backward()
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    np.testing.assert_array_equal(x.grad.numpy(), np.full(64, 2.0 * 800))
+
+
 def test_no_grad_records_nothing() -> None:
     x = leaf([1.0])
     with opforge.no_grad():
@@ -103,6 +141,10 @@ def test_grad_and_value_and_grad() -> None:
     w = leaf([2.0, 2.0])
     value, gw = opforge.value_and_grad(lambda a: ops.sum(ops.mul(a, w)), grad_position=None, weights=[w])(a)
     np.testing.assert_array_equal(gw[0].numpy(), a)
+    # a position given twice is one leaf, with its gradient twice
+    g1, g2 = opforge.grad(f, argnums=(0, 0))(a, b)
+    np.testing.assert_array_equal(g1.numpy(), [3.0, 4.0])
+    np.testing.assert_array_equal(g2.numpy(), [3.0, 4.0])
     # an input the function ignores gets a zero gradient
     g0, g1 = opforge.grad(lambda a, b: ops.sum(a), argnums=(0, 1))(a, b)
     np.testing.assert_array_equal(g1.numpy(), [0.0, 0.0])

@@ -145,7 +145,34 @@ def test_format_tags() -> None:
         x.with_format("NCWH")
 
 
-def test_ops_release_the_gil_and_run_in_threads() -> None:
+def test_read_only_memory_stays_read_only() -> None:
+    a = np.arange(4.0)
+    a.setflags(write=False)
+    t = opforge.from_numpy(a)
+    assert not t.numpy().flags.writeable
+    assert memoryview(t).readonly
+    with pytest.raises(ValueError, match="read-only"):
+        t.numpy()[0] = 1
+    b = b"abcd"
+    with pytest.raises(ValueError, match="read-only"):
+        opforge.from_numpy(b).numpy()[0] = 65
+    assert b == b"abcd"
+    # DLPack: the versioned capsule says read-only; the legacy one carries a copy
+    back = np.from_dlpack(t)
+    assert not back.flags.writeable or not np.shares_memory(back, a)
+    assert ops.add(t, 1.0).numpy().flags.writeable
+
+
+def test_kernels_run_without_the_gil() -> None:
+    opforge._C._trace_gil(True)
+    ops.mul(np.ones(3), 2.0)
+    ops.sum(np.ones((2, 2)))
+    calls = opforge._C._trace_gil(False)
+    assert [name for name, _ in calls] == ["mul", "sum"]
+    assert not any(held for _, held in calls), calls
+
+
+def test_ops_run_concurrently_in_threads() -> None:
     a = np.random.default_rng(0).standard_normal((256, 256))
     results = []
 

@@ -1,0 +1,76 @@
+"""Spec values that would otherwise reach the C++ compiler (or mislead it) are spec errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_spec_errors import LEAKY, leaky
+
+
+def renamed(name: str, text: str = LEAKY) -> str:
+    return text.replace("leaky:", f"{name}:", 1)
+
+
+@pytest.mark.parametrize("files, expected", [
+    pytest.param({"foo_bar": renamed("foo_bar"), "foo__bar": renamed("foo__bar")},
+                 "specs/foo_bar.yaml:1:1: foo_bar: generates class FooBar, as op 'foo__bar' does "
+                 "(specs/foo__bar.yaml)", id="class-name-collision"),
+    pytest.param({"tensor": renamed("tensor")},
+                 "specs/tensor.yaml:1:1: tensor: 'tensor' would generate class Tensor, which the runtime "
+                 "already defines", id="runtime-class"),
+    pytest.param({"zeros_like": renamed("zeros_like")},
+                 "specs/zeros_like.yaml:1:1: zeros_like: 'zeros_like' is a reserved word and cannot name an op",
+                 id="helper-name"),
+    pytest.param({"leaky": leaky("    alpha: {type", "    int64_t: {type").replace("alpha *", "int64_t *")},
+                 "specs/leaky.yaml:6:5: attrs.int64_t: 'int64_t' is a reserved word and cannot name an attr",
+                 id="attr-named-like-a-type"),
+    pytest.param({"leaky": leaky("default: 0.01", "default: .inf")},
+                 "specs/leaky.yaml:6:35: attrs.alpha.default: default must be a finite float, got inf",
+                 id="infinite-default"),
+    pytest.param({"leaky": leaky("default: 0.01}", "default: 0.01, min: .nan}")},
+                 "specs/leaky.yaml:6:46: attrs.alpha.min: min must be a finite number, got nan",
+                 id="nan-bound"),
+    pytest.param({"leaky": leaky("alpha * x)", "1e400 * x)")},
+                 "specs/leaky.yaml:14:27: impl.expr: syntax error: number 1e400 is out of range",
+                 id="literal-out-of-range"),
+    pytest.param({"leaky": leaky("alpha * x)", "-(" * 150 + "x" + ")" * 150 + ")")},
+                 "specs/leaky.yaml:14:11: impl.expr: syntax error: formula nests more than 100 levels",
+                 id="deep-nesting"),
+    pytest.param({"leaky": leaky("alpha * x)", " + ".join(["x"] * 300) + ")")},
+                 "specs/leaky.yaml:14:11: impl.expr: syntax error: formula nests more than 100 levels",
+                 id="long-chain"),
+])
+def test_spec_value_errors(spec_errors, files, expected) -> None:
+    assert spec_errors(files) == expected
+
+
+def test_int_attr_default_beyond_int64(spec_errors) -> None:
+    spec = leaky("alpha: {type: float, default: 0.01}", "alpha: {type: int, default: 99999999999999999999}")
+    spec = spec.replace("alpha * x", "x").replace("alpha * dout", "dout")
+    assert spec_errors({"leaky": spec}) == ("specs/leaky.yaml:6:33: attrs.alpha.default: default must be an "
+                                            "int64, got 99999999999999999999")
+
+
+def test_str_choices_are_escaped_in_generated_code(in_tmp, real_ops) -> None:
+    from codegen import load_specs
+    from codegen.emit import render_op
+
+    spec = leaky("    alpha: {type: float, default: 0.01}",
+                 '    alpha: {type: float, default: 0.01}\n    mode: {type: str, default: "a\\"b", choices: ["a\\"b", "c\\\\d"]}')
+    (in_tmp / "specs").mkdir()
+    (in_tmp / "specs" / "leaky.yaml").write_text(spec)
+    (op,) = load_specs(["specs"], known=real_ops)
+    cpp = next(r.text for r in render_op(op, {o.name: o for o in real_ops + [op]}, "specs/leaky.yaml")
+               if r.name.endswith(".cpp"))
+    assert r'''"attr 'mode' must be one of: a\"b, c\\d; got "''' in cpp
+    assert r'''attrs.mode == std::string("a\"b")''' in cpp
+
+
+def test_parentheses_alone_do_not_nest_and_very_deep_ones_are_errors(spec_errors) -> None:
+    spec = leaky("alpha * x)", "(" * 120 + "x" + ")" * 120 + ")")
+    # parentheses add no depth: the only error is the misspelt name planted below
+    errors = spec_errors({"leaky": spec.replace("alpha * dout", "alhpa * dout")})
+    assert errors == "specs/leaky.yaml:16:27: bprop.x: unknown name 'alhpa' (did you mean 'alpha'?)"
+    deep = leaky("alpha * x)", "(" * 2000 + "x" + ")" * 2000 + ")")
+    assert spec_errors({"leaky": deep}) == ("specs/leaky.yaml:14:11: impl.expr: syntax error: "
+                                            "formula nests more than 100 levels")
