@@ -369,7 +369,8 @@ def _op_context(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str) -> di
     if op.impl.kind == "expr":
         tparams = ", ".join(f"typename P{k}" for k in range(len(inputs)))
         fparams = ", ".join(f"P{k} v_{i.name}" for k, i in enumerate(inputs))
-        expr_functor = {"tparams": tparams, "params": fparams, "expr": op.impl.cpp_expr}
+        expr_functor = {"tparams": tparams, "params": fparams, "expr": op.impl.cpp_expr,
+                        "flags": [f"const bool {m} = {init};" for m, init in op.impl.cpp_flags]}
 
     includes = sorted(f"{o}.h" for o in lowered.used_ops if o != op.name)
     return {

@@ -7,6 +7,7 @@ Checking and C++ lowering are one walk, so what is checked is exactly what is em
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -360,10 +361,41 @@ class ExprScope:
     inputs: Sequence[str]
     attrs: Mapping[str, str]  # name -> attr type
     optional_attrs: set = field(default_factory=set)  # attrs without a value by default (None)
+    choices: Mapping[str, tuple] = field(default_factory=dict)  # str attr -> its choices
 
 
-def lower_expr(formula: Formula, scope: ExprScope) -> str:
-    """Check an elementwise formula and lower it to a C++ expression over compute type ``C``."""
+@dataclass(frozen=True)
+class LoweredExpr:
+    code: str                                  # C++ expression over compute type C
+    flags: tuple[tuple[str, str], ...]         # (member, initializer): str attr tests, once per call
+
+
+def lower_expr(formula: Formula, scope: ExprScope) -> LoweredExpr:
+    """Check an elementwise formula and lower it to a C++ expression over compute type ``C``.
+
+    A str attr may only be compared with a string literal (``approximate == "tanh"``); the test
+    becomes a bool member of the functor, computed once per call rather than per element.
+    """
+    flags: dict[str, str] = {}
+    present: set[str] = set()  # optional attrs known to be given (inside if_given's first branch)
+
+    def str_test(node: Binary) -> str | None:
+        if node.op not in ("==", "!=") or not any(isinstance(s, Str) for s in (node.left, node.right)):
+            return None
+        name = node.left if isinstance(node.left, Name) else node.right
+        lit = node.right if isinstance(node.right, Str) else node.left
+        if not (isinstance(name, Name) and isinstance(lit, Str) and scope.attrs.get(name.id) == "str"):
+            raise formula.error(node.pos, "a string can only be compared with a str attr")
+        if name.id in scope.optional_attrs and name.id not in present:
+            raise formula.error(name.pos, f"attr '{name.id}' may be None; use if_given({name.id}, ..., ...)")
+        allowed = scope.choices.get(name.id)
+        if allowed is not None and lit.value not in allowed:
+            raise formula.error(lit.pos, f"'{lit.value}' is not a choice of attr '{name.id}' "
+                                f"({', '.join(map(str, allowed))}){did_you_mean(lit.value, map(str, allowed))}")
+        member = "f_" + name.id + "_" + re.sub(r"\W", "_", lit.value) + f"_{len(flags)}"
+        value = f"*a.{name.id}" if name.id in scope.optional_attrs else f"a.{name.id}"
+        flags.setdefault(member, f"{value} == {json.dumps(lit.value)}")
+        return member if node.op == "==" else f"!{member}"
 
     def go(node: Node) -> str:
         if isinstance(node, Num):
@@ -375,19 +407,39 @@ def lower_expr(formula: Formula, scope: ExprScope) -> str:
                 return f"v_{node.id}"
             if node.id in scope.attrs:
                 kind = scope.attrs[node.id]
-                if node.id in scope.optional_attrs:
-                    raise formula.error(node.pos, f"attr '{node.id}' may be None and cannot be used in an "
-                                        "elementwise expression; give it a default")
+                if node.id in scope.optional_attrs and node.id not in present:
+                    raise formula.error(node.pos, f"attr '{node.id}' may be None; use "
+                                        f"if_given({node.id}, ..., ...) or give it a default")
                 if kind not in NUMERIC_ATTRS:
-                    raise formula.error(node.pos, f"attr '{node.id}' is {kind}; only int, float "
-                                        "and bool attrs can be used in an elementwise expression")
-                return f"a.{node.id}" if kind == "bool" else f"C(a.{node.id})"
+                    raise formula.error(node.pos, f"attr '{node.id}' is {kind}; only int, float and bool attrs "
+                                        "(and str attrs compared with a string) can be used in an elementwise "
+                                        "expression")
+                value = f"(*a.{node.id})" if node.id in scope.optional_attrs else f"a.{node.id}"
+                return value if kind == "bool" else f"C({value})"
             known = list(scope.inputs) + list(scope.attrs)
             raise formula.error(node.pos, f"unknown name '{node.id}'{did_you_mean(node.id, known)}")
         if isinstance(node, Unary):
             return f"(-{go(node.operand)})"
         if isinstance(node, Binary):
+            test = str_test(node)
+            if test is not None:
+                return test
             return f"({go(node.left)} {node.op} {go(node.right)})"
+        if isinstance(node, Call) and node.func == "if_given":
+            if len(node.args) != 3 or node.kwargs:
+                raise formula.error(node.pos, "if_given() takes 3 arguments")
+            cond = node.args[0]
+            if not (isinstance(cond, Name) and cond.id in scope.optional_attrs):
+                raise formula.error(cond.pos, "if_given() needs an optional attr as its first argument "
+                                    "in an elementwise expression")
+            given = cond.id in present
+            present.add(cond.id)
+            try:
+                a = go(node.args[1])
+            finally:
+                if not given:
+                    present.discard(cond.id)
+            return f"(a.{cond.id} ? C({a}) : C({go(node.args[2])}))"
         if isinstance(node, Call):
             if node.func not in EXPR_FUNCTIONS:
                 raise formula.error(node.pos, f"unknown function '{node.func}' in an elementwise "
@@ -406,7 +458,8 @@ def lower_expr(formula: Formula, scope: ExprScope) -> str:
             raise formula.error(node.pos, "strings and lists are not allowed in an elementwise expression")
         raise formula.error(0, "unsupported expression")  # pragma: no cover
 
-    return go(formula.ast)
+    code = go(formula.ast)
+    return LoweredExpr(code, tuple(flags.items()))
 
 
 # ---------------------------------------------------------------------------- graph (bprop/composite) lowering
@@ -572,17 +625,30 @@ def lower_graph(formula: Formula, scope: GraphScope) -> tuple[str, str]:
                                 f"{'s' if len(params) != 1 else ''}, got {len(node.args)}")
         if node.func == "if_given":
             cond = node.args[0]
-            if not (isinstance(cond, Name) and cond.id in scope.optional):
-                raise formula.error(_pos(cond), "if_given() needs an optional input as its first argument")
-            scope.optional.discard(cond.id)  # present in the first branch only
-            try:
-                ac, ak = go(node.args[1])
-            finally:
-                scope.optional.add(cond.id)
+            is_attr = (isinstance(cond, Name) and cond.id in scope.attrs
+                       and scope.attrs[cond.id][0].startswith("optional "))
+            if not (isinstance(cond, Name) and (cond.id in scope.optional or is_attr)):
+                raise formula.error(_pos(cond), "if_given() needs an optional input or optional attr "
+                                    "as its first argument")
+            if is_attr:  # present in the first branch only: there the attr has its plain type
+                saved = scope.attrs[cond.id]
+                scope.attrs = {**scope.attrs, cond.id: (saved[0][len("optional "):], f"(*{saved[1]})")}
+                try:
+                    ac, ak = go(node.args[1])
+                finally:
+                    scope.attrs = {**scope.attrs, cond.id: saved}
+                test = saved[1]
+            else:
+                scope.optional.discard(cond.id)
+                try:
+                    ac, ak = go(node.args[1])
+                finally:
+                    scope.optional.add(cond.id)
+                test = scope.tensors[cond.id]
             bc, bk = go(node.args[2])
             if (ak == "tensor") != (bk == "tensor"):
                 raise formula.error(node.pos, "if_given(): both branches must be tensors or both numbers")
-            return f"({scope.tensors[cond.id]} ? {ac} : {bc})", ak
+            return f"({test} ? {ac} : {bc})", ak
         codes = []
         for param, arg in zip(params, node.args):
             code, kind = go(arg)

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from . import schema
 from .errors import Loc, SpecError, SpecErrors, did_you_mean
 from .formula import ExprScope, Formula, lower_expr, make_formula, names_in, ops_in
-from .load import LocList, LocMap
+from .load import LocList, LocMap, display_path
 
 CPP_KEYWORDS = frozenset("""
 alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t
@@ -124,6 +124,7 @@ class Impl:
     kind: str             # expr | composite | cpp
     formula: Optional[Formula]
     cpp_expr: Optional[str]   # lowered elementwise expression (expr kind)
+    cpp_flags: tuple[tuple[str, str], ...]  # per-call bool members of the expr functor
     loc: Loc
 
 
@@ -423,7 +424,7 @@ class _Builder:
         loc = self.loc("impl")
         if len(impl) != 1:
             self.err(("impl",), "give exactly one of expr, composite, cpp")
-            return Impl("expr", None, None, loc)
+            return Impl("expr", None, None, (), loc)
         kind = next(iter(impl))
         keys = ("impl", kind)
         if kind == "cpp":
@@ -433,19 +434,19 @@ class _Builder:
                 if self.kernel_root is not None:
                     kernel = self.kernel_root / "src" / "kernels" / t / f"{self.name}.cpp"
                     if not kernel.is_file():
-                        self.err(keys, f"missing kernel file {kernel} for target {t}")
-            return Impl("cpp", None, None, loc)
+                        self.err(keys, f"missing kernel file {display_path(str(kernel))} for target {t}")
+            return Impl("cpp", None, None, (), loc)
         if any(o.shape.kind == "infer" for o in outputs):
             self.err(keys, "shape rule infer() needs a cpp impl (the function lives in its kernel file)")
         try:
             formula = self.formula(impl, kind, keys)
         except SpecError as exc:
             self.errors.append(exc)
-            return Impl(kind, None, None, loc)
+            return Impl(kind, None, None, (), loc)
         if kind == "composite":
             if len(outputs) != 1:
                 self.err(keys, "a composite op has exactly one output")
-            return Impl("composite", formula, None, loc)
+            return Impl("composite", formula, None, (), loc)
         if len(outputs) != 1:
             self.err(keys, "an expr op has exactly one output; use a cpp impl for several")
         for o in outputs:
@@ -454,13 +455,14 @@ class _Builder:
         if any(i.optional for i in inputs):
             self.err(keys, "an expr op cannot have optional inputs")
         scope = ExprScope([i.name for i in inputs], {a.name: a.type for a in attrs},
-                          {a.name for a in attrs if a.optional_value})
+                          {a.name for a in attrs if a.optional_value},
+                          {a.name: a.choices for a in attrs if a.choices is not None})
         try:
-            cpp = lower_expr(formula, scope)
+            lowered = lower_expr(formula, scope)
         except SpecError as exc:
             self.errors.append(exc)
-            cpp = None
-        return Impl("expr", formula, cpp, loc)
+            return Impl("expr", formula, None, (), loc)
+        return Impl("expr", formula, lowered.code, lowered.flags, loc)
 
     def bprop(self, inputs: list[Input], outputs: list[Output], impl: Impl) -> Optional[Bprop]:
         spec = self.body.get("bprop")

@@ -279,8 +279,7 @@ CASES = [
     case("expr-attr-that-may-be-none", "leaky",
          leaky("{type: float, default: 0.01}", "{type: float, required: false}").replace(
              "where(x > 0, dout, alpha * dout)", "where(x > 0, dout, zeros_like(dout))"),
-         "specs/leaky.yaml:14:27: impl.expr: attr 'alpha' may be None and cannot be used in an "
-         "elementwise expression; give it a default"),
+         "specs/leaky.yaml:14:27: impl.expr: attr 'alpha' may be None; use if_given(alpha, ..., ...) or give it a default"),
     case("expr-string", "leaky", leaky("where(x > 0, x, alpha * x)", "where(x > 0, x, 'a')"),
          "specs/leaky.yaml:14:27: impl.expr: strings and lists are not allowed in an elementwise expression"),
     case("composite-not-a-tensor", "leaky", leaky("expr: where(x > 0, x, alpha * x)", "composite: alpha > 0"),
@@ -345,7 +344,7 @@ CASES = [
     case("formula-optional-input-without-if-given", "scale", scale("if_given(w, dout * w, dout)", "dout * w"),
          "specs/scale.yaml:15:15: bprop.x: optional input 'w' may be absent; use if_given(w, ..., ...)"),
     case("formula-if-given-on-required-input", "scale", scale("if_given(w,", "if_given(x,"),
-         "specs/scale.yaml:15:17: bprop.x: if_given() needs an optional input as its first argument"),
+         "specs/scale.yaml:15:17: bprop.x: if_given() needs an optional input or optional attr as its first argument"),
     case("formula-helper-arity", "leaky", leaky("where(x > 0, dout, alpha * dout)", "zeros_like(dout, x)"),
          "specs/leaky.yaml:16:8: bprop.x: zeros_like() takes 1 argument, got 2"),
     # ------------------------------------------------------------------ tests section

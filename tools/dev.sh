@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Developer loop without pip: build into a meson build directory and run Python against it.
+#
+#   tools/dev.sh build           configure (once) and build incrementally
+#   tools/dev.sh pytest [ARGS]   build, then run pytest against the build
+#   tools/dev.sh python [ARGS]   build, then run python against the build
+#
+# Needs meson, ninja, pybind11, jinja2, cerberus, pyyaml and numpy in the current Python.
+# OPFORGE_BUILD_DIR picks the build directory (default: ./build).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${OPFORGE_BUILD_DIR:-$root/build}
+cmd=${1:-build}
+shift || true
+
+if [ ! -f "$build/build.ninja" ]; then
+  meson setup "$build" "$root" -Dops_backend=cpu >/dev/null
+fi
+ninja -C "$build" >/dev/null || ninja -C "$build"
+
+# A package directory that mirrors the installed layout, made of links into the tree.
+pkg="$build/python/opforge"
+rm -rf "$pkg"
+mkdir -p "$pkg"
+for f in "$root"/pkg/opforge/*; do ln -s "$f" "$pkg/"; done
+for f in "$build"/_C*.so "$build"/op_specs/ops.pyi; do ln -s "$f" "$pkg/"; done
+ln -s "$root/codegen" "$pkg/codegen"
+ln -s "$root/op_specs" "$pkg/op_specs"
+export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
+
+case "$cmd" in
+  build) ;;
+  pytest) exec python3 -m pytest -p no:cacheprovider "$@" ;;
+  python) exec python3 "$@" ;;
+  *) echo "usage: tools/dev.sh build|pytest|python [ARGS]" >&2; exit 2 ;;
+esac
