@@ -394,7 +394,7 @@ def _op_context(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str) -> di
         "info_inputs": info_inputs, "info_outputs": info_outputs, "info_attrs": info_attrs,
         "info_targets": info_targets,
         "py_defaults": ", ".join(py_defaults),
-        "py_inputs": [f"conv.add(a[{k}]);" for k in range(len(inputs))],
+        "py_inputs": [f"in.add(a[{k}]);" for k in range(len(inputs))],
         "py_attr_lines": py_attr_lines, "call_args": call_args,
         "kernel": kernel_decl, "infer_fns": infer_fns, "expr": expr_functor,
         "includes": includes,

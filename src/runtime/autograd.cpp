@@ -19,8 +19,8 @@ void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
 
 // ---------------------------------------------------------------------------- context
 
-void AutogradContext::init(std::string op, const TensorList& inputs, bool any_grad) {
-  op_ = std::move(op);
+void AutogradContext::init(const char* op, const TensorList& inputs, bool any_grad) {
+  op_ = op;
   recording_ = any_grad;
   if (!any_grad) return;
   inputs_ = inputs;

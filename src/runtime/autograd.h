@@ -78,14 +78,15 @@ class AutogradContext {
   template <typename A> const A& GetAttrs() const { return *std::any_cast<A>(&attrs_); }
 
   // The op this context belongs to (for error messages).
-  const std::string& op() const { return op_; }
+  const char* op() const { return op_; }
   // Shape and dtype of input i at Forward time.
   const TensorMeta& input_meta(size_t i) const { return input_meta_[i]; }
   // Reduces a broadcast gradient to input i's shape and casts it to input i's dtype.
   TensorPtr ReduceGrad(size_t i, TensorPtr grad) const;
 
   // -- used by Function<T>::Apply and the node
-  void init(std::string op, const TensorList& inputs, bool any_grad);
+  void init(const char* op, const TensorList& inputs, bool any_grad);
+  void init_no_grad(const char* op) { op_ = op; }
   void finish(const TensorList& outputs, const std::shared_ptr<Node>& node);
   void release();
   bool is_non_differentiable(const TensorPtr& t) const;
@@ -95,7 +96,7 @@ class AutogradContext {
     TensorPtr tensor;         // inputs: as given; outputs: a detached alias
     int output_nr = -1;       // >= 0: an output of this node, re-attached on read
   };
-  std::string op_;
+  const char* op_ = "";       // a string literal (the op's kName)
   TensorList inputs_;         // only during Forward
   std::vector<bool> needs_input_grad_;
   std::vector<TensorMeta> input_meta_;
@@ -119,6 +120,15 @@ class CppNode : public Node {
 };
 
 namespace detail {
+template <typename A>
+bool requires_grad(const A& a) {
+  if constexpr (std::is_convertible_v<const A&, const TensorPtr&>) {
+    const TensorPtr& t = a;
+    return t && t->requires_grad();
+  } else {
+    return false;
+  }
+}
 inline void collect(TensorList&) {}
 template <typename A, typename... Rest>
 void collect(TensorList& out, const A& a, const Rest&... rest) {
@@ -145,17 +155,13 @@ template <typename T>
 struct Function {
   template <typename... Args>
   static auto Apply(const Args&... args) {
-    TensorList inputs;
-    detail::collect(inputs, args...);
-    bool any_grad = false;
-    if (GradMode::is_enabled()) {
-      for (const auto& t : inputs) any_grad = any_grad || (t && t->requires_grad());
-    }
-    if (!any_grad) {
-      AutogradContext ctx;
-      ctx.init(T::kName, inputs, false);
+    if (!GradMode::is_enabled() || !(detail::requires_grad(args) || ...)) {
+      AutogradContext ctx;  // records nothing: no allocation on this path
+      ctx.init_no_grad(T::kName);
       return T::Forward(&ctx, args...);
     }
+    TensorList inputs;
+    detail::collect(inputs, args...);
     auto node = std::make_shared<CppNode<T>>();
     node->ctx.init(T::kName, inputs, true);
     auto result = [&] {

@@ -2,8 +2,13 @@
 // the scalar functions that elementwise expressions may call.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -53,6 +58,27 @@ Shape broadcast_strides(const Tensor& t, const Shape& out_shape);
 
 constexpr int64_t kParallelThreshold = int64_t(1) << 16;
 
+// body(begin, end) over [0, n): in OpenMP threads when n is large, else inline (small calls
+// must not pay for entering a parallel region).
+template <typename Body>
+OPFORGE_INLINE void parallel_for(int64_t n, int64_t grain, const Body& body) {
+  if (n < grain) {
+    body(int64_t(0), n);
+    return;
+  }
+#pragma omp parallel
+  {
+#ifdef _OPENMP
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+#else
+    const int64_t threads = 1, t = 0;
+#endif
+    const int64_t chunk = (n + threads - 1) / threads;
+    const int64_t begin = std::min(n, t * chunk), end = std::min(n, begin + chunk);
+    if (begin < end) body(begin, end);
+  }
+}
+
 namespace detail {
 
 template <typename In>
@@ -67,15 +93,17 @@ void elementwise_impl(const Tensor& out, const F& f, const std::array<const Tens
   const std::tuple<const In*...> p{ins[I]->template data<In>()...};
   const bool same = ((ins[I]->numel() == n && ins[I]->is_contiguous()) && ... && true);
   if (same) {
-#pragma omp parallel for if (n >= kParallelThreshold) schedule(static)
-    for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(f(load<In>(std::get<I>(p) + i)...));
+    parallel_for(n, kParallelThreshold, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) o[i] = convert<Out>(f(load<In>(std::get<I>(p) + i)...));
+    });
     return;
   }
   const bool flat = (((ins[I]->numel() == n && ins[I]->is_contiguous()) || ins[I]->numel() == 1) && ... && true);
   if (flat) {
     const std::array<int64_t, sizeof...(In)> s{(ins[I]->numel() == n ? int64_t(1) : int64_t(0))...};
-#pragma omp parallel for if (n >= kParallelThreshold) schedule(static)
-    for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(f(load<In>(std::get<I>(p) + i * s[I])...));
+    parallel_for(n, kParallelThreshold, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) o[i] = convert<Out>(f(load<In>(std::get<I>(p) + i * s[I])...));
+    });
     return;
   }
   // General case: broadcasting and/or strided inputs. Iterate rows of the last dimension.
@@ -85,8 +113,9 @@ void elementwise_impl(const Tensor& out, const F& f, const std::array<const Tens
   const int64_t inner = shape[nd - 1];
   const int64_t rows = n / inner;
   const std::array<int64_t, sizeof...(In)> inner_st{st[I][nd - 1]...};
-#pragma omp parallel for if (n >= kParallelThreshold) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, std::max<int64_t>(1, kParallelThreshold / std::max<int64_t>(inner, 1)),
+               [&](int64_t row_begin, int64_t row_end) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
     std::array<int64_t, sizeof...(In)> base{};
     int64_t rem = r;
     for (int64_t d = nd - 2; d >= 0; --d) {
@@ -99,6 +128,7 @@ void elementwise_impl(const Tensor& out, const F& f, const std::array<const Tens
       orow[j] = convert<Out>(f(load<In>(std::get<I>(p) + base[I] + j * inner_st[I])...));
     }
   }
+  });
 }
 
 }  // namespace detail

@@ -8,8 +8,12 @@
 
 namespace opforge {
 
-Shape broadcast_shapes(const char* op, const std::vector<const Tensor*>& inputs,
-                       const std::vector<const char*>& names) {
+Shape broadcast_shapes(const char* op, std::initializer_list<const Tensor*> inputs,
+                       std::initializer_list<const char*> names) {
+  const Tensor* first = *inputs.begin();
+  bool same = true;  // the common case: every shape equal
+  for (const Tensor* t : inputs) same = same && t->shape() == first->shape();
+  if (same) return first->shape();
   size_t nd = 0;
   for (const Tensor* t : inputs) nd = std::max(nd, t->shape().size());
   Shape out(nd, 1);
@@ -23,8 +27,9 @@ Shape broadcast_shapes(const char* op, const std::vector<const Tensor*>& inputs,
         continue;
       }
       std::string shapes;
-      for (size_t k = 0; k < inputs.size(); ++k) {
-        shapes += std::string(k ? ", " : "") + names[k] + " " + shape_str(inputs[k]->shape());
+      auto name = names.begin();
+      for (const Tensor* u : inputs) {
+        shapes += std::string(shapes.empty() ? "" : ", ") + *name++ + " " + shape_str(u->shape());
       }
       fail<ValueError>(op, "shapes cannot be broadcast together: ", shapes);
     }

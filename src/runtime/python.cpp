@@ -301,23 +301,40 @@ TensorPtr to_tensor(py::handle obj, const char* op, const char* arg) {
                   type_name(obj));
 }
 
+namespace {
+
+PyTypeObject* tensor_type = nullptr;  // opforge.Tensor, set by bind_runtime
+
+// The shared_ptr inside a pybind11 Tensor instance, without a type lookup.
+const TensorPtr& holder_of(PyObject* obj) {
+  auto* inst = reinterpret_cast<py::detail::instance*>(obj);
+  return inst->get_value_and_holder().holder<TensorPtr>();
+}
+
+}  // namespace
+
 void InputConverter::add(py::handle obj) {
-  const size_t i = tensors_.size();
+  const size_t i = n_++;
   const ArgInfo& arg = info_.inputs[i];
-  tensors_.push_back(nullptr);
-  if (obj.is_none() && arg.optional) return;
   PyObject* p = obj.ptr();
+  if (Py_TYPE(p) == tensor_type) {
+    tensors_[i] = holder_of(p);
+    elements_ += tensors_[i]->numel();
+    return;
+  }
+  if (obj.is_none() && arg.optional) return;
   if (PyBool_Check(p)) {
-    pending_.push_back({i, 0.0, p == Py_True ? 1 : 0, 'b'});
+    pending_[n_pending_++] = {i, 0.0, p == Py_True ? 1 : 0, 'b'};
   } else if (PyLong_Check(p)) {
     int overflow = 0;
     const long long v = PyLong_AsLongLongAndOverflow(p, &overflow);
     if (overflow) fail<ValueError>(info_.name, "input '", arg.name, "': the Python int is out of range for int64");
-    pending_.push_back({i, 0.0, v, 'i'});
+    pending_[n_pending_++] = {i, 0.0, v, 'i'};
   } else if (PyFloat_Check(p)) {
-    pending_.push_back({i, PyFloat_AS_DOUBLE(p), 0, 'f'});
+    pending_[n_pending_++] = {i, PyFloat_AS_DOUBLE(p), 0, 'f'};
   } else {
-    tensors_.back() = to_tensor(obj, info_.name, arg.name);
+    tensors_[i] = to_tensor(obj, info_.name, arg.name);
+    elements_ += tensors_[i]->numel();
   }
 }
 
@@ -336,9 +353,10 @@ bool int_fits(DType d, int64_t v) {
 
 }  // namespace
 
-const TensorList& InputConverter::finish() {
+void InputConverter::finish() {
   static const auto rank = [](char kind) { return kind == 'f' ? 2 : kind == 'i' ? 1 : 0; };
-  for (const auto& p : pending_) {
+  for (size_t k = 0; k < n_pending_; ++k) {
+    const Pending& p = pending_[k];
     const ArgInfo& arg = info_.inputs[p.index];
     DType dtype;
     int bound_by = -1;
@@ -348,25 +366,27 @@ const TensorList& InputConverter::finish() {
       // the dtype of a tensor input of the same type variable; with none, the widest scalar's
       // default dtype (float -> float32, int -> int64, bool -> bool), whatever the order
       char widest = p.kind;
-      for (size_t j = 0; j < tensors_.size() && bound_by < 0; ++j) {
+      for (size_t j = 0; j < n_ && bound_by < 0; ++j) {
         if (tensors_[j] && info_.inputs[j].typevar == arg.typevar) bound_by = static_cast<int>(j);
       }
-      for (const auto& q : pending_) {
+      for (size_t m = 0; m < n_pending_; ++m) {
+        const Pending& q = pending_[m];
         if (info_.inputs[q.index].typevar == arg.typevar && rank(q.kind) > rank(widest)) widest = q.kind;
       }
       dtype = bound_by >= 0 ? tensors_[static_cast<size_t>(bound_by)]->dtype()
               : widest == 'f' ? DType::Float32 : widest == 'i' ? DType::Int64 : DType::Bool;
     }
-    const std::string by = bound_by >= 0 ? std::string(" (bound by input '") +
-                                               info_.inputs[static_cast<size_t>(bound_by)].name + "')"
-                                         : std::string();
+    const auto by = [&] {
+      return bound_by < 0 ? std::string()
+                          : std::string(" (bound by input '") + info_.inputs[static_cast<size_t>(bound_by)].name + "')";
+    };
     if (p.kind == 'f' && !is_floating(dtype)) {
-      fail<TypeError>(info_.name, "input '", arg.name, "': a Python float cannot be ", dtype_name(dtype), by,
+      fail<TypeError>(info_.name, "input '", arg.name, "': a Python float cannot be ", dtype_name(dtype), by(),
                       "; pass an array of the intended dtype");
     }
     if (p.kind == 'i' && !is_floating(dtype) && !int_fits(dtype, p.ivalue)) {
       fail<ValueError>(info_.name, "input '", arg.name, "': the Python int ", p.ivalue, " is out of range for ",
-                       dtype_name(dtype), by);
+                       dtype_name(dtype), by());
     }
     auto t = empty(dtype, {});
     visit_dtype(dtype, [&](auto tag) {
@@ -375,7 +395,6 @@ const TensorList& InputConverter::finish() {
     });
     tensors_[p.index] = std::move(t);
   }
-  return tensors_;
 }
 
 namespace {
@@ -395,50 +414,107 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-std::vector<py::handle> bind_args(const OpInfo& info, const std::vector<py::object>& defaults,
-                                  const py::args& args, const py::kwargs& kwargs) {
-  const size_t n_in = info.inputs.size();
-  const size_t n = n_in + info.attrs.size();
-  auto param_name = [&](size_t i) { return i < n_in ? info.inputs[i].name : info.attrs[i - n_in].name; };
-  auto signature = [&] {
-    std::string s = std::string(info.name) + "(";
-    for (size_t i = 0; i < n; ++i) s += std::string(i ? ", " : "") + param_name(i);
-    return s + ")";
-  };
-  if (args.size() > n) {
-    fail<TypeError>(info.name, "takes at most ", n, " arguments ", signature(), ", got ", args.size());
+namespace {
+
+const char* param_name(const OpInfo& info, size_t i) {
+  return i < info.inputs.size() ? info.inputs[i].name : info.attrs[i - info.inputs.size()].name;
+}
+
+std::string signature(const OpInfo& info) {
+  std::string s = std::string(info.name) + "(";
+  for (size_t i = 0, n = info.inputs.size() + info.attrs.size(); i < n; ++i) {
+    s += std::string(i ? ", " : "") + param_name(info, i);
   }
-  std::vector<py::handle> out(n);
-  for (size_t i = 0; i < args.size(); ++i) out[i] = args[i];
-  for (auto item : kwargs) {
-    const std::string key = py::str(item.first);
-    size_t i = 0;
-    while (i < n && key != param_name(i)) ++i;
-    if (i == n) {
-      std::string best;
-      size_t best_d = 3;
-      for (size_t j = 0; j < n; ++j) {
-        const size_t d = edit_distance(key, param_name(j));
-        if (d < best_d) {
-          best_d = d;
-          best = param_name(j);
+  return s + ")";
+}
+
+void set_python_error() {
+  try {
+    throw;
+  } catch (const TypeError& e) {
+    PyErr_SetString(PyExc_TypeError, e.what());
+  } catch (const ValueError& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const IndexError& e) {
+    PyErr_SetString(PyExc_IndexError, e.what());
+  } catch (const Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::bad_alloc&) {
+    PyErr_SetString(PyExc_MemoryError, "opforge: out of memory");
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "opforge: unknown C++ exception");
+  }
+}
+
+// METH_FASTCALL entry of every op: binds positional and keyword arguments to parameter slots.
+PyObject* call_op(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  auto* caller = static_cast<OpCaller*>(PyCapsule_GetPointer(self, "opforge.OpCaller"));
+  const OpInfo& info = *caller->info;
+  const size_t n = info.inputs.size() + info.attrs.size();
+  try {
+    py::handle bound[kMaxParams];
+    if (static_cast<size_t>(nargs) > n) {
+      fail<TypeError>(info.name, "takes at most ", n, " arguments ", signature(info), ", got ", nargs);
+    }
+    for (Py_ssize_t i = 0; i < nargs; ++i) bound[i] = args[i];
+    const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; ++k) {
+      PyObject* key = PyTuple_GET_ITEM(kwnames, k);
+      size_t i = 0;
+      while (i < n && PyUnicode_CompareWithASCIIString(key, param_name(info, i)) != 0) ++i;
+      const std::string name = i < n ? std::string() : py::str(key).cast<std::string>();
+      if (i == n) {
+        std::string best;
+        size_t best_d = 3;
+        for (size_t j = 0; j < n; ++j) {
+          const size_t d = edit_distance(name, param_name(info, j));
+          if (d < best_d) {
+            best_d = d;
+            best = param_name(info, j);
+          }
         }
+        fail<TypeError>(info.name, "unexpected keyword '", name, "'",
+                        best.empty() ? std::string() : " (did you mean '" + best + "'?)",
+                        "; signature: ", signature(info));
       }
-      fail<TypeError>(info.name, "unexpected keyword '", key, "'",
-                      best.empty() ? std::string() : " (did you mean '" + best + "'?)", "; signature: ", signature());
+      if (bound[i]) fail<TypeError>(info.name, "got multiple values for '", param_name(info, i), "'");
+      bound[i] = args[nargs + k];
     }
-    if (out[i]) fail<TypeError>(info.name, "got multiple values for '", key, "'");
-    out[i] = item.second;
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (out[i]) continue;
-    if (!defaults[i]) {
-      fail<TypeError>(info.name, "missing required ", i < n_in ? "input" : "attr", " '", param_name(i),
-                      "'; signature: ", signature());
+    for (size_t i = 0; i < n; ++i) {
+      if (bound[i]) continue;
+      if (!caller->defaults[i]) {
+        fail<TypeError>(info.name, "missing required ", i < info.inputs.size() ? "input" : "attr", " '",
+                        param_name(info, i), "'; signature: ", signature(info));
+      }
+      bound[i] = caller->defaults[i];
     }
-    out[i] = defaults[i];
+    return caller->impl(bound).release().ptr();
+  } catch (...) {
+    set_python_error();
+    return nullptr;
   }
-  return out;
+}
+
+}  // namespace
+
+void def_op(py::module_& m, const char* name, const char* doc, OpCaller* caller) {
+  if (caller->info->inputs.size() > kMaxInputs ||
+      caller->info->inputs.size() + caller->info->attrs.size() > kMaxParams) {
+    fail<RuntimeError>(name, "has more parameters than the Python binding supports");
+  }
+  // Both live as long as the process: module functions are never unloaded.
+  auto* def = new PyMethodDef{name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op)),
+                              METH_FASTCALL | METH_KEYWORDS, doc};
+  py::capsule self(caller, "opforge.OpCaller");
+  py::object fn = py::reinterpret_steal<py::object>(PyCFunction_NewEx(def, self.ptr(), m.attr("__name__").ptr()));
+  if (!fn) throw py::error_already_set();
+  m.attr(name) = fn;
 }
 
 bool attr_bool(const char* op, const char* name, py::handle v) {
@@ -683,6 +759,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
       .def("__bool__", [](const TensorPtr& t) { return py::bool_(item(t)).cast<bool>(); })
       .def_property_readonly_static("__array_ufunc__", [](py::object) { return py::none(); });
 
+  tensor_type = reinterpret_cast<PyTypeObject*>(cls.ptr());
   m.def("from_numpy", [](py::handle a) { return to_tensor(a, "from_numpy", "array"); }, py::arg("array"),
         "Wrap a NumPy array (or any buffer-protocol object) without copying.");
   m.def("from_dlpack", [](py::handle a) {

@@ -1,7 +1,10 @@
 // Tensor storage, construction and data movement helpers.
 #include "runtime/tensor.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
+#include <mutex>
 #include <sstream>
 
 #include "runtime/autograd.h"
@@ -112,16 +115,88 @@ int64_t checked_numel(const char* op, const Shape& shape, DType dtype) {
   return n;
 }
 
+// ---------------------------------------------------------------------------- allocation
+//
+// Large blocks are kept after use and handed out again for the same size: a fresh block of
+// hundreds of MB costs a page fault per 4 KiB on first touch, which would dominate a large
+// elementwise op (NumPy allocating pays it; `out=` does not). Small blocks go to malloc.
+
+namespace {
+
+constexpr size_t kCacheMinBytes = size_t(1) << 20;   // cache blocks of 1 MiB and more
+constexpr size_t kCacheMaxBytes = size_t(1) << 31;   // keep at most 2 GiB cached
+
+struct BlockCache {
+  std::mutex lock;
+  std::vector<std::pair<size_t, void*>> free;  // (capacity, block), most recent last
+  size_t bytes = 0;
+};
+
+BlockCache& cache() {
+  static BlockCache* c = new BlockCache();  // never destroyed: storages may outlive statics
+  return *c;
+}
+
+size_t round_capacity(size_t nbytes) {
+  if (nbytes < kCacheMinBytes) return ((nbytes + 63) / 64) * 64;
+  const size_t page = size_t(1) << 21;  // 2 MiB: huge-page friendly, few distinct sizes
+  return ((nbytes + page - 1) / page) * page;
+}
+
+void* allocate(size_t capacity) {
+  if (capacity >= kCacheMinBytes) {
+    BlockCache& c = cache();
+    std::lock_guard<std::mutex> guard(c.lock);
+    for (size_t i = c.free.size(); i-- > 0;) {
+      if (c.free[i].first == capacity) {
+        void* p = c.free[i].second;
+        c.bytes -= capacity;
+        c.free.erase(c.free.begin() + static_cast<std::ptrdiff_t>(i));
+        return p;
+      }
+    }
+  }
+  // tiny blocks: plain malloc (16-byte aligned) is much cheaper than an aligned allocation
+  void* p = capacity <= 256 ? std::malloc(capacity)
+                            : std::aligned_alloc(capacity >= kCacheMinBytes ? (size_t(1) << 21) : 64, capacity);
+  if (!p) throw RuntimeError("out of memory allocating " + std::to_string(capacity) + " bytes");
+#ifdef MADV_HUGEPAGE
+  if (capacity >= kCacheMinBytes) madvise(p, capacity, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
+void deallocate(void* p, size_t capacity) {
+  if (capacity >= kCacheMinBytes && capacity <= kCacheMaxBytes) {
+    BlockCache& c = cache();
+    std::lock_guard<std::mutex> guard(c.lock);
+    while (!c.free.empty() && c.bytes + capacity > kCacheMaxBytes) {  // drop the oldest
+      std::free(c.free.front().second);
+      c.bytes -= c.free.front().first;
+      c.free.erase(c.free.begin());
+    }
+    c.free.emplace_back(capacity, p);
+    c.bytes += capacity;
+    return;
+  }
+  std::free(p);
+}
+
+}  // namespace
+
+Storage::~Storage() {
+  if (capacity) deallocate(data, capacity);
+}
+
 TensorPtr empty(DType dtype, const Shape& shape, Format format) {
   const int64_t n = checked_numel("allocate", shape, dtype);
   auto storage = std::make_shared<Storage>();
   const size_t nbytes = static_cast<size_t>(n) * itemsize(dtype);
-  const size_t rounded = ((nbytes + 63) / 64) * 64;
-  void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
-  if (rounded && !p) throw RuntimeError("out of memory allocating " + std::to_string(nbytes) + " bytes");
-  storage->data = p;
+  if (nbytes) {
+    storage->capacity = round_capacity(nbytes);
+    storage->data = allocate(storage->capacity);
+  }
   storage->nbytes = nbytes;
-  storage->owner = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   return std::make_shared<Tensor>(std::move(storage), dtype, shape, contiguous_strides(shape), 0, format);
 }
 

@@ -16,8 +16,13 @@ using Shape = std::vector<int64_t>;
 
 // Bytes plus whatever keeps them alive: our own allocation, a NumPy array, a DLPack capsule.
 struct Storage {
+  Storage() = default;
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage();
   void* data = nullptr;
   size_t nbytes = 0;
+  size_t capacity = 0;    // bytes of our own allocation (0: the memory belongs to `owner`)
   std::shared_ptr<void> owner;
   bool external = false;  // memory of another library (NumPy, DLPack): never reused as ours
   bool readonly = false;  // the owner forbids writes: views handed out are read-only too
