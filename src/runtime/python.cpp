@@ -4,6 +4,10 @@
 
 #include <pybind11/numpy.h>
 
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL opforge_ARRAY_API
+#include <numpy/arrayobject.h>
+
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -98,6 +102,57 @@ TensorPtr from_buffer(py::handle obj, const char* op, const char* arg) {
   storage->owner = owner;
   storage->external = true;
   storage->readonly = view->readonly != 0;
+  return std::make_shared<Tensor>(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
+}
+
+// ndarray fast path: read the array's fields directly (no buffer export, no format parsing).
+bool dtype_from_numpy(int type_num, DType* out) {
+  switch (type_num) {
+    case NPY_BOOL: *out = DType::Bool; return true;
+    case NPY_UINT8: *out = DType::UInt8; return true;
+    case NPY_INT8: *out = DType::Int8; return true;
+    case NPY_INT16: *out = DType::Int16; return true;
+    case NPY_HALF: *out = DType::Float16; return true;
+    case NPY_FLOAT: *out = DType::Float32; return true;
+    case NPY_DOUBLE: *out = DType::Float64; return true;
+    default:
+      if (PyTypeNum_ISSIGNED(type_num) && !PyTypeNum_ISFLOAT(type_num)) {  // int/long/longlong by size
+        const int size = PyDataType_ELSIZE(PyArray_DescrFromType(type_num));
+        if (size == 4) { *out = DType::Int32; return true; }
+        if (size == 8) { *out = DType::Int64; return true; }
+      }
+      return false;
+  }
+}
+
+TensorPtr from_ndarray(PyObject* obj, const char* op, const char* arg) {
+  auto* a = reinterpret_cast<PyArrayObject*>(obj);
+  DType dtype;
+  if (!PyArray_ISNBO(PyArray_DESCR(a)->byteorder) || !dtype_from_numpy(PyArray_TYPE(a), &dtype)) {
+    return nullptr;  // the buffer protocol path reports the unsupported format
+  }
+  const int nd = PyArray_NDIM(a);
+  const npy_intp* dims = PyArray_DIMS(a);
+  const npy_intp* st = PyArray_STRIDES(a);
+  const auto item = static_cast<npy_intp>(itemsize(dtype));
+  Shape shape(dims, dims + nd);
+  Shape strides(static_cast<size_t>(nd));
+  for (int i = 0; i < nd; ++i) {
+    if (st[i] % item != 0) {
+      fail<ValueError>(op, "input '", arg, "' has strides that are not a multiple of its item size");
+    }
+    strides[static_cast<size_t>(i)] = st[i] / item;
+  }
+  auto storage = std::make_shared<Storage>();
+  storage->data = PyArray_DATA(a);
+  storage->nbytes = static_cast<size_t>(PyArray_NBYTES(a));
+  Py_INCREF(obj);
+  storage->owner = std::shared_ptr<void>(obj, [](void* p) {
+    py::gil_scoped_acquire gil;
+    Py_DECREF(static_cast<PyObject*>(p));
+  });
+  storage->external = true;
+  storage->readonly = !PyArray_ISWRITEABLE(a);
   return std::make_shared<Tensor>(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
 }
 
@@ -295,6 +350,9 @@ py::object item(const TensorPtr& t) {
 TensorPtr to_tensor(py::handle obj, const char* op, const char* arg) {
   if (py::isinstance<Tensor>(obj)) return obj.cast<TensorPtr>();
   if (obj.is_none()) fail<TypeError>(op, "input '", arg, "' must be a tensor, got None");
+  if (PyArray_CheckExact(obj.ptr())) {
+    if (TensorPtr t = from_ndarray(obj.ptr(), op, arg)) return t;
+  }
   if (PyObject_CheckBuffer(obj.ptr())) return from_buffer(obj, op, arg);
   if (py::hasattr(obj, "__dlpack__")) return from_dlpack_obj(obj, op, arg);
   fail<TypeError>(op, "input '", arg, "' must be a tensor, NumPy array, DLPack producer or Python scalar, got ",
@@ -666,6 +724,7 @@ py::list target_info(const OpInfo& op) {
 // ---------------------------------------------------------------------------- module
 
 void bind_runtime(py::module_& m) {
+  if (_import_array() < 0) throw py::error_already_set();
   static py::exception<Error> base_error(m, "OpforgeError", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {

@@ -1,0 +1,244 @@
+"""Benchmark groups for benchmarks/run.py: each returns rows comparing opforge, NumPy and torch."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+import opforge
+from opforge import ops
+
+THREADS = int(os.environ.get("OPFORGE_BENCH_THREADS", os.cpu_count() or 1))
+torch.set_num_threads(THREADS)
+
+
+def bench(fn: Callable[[], Any], min_time: float = 0.05, repeat: int = 9) -> float:
+    """Median microseconds per call over `repeat` timings of enough calls to last min_time."""
+    fn()
+    n, t = 1, 0.0
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t = time.perf_counter() - t0
+        if t >= min_time:
+            break
+        n = max(n * 2, int(n * min_time / max(t, 1e-9)))
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - t0) / n)
+    return statistics.median(times) * 1e6
+
+
+def row(group: str, name: str, opforge_v: Optional[float], numpy_v: Optional[float] = None,
+        torch_v: Optional[float] = None, target: str = "", met: Optional[bool] = None, note: str = "",
+        unit: str = "time") -> dict:
+    return {"group": group, "name": name, "opforge": opforge_v, "numpy": numpy_v, "torch": torch_v,
+            "target": target, "met": met, "note": note, "unit": unit}
+
+
+# ---------------------------------------------------------------------------- groups
+
+
+def call() -> list[dict]:
+    rows = []
+    for n in (1, 1000):
+        a, b = np.ones(n, np.float32), np.ones(n, np.float32)
+        oa, ob = opforge.tensor(a), opforge.tensor(b)
+        ta, tb = torch.ones(n), torch.ones(n)
+        t_np = bench(lambda: np.multiply(a, b), min_time=0.1)
+        t_torch = bench(lambda: torch.mul(ta, tb), min_time=0.1)
+        t_of = bench(lambda: ops.mul(oa, ob), min_time=0.1)
+        t_of_arr = bench(lambda: ops.mul(a, b), min_time=0.1)
+        if n == 1:
+            ok = t_of <= 2.5 * t_np and t_of <= 0.8 * t_torch
+            rows.append(row("call", "mul, 1 element, Tensor inputs", t_of, t_np, t_torch,
+                            "≤ 2.5× NumPy, ≤ 0.8× torch", ok))
+            rows.append(row("call", "mul, 1 element, NumPy array inputs", t_of_arr, t_np, t_torch,
+                            "(same targets)", t_of_arr <= 2.5 * t_np and t_of_arr <= 0.8 * t_torch,
+                            note="arrays are wrapped zero-copy on every call (buffer protocol)"))
+        else:
+            rows.append(row("call", f"mul, {n} elements, Tensor inputs", t_of, t_np, t_torch))
+    return rows
+
+
+def autograd() -> list[dict]:
+    a_np, b_np = np.random.rand(8).astype(np.float32), np.random.rand(8).astype(np.float32)
+    ta = torch.tensor(a_np, requires_grad=True)
+    tb = torch.tensor(b_np, requires_grad=True)
+    oa = opforge.tensor(a_np, requires_grad=True)
+    ob = opforge.tensor(b_np, requires_grad=True)
+
+    def t_step():
+        (ta * tb).sum().backward()
+
+    def o_step():
+        ops.sum(ops.mul(oa, ob)).backward()
+
+    t_t, t_o = bench(t_step, 0.1), bench(o_step, 0.1)
+    return [row("autograd", "(a*b).sum() forward+backward, 8 elements", t_o, None, t_t, "≤ 0.5× torch",
+                t_o <= 0.5 * t_t)]
+
+
+def mul() -> list[dict]:
+    n = 1 << 26
+    a, b = np.random.rand(n).astype(np.float32), np.random.rand(n).astype(np.float32)
+    out = np.empty_like(a)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    tdst = torch.empty_like(ta)
+    oa, ob = opforge.from_numpy(a), opforge.from_numpy(b)
+    gb = 1e-9 * 1e6  # bytes/µs -> GB/s
+    t_np_out = bench(lambda: np.multiply(a, b, out=out), 0.5, 7)
+    t_np = bench(lambda: np.multiply(a, b), 0.5, 7)
+    t_torch = bench(lambda: torch.mul(ta, tb), 0.5, 7)
+    t_of = bench(lambda: ops.mul(oa, ob), 0.5, 7)
+    t_copy_np = bench(lambda: np.copyto(out, a), 0.5, 7)
+    t_copy_torch = bench(lambda: tdst.copy_(ta), 0.5, 7)
+    mul_bytes, copy_bytes = 12 * n, 8 * n
+    bw = {k: mul_bytes / v * gb for k, v in (("of", t_of), ("np", t_np), ("np_out", t_np_out), ("torch", t_torch))}
+    copy_bw = max(copy_bytes / t_copy_np, copy_bytes / t_copy_torch) * gb
+    return [
+        row("mul", "mul 2^26 float32, allocating (time)", t_of, t_np, t_torch, "faster than NumPy allocating",
+            t_of < t_np, note=f"NumPy with out=: {t_np_out / 1000:.2f} ms"),
+        row("mul", "mul 2^26 float32 bandwidth vs same-process memcpy", bw["of"], bw["np"], bw["torch"],
+            "≥ 0.9× memcpy GB/s", bw["of"] >= 0.9 * copy_bw, unit="GB/s",
+            note=f"memcpy of the same bytes in this process: {copy_bw:.1f} GB/s (best of np.copyto and "
+                 f"torch copy_ with {THREADS} threads); NumPy out=: {bw['np_out']:.1f} GB/s; opforge is "
+                 f"{bw['of'] / copy_bw:.2f}× memcpy"),
+    ]
+
+
+def _norm_cases():
+    x_np = np.random.rand(4096, 4096).astype(np.float32)
+    w_np = np.random.rand(4096).astype(np.float32)
+    b_np = np.random.rand(4096).astype(np.float32)
+    F = torch.nn.functional
+    cases = []
+    if hasattr(ops, "softmax"):
+        cases.append(("softmax", lambda x, w, b: ops.softmax(x, axis=-1), lambda x, w, b: torch.softmax(x, -1),
+                      lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)))
+    if hasattr(ops, "log_softmax"):
+        cases.append(("log_softmax", lambda x, w, b: ops.log_softmax(x, axis=-1),
+                      lambda x, w, b: torch.log_softmax(x, -1),
+                      lambda x: x - x.max(-1, keepdims=True) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))))
+    cases.append(("layer_norm", lambda x, w, b: ops.layer_norm(x, w, b)[0],
+                  lambda x, w, b: F.layer_norm(x, (4096,), w, b),
+                  lambda x: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)))
+    if hasattr(ops, "rms_norm"):
+        cases.append(("rms_norm", lambda x, w, b: ops.rms_norm(x, w)[0],
+                      lambda x, w, b: F.rms_norm(x, (4096,), w),
+                      lambda x: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)))
+    return x_np, w_np, b_np, cases
+
+
+def norms() -> list[dict]:
+    x_np, w_np, b_np, cases = _norm_cases()
+    rows = []
+    for name, of_fn, t_fn, np_fn in cases:
+        ox, ow, ob = opforge.from_numpy(x_np), opforge.from_numpy(w_np), opforge.from_numpy(b_np)
+        tx, tw, tb = torch.from_numpy(x_np), torch.from_numpy(w_np), torch.from_numpy(b_np)
+        t_o = bench(lambda: of_fn(ox, ow, ob), 0.3, 5)
+        t_t = bench(lambda: t_fn(tx, tw, tb), 0.3, 5)
+        t_n = bench(lambda: np_fn(x_np), 0.3, 5)
+        rows.append(row("norms", f"{name} 4096×4096 forward", t_o, t_n, t_t, "≤ 1.0× torch", t_o <= t_t))
+        # forward + backward, every input requiring grad
+        oxg = opforge.tensor(x_np, requires_grad=True)
+        owg = opforge.tensor(w_np, requires_grad=True)
+        obg = opforge.tensor(b_np, requires_grad=True)
+        txg = torch.tensor(x_np, requires_grad=True)
+        twg = torch.tensor(w_np, requires_grad=True)
+        tbg = torch.tensor(b_np, requires_grad=True)
+        g_np = np.random.rand(4096, 4096).astype(np.float32)
+        og, tg = opforge.from_numpy(g_np), torch.from_numpy(g_np)
+
+        def o_step():
+            of_fn(oxg, owg, obg).backward(og)
+
+        def t_step():
+            t_fn(txg, twg, tbg).backward(tg)
+
+        t_o2, t_t2 = bench(o_step, 0.3, 5), bench(t_step, 0.3, 5)
+        rows.append(row("norms", f"{name} 4096×4096 forward+backward", t_o2, None, t_t2, "≤ 1.0× torch",
+                        t_o2 <= t_t2))
+    return rows
+
+
+def matmul() -> list[dict]:
+    if not hasattr(ops, "matmul"):
+        return [row("matmul", "matmul 2048² float32", None, note="op not available")]
+    n = 2048
+    a, b = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
+    oa, ob = opforge.from_numpy(a), opforge.from_numpy(b)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    flops = 2 * n ** 3 / 1e3  # GFLOP per µs-unit conversion below
+    g = lambda t_us: flops / t_us  # noqa: E731  (GFLOP/s)
+    t_o, t_n, t_t = bench(lambda: ops.matmul(oa, ob), 1.0, 5), bench(lambda: a @ b, 1.0, 5), \
+        bench(lambda: ta @ tb, 1.0, 5)
+    return [row("matmul", "matmul 2048² float32", g(t_o), g(t_n), g(t_t), "≥ 0.9× NumPy GFLOP/s",
+                g(t_o) >= 0.9 * g(t_n), unit="GFLOP/s")]
+
+
+def mlp() -> list[dict]:
+    needed = ("linear", "gelu", "cross_entropy")
+    if not all(hasattr(ops, n) for n in needed):
+        return [row("mlp", "MLP training step", None, note=f"needs ops {', '.join(needed)}")]
+    rows = []
+    rng = np.random.default_rng(0)
+    sizes = [(784, 512), (512, 512), (512, 10)]
+    for batch, target in ((64, 1.0), (1024, 1.15)):
+        x_np = rng.standard_normal((batch, 784)).astype(np.float32)
+        y_np = rng.integers(0, 10, batch)
+        init = [(rng.standard_normal((o, i)).astype(np.float32) * 0.05, np.zeros(o, np.float32))
+                for i, o in sizes]
+        lr = 0.01
+        # torch
+        tparams = [torch.tensor(a, requires_grad=True) for w, b in init for a in (w, b)]
+        tx, ty = torch.from_numpy(x_np), torch.from_numpy(y_np)
+        F = torch.nn.functional
+
+        def t_step():
+            h = tx
+            for k in range(3):
+                h = F.linear(h, tparams[2 * k], tparams[2 * k + 1])
+                if k < 2:
+                    h = F.gelu(h)
+            loss = F.cross_entropy(h, ty)
+            grads = torch.autograd.grad(loss, tparams)
+            with torch.no_grad():
+                for p, g in zip(tparams, grads):
+                    p.sub_(lr * g)
+
+        # opforge: the same model and update (out of place: opforge has no in-place ops)
+        oparams = [opforge.tensor(a, requires_grad=True) for w, b in init for a in (w, b)]
+        ox, oy = opforge.from_numpy(x_np), opforge.from_numpy(y_np)
+
+        def o_step():
+            h = ox
+            for k in range(3):
+                h = ops.linear(h, oparams[2 * k], oparams[2 * k + 1])
+                if k < 2:
+                    h = ops.gelu(h)
+            loss = ops.cross_entropy(h, oy)
+            grads = opforge.gradients(loss, oparams)
+            with opforge.no_grad():
+                for i, (p, g) in enumerate(zip(oparams, grads)):
+                    q = ops.sub(p, ops.mul(g, lr))
+                    q.requires_grad = True
+                    oparams[i] = q
+
+        t_t, t_o = bench(t_step, 0.5, 7), bench(o_step, 0.5, 7)
+        rows.append(row("mlp", f"3-layer MLP training step, batch {batch}", t_o, None, t_t,
+                        f"≤ {target}× torch", t_o <= target * t_t))
+    return rows
+
+
+def run(name: str) -> list[dict]:
+    return globals()[name]()

@@ -1,0 +1,115 @@
+"""opforge benchmark suite: opforge vs NumPy vs PyTorch, side by side in the same processes.
+
+    python benchmarks/run.py                 # all groups; writes benchmarks/results/cpu.md
+    python benchmarks/run.py --groups call,mul --out /tmp/b.md
+
+Every group runs in its own Python process (so allocator and thread-pool state of one group
+cannot favour another); within a group the frameworks alternate in the same process. Threads are
+set equal: OMP_NUM_THREADS (opforge, NumPy's BLAS) and torch.set_num_threads use --threads
+(default: all cores). Figures are medians of repeated timings; ratios are opforge / other, so
+below 1.0 means opforge is faster. Needs numpy and torch==2.13.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+GROUPS = ["call", "autograd", "mul", "norms", "matmul", "mlp"]
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import numpy
+    import torch
+
+    import opforge
+
+    return (f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; Python "
+            f"{platform.python_version()}, NumPy {numpy.__version__}, torch {torch.__version__}, "
+            f"opforge {getattr(opforge, '__version__', '?')} ({opforge.backend})")
+
+
+def run_group(name: str, threads: int) -> list[dict]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+               OPFORGE_BENCH_THREADS=str(threads))
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); import groups, json; " \
+           f"print(json.dumps(groups.run({name!r})))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        return [{"group": name, "name": f"{name} (failed)", "note": r.stderr.strip().splitlines()[-1:]}]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def fmt_time(us: float | None) -> str:
+    if us is None:
+        return "n/a"
+    if us >= 1000:
+        return f"{us / 1000:.2f} ms"
+    return f"{us:.2f} µs"
+
+
+def render(rows: list[dict], threads: int) -> str:
+    lines = [f"# opforge benchmarks (cpu)", "",
+             f"Run {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} with `python benchmarks/run.py` "
+             f"({threads} threads for every framework).", "", f"Machine: {machine()}", "",
+             "| group | benchmark | opforge | NumPy | PyTorch | opforge/NumPy | opforge/PyTorch | target | met |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for r in rows:
+        if "opforge" not in r:
+            lines.append(f"| {r['group']} | {r['name']} | n/a | | | | | | |")
+            notes.append(f"- {r['name']}: {r.get('note')}")
+            continue
+        o, n, t = r.get("opforge"), r.get("numpy"), r.get("torch")
+        unit = r.get("unit", "time")
+        show = (lambda v: "n/a" if v is None else f"{v:.1f} {unit}") if unit != "time" else fmt_time
+        rn = f"{o / n:.2f}" if o and n else ""
+        rt = f"{o / t:.2f}" if o and t else ""
+        if unit != "time":  # higher is better: ratio of rates
+            rn = f"{o / n:.2f}" if o and n else ""
+            rt = f"{o / t:.2f}" if o and t else ""
+        met = "" if r.get("met") is None else ("yes" if r["met"] else "**no**")
+        lines.append(f"| {r['group']} | {r['name']} | {show(o)} | {show(n)} | {show(t)} | {rn} | {rt} | "
+                     f"{r.get('target', '')} | {met} |")
+        if r.get("note"):
+            notes.append(f"- {r['name']}: {r['note']}")
+    if notes:
+        lines += ["", "Notes:", ""] + notes
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated, of {', '.join(GROUPS)}")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--out", type=Path, default=ROOT / "results" / "cpu.md")
+    args = p.parse_args()
+    rows: list[dict] = []
+    for g in args.groups.split(","):
+        print(f"running {g} ...", file=sys.stderr)
+        rows.extend(run_group(g, args.threads))
+    text = render(rows, args.threads)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
