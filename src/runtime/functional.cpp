@@ -88,23 +88,98 @@ Shape matmul_shape(const char* op, const Shape& a, const Shape& b) {
   return batch;
 }
 
+namespace {
+
+// out[k1, k2] = scale * sum_r x[k1, r, k2] for contiguous x viewed as (K1, R, K2).
+template <typename In, typename Out>
+void sum_block(const In* x, Out* out, int64_t K1, int64_t R, int64_t K2, double scale) {
+  // floats accumulate in their compute type across many independent partial sums (vectorized,
+  // like NumPy's and PyTorch's float32 sums); integers in int64
+  using C = compute_t<In>;
+  using Acc = std::conditional_t<std::is_floating_point_v<C>, C, acc_t<C>>;
+  if (K2 == 1) {
+    // each output sums one contiguous row; 8 independent partial sums vectorize
+    parallel_for(K1, std::max<int64_t>(1, kParallelThreshold / std::max<int64_t>(R, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e; ++k) {
+        const In* row = x + k * R;
+        Acc part[16] = {};
+        int64_t r = 0;
+        for (; r + 16 <= R; r += 16) {
+          for (int j = 0; j < 16; ++j) part[j] += static_cast<Acc>(convert<C>(row[r + j]));
+        }
+        using Total = std::conditional_t<std::is_integral_v<Acc>, Acc, double>;  // exact int64 sums
+        Total total = 0;
+        for (; r < R; ++r) total += static_cast<Total>(convert<C>(row[r]));
+        for (int j = 0; j < 16; ++j) total += static_cast<Total>(part[j]);
+        out[k] = convert<Out>(scale == 1.0 ? total : static_cast<Total>(static_cast<double>(total) * scale));
+      }
+    });
+    return;
+  }
+  // columns: accumulate R rows of K2 contiguous values (vectorized over k2)
+  const int64_t blocks = K1 * ((K2 + 1023) / 1024);
+  parallel_for(blocks, std::max<int64_t>(1, kParallelThreshold / std::max<int64_t>(R * 1024, 1)),
+               [&](int64_t b, int64_t e) {
+    std::vector<Acc> acc(1024);
+    for (int64_t blk = b; blk < e; ++blk) {
+      const int64_t k1 = blk / ((K2 + 1023) / 1024);
+      const int64_t c0 = (blk % ((K2 + 1023) / 1024)) * 1024;
+      const int64_t width = std::min<int64_t>(1024, K2 - c0);
+      std::fill(acc.begin(), acc.begin() + width, Acc(0));
+      for (int64_t r = 0; r < R; ++r) {
+        const In* row = x + (k1 * R + r) * K2 + c0;
+        for (int64_t c = 0; c < width; ++c) acc[c] += static_cast<Acc>(convert<compute_t<In>>(row[c]));
+      }
+      Out* o = out + k1 * K2 + c0;
+      for (int64_t c = 0; c < width; ++c) o[c] = convert<Out>(static_cast<Acc>(static_cast<double>(acc[c]) * scale));
+    }
+  });
+}
+
+}  // namespace
+
 void sum_into(const char* op, const TensorPtr& x_in, const Axes& axes, const TensorPtr& out, double scale) {
   const Shape kept = reduce_shape(op, x_in->shape(), axes, true);
   const TensorPtr x = contiguous(x_in);
-  const int64_t nout = shape_numel(kept);
-  const Shape ks = contiguous_strides(kept);  // output strides over x's dims (unused on reduced dims)
   const Shape& shape = x->shape();
   const int64_t nd = x->dim();
+  // Collapse x into (K1, R, K2) when the reduced dims (ignoring size-1 dims) are adjacent.
+  int64_t K1 = 1, R = 1, K2 = 1;
+  int phase = 0;  // 0: before the reduced block, 1: inside it, 2: after it
+  bool simple = true;
+  for (int64_t d = 0; d < nd; ++d) {
+    if (shape[d] == 1) continue;
+    const bool reduced = kept[d] == 1;
+    if (reduced && phase == 2) simple = false;
+    if (reduced) phase = 1;
+    else if (phase == 1) phase = 2;
+    (reduced ? R : (phase == 0 ? K1 : K2)) *= shape[d];
+  }
+  if (x->numel() == 0) {
+    visit_dtype(out->dtype(), [&](auto out_tag) {  // an empty sum is 0 (times scale: NaN for mean)
+      using Out = decltype(out_tag);
+      Out* q = out->data<Out>();
+      for (int64_t i = 0, n = out->numel(); i < n; ++i) q[i] = convert<Out>(0.0 * scale);
+    });
+    return;
+  }
   visit_dtype(x->dtype(), [&](auto in_tag) {
     using In = decltype(in_tag);
-    using Acc = acc_t<compute_t<In>>;
-    std::vector<Acc> acc(static_cast<size_t>(nout), Acc(0));
-    const In* p = x->data<In>();
-    const int64_t n = x->numel();
-    if (n > 0) {
+    visit_dtype(out->dtype(), [&](auto out_tag) {
+      using Out = decltype(out_tag);
+      if (simple) {
+        sum_block<In, Out>(x->data<In>(), out->data<Out>(), K1, R, K2, scale);
+        return;
+      }
+      // general layout: walk x once with an index counter
+      using Acc = acc_t<compute_t<In>>;
+      const int64_t nout = shape_numel(kept);
+      const Shape ks = contiguous_strides(kept);
+      std::vector<Acc> acc(static_cast<size_t>(nout), Acc(0));
+      const In* p = x->data<In>();
       std::vector<int64_t> idx(static_cast<size_t>(nd), 0);
       int64_t o = 0;
-      for (int64_t i = 0; i < n; ++i) {
+      for (int64_t i = 0, n = x->numel(); i < n; ++i) {
         acc[static_cast<size_t>(o)] += static_cast<Acc>(convert<compute_t<In>>(p[i]));
         for (int64_t d = nd - 1; d >= 0; --d) {
           const int64_t step = kept[d] == 1 ? 0 : ks[d];
@@ -116,17 +191,8 @@ void sum_into(const char* op, const TensorPtr& x_in, const Axes& axes, const Ten
           idx[d] = 0;
         }
       }
-    }
-    visit_dtype(out->dtype(), [&](auto out_tag) {
-      using Out = decltype(out_tag);
       Out* q = out->data<Out>();
-      for (int64_t i = 0; i < nout; ++i) {
-        if constexpr (std::is_floating_point_v<Acc>) {
-          q[i] = convert<Out>(acc[i] * scale);
-        } else {
-          q[i] = convert<Out>(scale == 1.0 ? acc[i] : static_cast<Acc>(static_cast<double>(acc[i]) * scale));
-        }
-      }
+      for (int64_t i = 0; i < nout; ++i) q[i] = convert<Out>(static_cast<Acc>(static_cast<double>(acc[i]) * scale));
     });
   });
 }
