@@ -59,7 +59,7 @@ std::vector<int64_t> normalize_axes(const char* op, const Axes& axes, int64_t nd
     return out;
   }
   for (int64_t a : *axes) {
-    if (a < -ndim || a >= std::max<int64_t>(ndim, 1) || (ndim == 0 && a != 0 && a != -1)) {
+    if (a < -std::max<int64_t>(ndim, 1) || a >= std::max<int64_t>(ndim, 1)) {
       fail<IndexError>(op, "axis ", a, " is out of range for a tensor of rank ", ndim);
     }
     if (ndim == 0) continue;
