@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -81,6 +82,15 @@ template <typename T> using sum_t = compute_t<T>;
 
 // max / min along one axis with the index of the first extremum; NaN beats any number and the
 // first NaN wins (numpy.argmax / argmin). values copies the chosen element of x exactly.
+//
+// Both paths scan a block of independent lanes at once with branch-free selects, so the inner
+// loop vectorizes: strided axes (inner > 1) use adjacent lanes; a contiguous axis is read as
+// kLanes interleaved sub-rows whose winners are merged at the end.
+template <bool kMax, typename C>
+OPFORGE_INLINE bool arg_better(C c, C best) {  // c replaces best: strictly better, or the first NaN
+  return (kMax ? c > best : c < best) | ((c != c) & (best == best));
+}
+
 template <bool kMax, typename T>
 void arg_reduce(const char* op, const TensorPtr& x, const TensorPtr& values, const TensorPtr& indices, int64_t axis_attr) {
   using C = compute_t<T>;
@@ -92,28 +102,58 @@ void arg_reduce(const char* op, const TensorPtr& x, const TensorPtr& values, con
   const T* xp = x->data<T>();
   T* vals = values->data<T>();
   int64_t* idx = indices->data<int64_t>();
-  // replace best by c: a strictly better number, or the first NaN (c != c) while best is a number
-  const auto better = [](C c, C best) { return (kMax ? c > best : c < best) || (c != c && best == best); };
   const bool parallel = x->numel() >= kParallelThreshold;
-  if (v.inner == 1) {  // contiguous lanes: one scan per row
+  // positions along the axis are counted in int32 in the vector loops when they fit
+  if (v.inner == 1) {
+    constexpr int64_t kLanes = 16;
+    const int64_t rounds = v.size / kLanes;
 #pragma omp parallel for if (parallel) schedule(static)
     for (int64_t o = 0; o < v.outer; ++o) {
       const T* row = xp + o * v.size;
-      C best = static_cast<C>(row[0]);
-      int64_t bi = 0;
-      for (int64_t i = 1; i < v.size; ++i) {
+      C bv = static_cast<C>(row[0]);
+      int64_t bp = 0;
+      int64_t i0 = 1;
+      if (rounds >= 2 && rounds <= INT32_MAX) {
+        C best[kLanes];
+        int32_t br[kLanes];  // the round of each lane's best: position br * kLanes + lane
+        for (int64_t j = 0; j < kLanes; ++j) {
+          best[j] = static_cast<C>(row[j]);
+          br[j] = 0;
+        }
+        for (int64_t r = 1; r < rounds; ++r) {
+          const T* chunk = row + r * kLanes;
+          for (int64_t j = 0; j < kLanes; ++j) {
+            const C c = static_cast<C>(chunk[j]);
+            const bool b = arg_better<kMax>(c, best[j]);
+            best[j] = b ? c : best[j];
+            br[j] = b ? static_cast<int32_t>(r) : br[j];
+          }
+        }
+        bv = best[0];
+        bp = int64_t(br[0]) * kLanes;
+        for (int64_t j = 1; j < kLanes; ++j) {  // merge: better, or as good at an earlier position
+          const int64_t p = int64_t(br[j]) * kLanes + j;
+          const bool tie = (best[j] == bv) | ((best[j] != best[j]) & (bv != bv));
+          if (arg_better<kMax>(best[j], bv) || (tie && p < bp)) {
+            bv = best[j];
+            bp = p;
+          }
+        }
+        i0 = rounds * kLanes;
+      }
+      for (int64_t i = i0; i < v.size; ++i) {  // the tail, or short rows
         const C c = static_cast<C>(row[i]);
-        if (better(c, best)) {
-          best = c;
-          bi = i;
+        if (arg_better<kMax>(c, bv)) {
+          bv = c;
+          bp = i;
         }
       }
-      vals[o] = row[bi];
-      idx[o] = bi;
+      vals[o] = row[bp];
+      idx[o] = bp;
     }
     return;
   }
-  // strided lanes: scan the axis for a block of adjacent lanes at once (vectorizes over lanes)
+  // strided lanes: scan the axis for a block of adjacent lanes at once
   constexpr int64_t kBlock = 256;
   const int64_t blocks = (v.inner + kBlock - 1) / kBlock;
 #pragma omp parallel for if (parallel) schedule(static)
@@ -131,7 +171,7 @@ void arg_reduce(const char* op, const TensorPtr& x, const TensorPtr& values, con
       const T* row = base + i * v.inner;
       for (int64_t j = 0; j < len; ++j) {
         const C c = static_cast<C>(row[j]);
-        const bool b = better(c, best[j]);
+        const bool b = arg_better<kMax>(c, best[j]);
         best[j] = b ? c : best[j];
         bi[j] = b ? i : bi[j];
       }
