@@ -30,6 +30,7 @@ template <typename T>
 void bias_add(const TensorPtr& x, const TensorPtr& bias, const TensorPtr& out, const BiasAddAttrs& attrs) {
   constexpr const char* op = "bias_add";
   const Shape& xs = x->shape();
+  norm::hint_huge_pages(out);
   const int64_t ca = norm::channel_axis(op, "x", xs, attrs.format);
   norm::check_tag(op, "x", x, attrs.format);
   norm::check_tag(op, "bias", bias, attrs.format);

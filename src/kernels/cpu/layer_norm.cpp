@@ -15,6 +15,7 @@ void layer_norm(const TensorPtr& x, const TensorPtr& weight, const TensorPtr& bi
   using C = compute_t<T>;
   constexpr DType kC = dtype_of<C>::value;
   const Shape& xs = x->shape();
+  norm::hint_huge_pages(y);
   norm::check_broadcasts_to("layer_norm", "weight", weight, x, "x");
   norm::check_broadcasts_to("layer_norm", "bias", bias, x, "x");
   const auto ax = normalize_axes("layer_norm", Axes(attrs.axis), x->dim());

@@ -16,6 +16,7 @@ void layer_norm_backward(const TensorPtr& dy, const TensorPtr& x, const TensorPt
   constexpr DType kC = dtype_of<C>::value;
   constexpr const char* op = "layer_norm_backward";
   const Shape& xs = x->shape();
+  norm::hint_huge_pages(dx);
   const Axes axes(attrs.axis);
   const Shape kept = reduce_shape(op, xs, axes, true);
   const char* kept_doc = "x reduced over axis, kept dims";

@@ -14,6 +14,7 @@ void rms_norm(const TensorPtr& x, const TensorPtr& weight, const TensorPtr& y, c
   using C = compute_t<T>;
   constexpr DType kC = dtype_of<C>::value;
   const Shape& xs = x->shape();
+  norm::hint_huge_pages(y);
   norm::check_broadcasts_to("rms_norm", "weight", weight, x, "x");
   const auto ax = normalize_axes("rms_norm", Axes(attrs.axis), x->dim());
   const int64_t k = norm::trailing_start(ax, x->dim());
