@@ -32,7 +32,7 @@ void cross_entropy(const TensorPtr& logits, const TensorPtr& labels, const Tenso
 #pragma omp parallel if (smx::parallel_worth(rows * classes, rows))
   {
     std::vector<E> buf(kConvert ? classes : 0);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (int64_t i = 0; i < rows; ++i) {
       const E* row;
       if constexpr (kConvert) {

@@ -24,11 +24,12 @@ void cross_entropy_backward(const TensorPtr& dy, const TensorPtr& logits, const 
   const T* x = logits->data<T>();
   T* dx = dlogits->data<T>();
   const smx::Prims<E>& P = smx::prims<E>();
+  smx::advise_huge_pages(dx, rows * classes * static_cast<int64_t>(sizeof(T)));
 #pragma omp parallel if (smx::parallel_worth(rows * classes, rows))
   {
     std::vector<E> buf(kConvert ? 2 * classes : 0);
     std::vector<E> scratch(classes / smx::kChunk + 2);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (int64_t i = 0; i < rows; ++i) {
       const E w = static_cast<E>(convert<double>(g[one ? 0 : i]) * scale);
       const E* row;

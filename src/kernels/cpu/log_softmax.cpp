@@ -1,5 +1,5 @@
 // Kernel of op `log_softmax` on cpu: per row an online max / sum of exp (softmax_common.h), then
-// out = x - (max + log(sum)); a strided axis goes column tile by column tile.
+// out = (x - max) - log(sum); a strided axis goes column tile by column tile (online too).
 #include "log_softmax.h"
 
 #include "softmax_common.h"
@@ -15,17 +15,14 @@ void log_softmax(const TensorPtr& x, const TensorPtr& out, const LogSoftmaxAttrs
       {x->data<T>()}, out->data<T>(), v,
       [&P](const std::array<const E*, 1>& in, E* y, int64_t n, E*) {
         const auto [m, s] = smx::row_lse_parts(P, in[0], n);
-        P.sub(in[0], n, m + std::log(s), y);
+        P.sub(in[0], n, m, std::log(s), y);
       },
       [&P](const std::array<const E*, 1>& in, int64_t ldx, E* y, int64_t ldy, int64_t n, int64_t w, E* scratch) {
         E* m = scratch;
         E* s = scratch + w;
-        std::fill(m, m + w, smx::kNegInf<E>);
-        for (int64_t r = 0; r < n; ++r) P.col_max(m, in[0] + r * ldx, w);
-        std::fill(s, s + w, E(0));
-        for (int64_t r = 0; r < n; ++r) P.col_exp_add(in[0] + r * ldx, m, w, s);
-        for (int64_t j = 0; j < w; ++j) m[j] += std::log(s[j]);
-        for (int64_t r = 0; r < n; ++r) P.col_sub(in[0] + r * ldx, m, w, y + r * ldy);
+        smx::col_lse_parts(P, in[0], ldx, n, w, m, s, scratch + 2 * w, scratch + 3 * w);
+        for (int64_t j = 0; j < w; ++j) s[j] = std::log(s[j]);
+        for (int64_t r = 0; r < n; ++r) P.col_sub(in[0] + r * ldx, m, s, w, y + r * ldy);
       });
 }
 

@@ -20,8 +20,7 @@ void log_softmax_backward(const TensorPtr& dout, const TensorPtr& out, const Ten
       },
       [&P](const std::array<const E*, 2>& in, int64_t ldx, E* y, int64_t ldy, int64_t n, int64_t w, E* scratch) {
         E* s = scratch;
-        std::fill(s, s + w, E(0));
-        for (int64_t r = 0; r < n; ++r) P.col_add(s, in[0] + r * ldx, w);
+        smx::col_sum_rows(P, in[0], ldx, n, w, s, scratch + w);
         for (int64_t r = 0; r < n; ++r) P.col_log_softmax_bwd(in[0] + r * ldx, in[1] + r * ldx, s, w, y + r * ldy);
       });
 }

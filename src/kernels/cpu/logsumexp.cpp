@@ -1,7 +1,7 @@
 // Kernel of op `logsumexp` on cpu: max + log(sum(exp(x - max))) over the reduced axes, with an
 // online max / sum per row (softmax_common.h). Reduced axes that form one block of the shape are
-// read in place (rows when they are the last axes, else column tiles); others are first gathered
-// into a contiguous (kept, reduced) copy.
+// read in place (rows when they are the last axes, else column tiles, online down the columns);
+// others are first gathered into a contiguous (kept, reduced) copy.
 #include "logsumexp.h"
 
 #include "softmax_common.h"
@@ -63,7 +63,7 @@ void logsumexp(const TensorPtr& x, const TensorPtr& out, const LogsumexpAttrs& a
 #pragma omp parallel if (smx::parallel_worth(rows * n, rows))
     {
       std::vector<E> buf(kConvert ? n : 0);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
       for (int64_t r = 0; r < rows; ++r) {
         const E* row;
         if constexpr (kConvert) {
@@ -79,32 +79,29 @@ void logsumexp(const TensorPtr& x, const TensorPtr& out, const LogsumexpAttrs& a
     return;
   }
   const int64_t inner = v.inner;
-  const int64_t w = smx::tile_width(n, inner);
+  const int64_t w = smx::tile_width(v.outer, n, inner, kConvert ? 1 : 0);
   const int64_t tiles = (inner + w - 1) / w;
   const int64_t tasks = v.outer * tiles;
 #pragma omp parallel if (smx::parallel_worth(v.outer * n * inner, tasks))
   {
-    std::vector<E> buf(kConvert ? w : 0), m(w), s(w);
-#pragma omp for schedule(static)
+    std::vector<E> buf(kConvert ? n * w : 0), scratch(4 * w);
+#pragma omp for schedule(guided)
     for (int64_t t = 0; t < tasks; ++t) {
       const int64_t oi = t / tiles, j0 = (t % tiles) * w, wj = std::min(w, inner - j0);
       const T* base = in + oi * n * inner + j0;
-      std::fill(m.begin(), m.end(), smx::kNegInf<E>);
-      std::fill(s.begin(), s.end(), E(0));
-      // two passes over the tile: the max, then the sum of exp (converted rows are re-read)
-      for (int pass = 0; pass < 2; ++pass) {
-        for (int64_t r = 0; r < n; ++r) {
-          const E* row;
-          if constexpr (kConvert) {
-            smx::load_row(base + r * inner, buf.data(), wj);
-            row = buf.data();
-          } else {
-            row = base + r * inner;
-          }
-          if (pass == 0) P.col_max(m.data(), row, wj);
-          else P.col_exp_add(row, m.data(), wj, s.data());
-        }
+      const E* tile;
+      int64_t ld;
+      if constexpr (kConvert) {
+        for (int64_t r = 0; r < n; ++r) smx::load_row(base + r * inner, buf.data() + r * w, wj);
+        tile = buf.data();
+        ld = w;
+      } else {
+        tile = base;
+        ld = inner;
       }
+      E* m = scratch.data();
+      E* s = m + w;
+      smx::col_lse_parts(P, tile, ld, n, wj, m, s, s + w, s + 2 * w);
       for (int64_t j = 0; j < wj; ++j) o[oi * inner + j0 + j] = convert<T>(smx::lse_finish(m[j], s[j]));
     }
   }

@@ -7,6 +7,11 @@
 
 #include "softmax_common.h"
 
+// Vector arguments of another instruction set's width are fine here: each inclusion is
+// self-contained and only reached through Prims' function pointers.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace opforge::kernels::cpu::smx {
 
 namespace simd_base {
@@ -92,6 +97,8 @@ const char* simd_level() {
 
 }  // namespace opforge::kernels::cpu::smx
 
+#pragma GCC diagnostic pop
+
 namespace opforge::kernels::cpu {
 
 template <typename T>
@@ -107,12 +114,9 @@ void softmax(const TensorPtr& x, const TensorPtr& out, const SoftmaxAttrs& attrs
       [&P](const std::array<const E*, 1>& in, int64_t ldx, E* y, int64_t ldy, int64_t n, int64_t w, E* scratch) {
         E* m = scratch;
         E* s = scratch + w;
-        std::fill(m, m + w, smx::kNegInf<E>);
-        for (int64_t r = 0; r < n; ++r) P.col_max(m, in[0] + r * ldx, w);
-        std::fill(s, s + w, E(0));
-        for (int64_t r = 0; r < n; ++r) P.col_exp_acc(in[0] + r * ldx, m, w, s, y + r * ldy);
+        smx::col_lse_parts(P, in[0], ldx, n, w, m, s, scratch + 2 * w, scratch + 3 * w);
         for (int64_t j = 0; j < w; ++j) s[j] = E(1) / s[j];
-        for (int64_t r = 0; r < n; ++r) P.col_mul(y + r * ldy, s, w);
+        for (int64_t r = 0; r < n; ++r) P.col_exp_scale(in[0] + r * ldx, m, s, w, y + r * ldy);
       });
 }
 

@@ -20,8 +20,7 @@ void softmax_backward(const TensorPtr& dout, const TensorPtr& out, const TensorP
       },
       [&P](const std::array<const E*, 2>& in, int64_t ldx, E* y, int64_t ldy, int64_t n, int64_t w, E* scratch) {
         E* d = scratch;
-        std::fill(d, d + w, E(0));
-        for (int64_t r = 0; r < n; ++r) P.col_fma(d, in[0] + r * ldx, in[1] + r * ldx, w);
+        smx::col_dot_rows(P, in[0], in[1], ldx, n, w, d, scratch + w);
         for (int64_t r = 0; r < n; ++r) P.col_softmax_bwd(in[0] + r * ldx, in[1] + r * ldx, d, w, y + r * ldy);
       });
 }

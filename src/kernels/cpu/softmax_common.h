@@ -13,6 +13,13 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "runtime/runtime.h"
 
 namespace opforge::kernels::cpu::smx {
@@ -34,16 +41,16 @@ struct Prims {
   E (*exp_sum_store)(const E* x, int64_t n, E m, E* out);           // out = exp(x - m); returns its sum
   E (*exp_sum)(const E* x, int64_t n, E m);                         // sum of exp(x - m)
   void (*scale)(E* y, int64_t n, E f);                              // y *= f
-  void (*sub)(const E* x, int64_t n, E c, E* out);                  // out = x - c
+  void (*sub)(const E* x, int64_t n, E m, E l, E* out);             // out = (x - m) - l
   E (*dot)(const E* a, const E* b, int64_t n);                      // sum of a * b
   E (*sum)(const E* a, int64_t n);                                  // sum of a
   void (*softmax_bwd)(const E* g, const E* y, int64_t n, E d, E* dx);      // dx = y * (g - d)
   void (*log_softmax_bwd)(const E* g, const E* y, int64_t n, E s, E* dx);  // dx = g - exp(y) * s
   void (*col_max)(E* m, const E* x, int64_t n);                     // m = max(m, x)
-  void (*col_exp_acc)(const E* x, const E* m, int64_t n, E* s, E* out);  // out = exp(x - m); s += out
-  void (*col_exp_add)(const E* x, const E* m, int64_t n, E* s);     // s += exp(x - m)
-  void (*col_mul)(E* y, const E* r, int64_t n);                     // y *= r
-  void (*col_sub)(const E* x, const E* c, int64_t n, E* out);       // out = x - c
+  void (*col_exp_add)(const E* x, const E* m, int64_t n, E* s);     // s += exp(x - m) (0 where m is -inf)
+  void (*col_rescale)(E* s, const E* m, const E* mn, int64_t n);    // s *= exp(m - mn) (1 where m == mn)
+  void (*col_exp_scale)(const E* x, const E* m, const E* r, int64_t n, E* out);  // out = exp(x - m) * r
+  void (*col_sub)(const E* x, const E* m, const E* l, int64_t n, E* out);  // out = (x - m) - l
   void (*col_fma)(E* acc, const E* a, const E* b, int64_t n);       // acc += a * b
   void (*col_add)(E* acc, const E* a, int64_t n);                   // acc += a
   void (*col_softmax_bwd)(const E* g, const E* y, const E* d, int64_t n, E* dx);
@@ -61,8 +68,10 @@ inline const Prims<E>& prims() {
 // The instruction set the primitives use: "avx512", "avx2" or "sse2".
 const char* simd_level();
 
-constexpr int64_t kChunk = 2048;        // row chunk of the online max/sum (elements, stays in L1)
-constexpr int64_t kTileElems = 32768;   // column tiles: rows x width elements per input
+constexpr int64_t kChunk = 16384;       // row chunk of the online max/sum (elements, stays in L2)
+constexpr int64_t kBlockElems = 16384;  // column tiles: rows per block of the online max/sum
+constexpr int64_t kMaxTile = 4096;      // column tiles: widest tile (elements)
+constexpr int64_t kConvertElems = int64_t(1) << 20;  // column tiles of 16-bit floats: float buffer size
 
 template <typename E>
 constexpr E kNegInf = -std::numeric_limits<E>::infinity();
@@ -141,17 +150,20 @@ inline void store_row(const E* src, T* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = convert<T>(src[i]);
 }
 
-// The tensor's shape as outer x n x inner around `axis` (validated like sum's axes; a 0-d
-// tensor is one element, axis 0 or -1).
+// The tensor's shape as outer x n x inner around `axis` (IndexError naming op when out of range;
+// a 0-d tensor is one element, with axis 0 or -1).
 struct AxisView {
   int64_t outer = 1, n = 1, inner = 1;
 };
 inline AxisView axis_view(const char* op, const Shape& s, int64_t axis) {
-  const auto ax = normalize_axes(op, std::vector<int64_t>{axis}, static_cast<int64_t>(s.size()));
+  const int64_t nd = static_cast<int64_t>(s.size());
+  if (axis < -std::max<int64_t>(nd, 1) || axis >= std::max<int64_t>(nd, 1)) {
+    fail<IndexError>(op, "axis ", axis, " is out of range for a tensor of rank ", nd);
+  }
   AxisView v;
-  if (s.empty()) return v;
-  const size_t a = static_cast<size_t>(ax[0]);
-  for (size_t i = 0; i < s.size(); ++i) {
+  if (nd == 0) return v;
+  const int64_t a = axis < 0 ? axis + nd : axis;
+  for (int64_t i = 0; i < nd; ++i) {
     if (i < a) v.outer *= s[i];
     else if (i > a) v.inner *= s[i];
   }
@@ -161,18 +173,88 @@ inline AxisView axis_view(const char* op, const Shape& s, int64_t axis) {
 
 inline bool parallel_worth(int64_t elems, int64_t tasks) { return elems >= kParallelThreshold && tasks > 1; }
 
-// Column tile width for a strided axis of length n: tiles of about kTileElems elements.
-inline int64_t tile_width(int64_t n, int64_t inner) {
-  int64_t w = kTileElems / std::max<int64_t>(n, 1);
-  w = std::max<int64_t>(16, std::min<int64_t>(w, 1024)) & ~int64_t(15);
-  return std::min(w, inner);
+// Column tiles of a strided axis (outer x n x inner): w adjacent columns of all n rows, whole rows
+// (w = inner) up to kMaxTile so that rows stream from memory, narrower when there would be fewer
+// tiles than threads, and narrower still when the tile is converted into a float buffer of
+// `copies` x n x w elements.
+inline int64_t tile_width(int64_t outer, int64_t n, int64_t inner, int64_t copies) {
+  int64_t w = std::min(inner, kMaxTile);
+#ifdef _OPENMP
+  const int64_t threads = omp_get_max_threads();
+  while (w > 256 && outer * ((inner + w - 1) / w) < threads) w = (w / 2 + 15) & ~int64_t(15);
+#endif
+  if (copies > 0) w = std::min(w, std::max<int64_t>(1, kConvertElems / (copies * std::max<int64_t>(n, 1))));
+  return w;
+}
+
+// Online max m and sum s of exp(x - m) down each of w columns of n rows (row r at x + r * ld):
+// a block of rows at a time, its max first, then the block's exp terms (re-read from cache),
+// summed kSumRows rows at a time before they join s (for accuracy over long columns).
+// m, s, scratch: w elements each; scratch2: w elements.
+constexpr int64_t kSumRows = 32;
+template <typename E>
+inline void col_lse_parts(const Prims<E>& P, const E* x, int64_t ld, int64_t n, int64_t w, E* m, E* s, E* scratch,
+                          E* scratch2) {
+  const int64_t block = std::max<int64_t>(kSumRows, kBlockElems / std::max<int64_t>(w, 1)) / kSumRows * kSumRows;
+  std::fill(m, m + w, kNegInf<E>);
+  std::fill(s, s + w, E(0));
+  for (int64_t r0 = 0; r0 < n; r0 += block) {
+    const int64_t r1 = std::min(n, r0 + block);
+    std::copy(m, m + w, scratch);
+    for (int64_t r = r0; r < r1; ++r) P.col_max(scratch, x + r * ld, w);
+    P.col_rescale(s, m, scratch, w);
+    std::copy(scratch, scratch + w, m);
+    for (int64_t q = r0; q < r1; q += kSumRows) {
+      std::fill(scratch2, scratch2 + w, E(0));
+      for (int64_t r = q; r < std::min(r1, q + kSumRows); ++r) P.col_exp_add(x + r * ld, m, w, scratch2);
+      P.col_add(s, scratch2, w);
+    }
+  }
+}
+
+// Column sums down n rows (row r at x + r * ld) into s (w elements), kSumRows rows at a time.
+template <typename E>
+inline void col_sum_rows(const Prims<E>& P, const E* x, int64_t ld, int64_t n, int64_t w, E* s, E* scratch) {
+  std::fill(s, s + w, E(0));
+  for (int64_t q = 0; q < n; q += kSumRows) {
+    std::fill(scratch, scratch + w, E(0));
+    for (int64_t r = q; r < std::min(n, q + kSumRows); ++r) P.col_add(scratch, x + r * ld, w);
+    P.col_add(s, scratch, w);
+  }
+}
+
+// Column dot products down n rows of a and b into d (w elements), kSumRows rows at a time.
+template <typename E>
+inline void col_dot_rows(const Prims<E>& P, const E* a, const E* b, int64_t ld, int64_t n, int64_t w, E* d,
+                         E* scratch) {
+  std::fill(d, d + w, E(0));
+  for (int64_t q = 0; q < n; q += kSumRows) {
+    std::fill(scratch, scratch + w, E(0));
+    for (int64_t r = q; r < std::min(n, q + kSumRows); ++r) P.col_fma(scratch, a + r * ld, b + r * ld, w);
+    P.col_add(d, scratch, w);
+  }
+}
+
+// Asks the OS for transparent huge pages under a large fresh output before it is first written,
+// as NumPy does for its arrays: far fewer page faults (a hint; nothing changes where unsupported).
+inline void advise_huge_pages(void* p, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t(1) << 21;
+  if (bytes < int64_t(4) << 20) return;
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
+  if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
 }
 
 // Maps NIn same-shaped inputs to one output of that shape along an axis, in the compute type
 // E of T. row(x, y, n, scratch) handles one contiguous row (x: NIn pointers); col(x, ldx, y, ldy,
 // n, w, scratch) one tile of w adjacent columns across the n rows of a strided axis (row r of
 // input k at x[k] + r * ldx). Rows and tiles of 16-bit floats go through float buffers. The
-// scratch holds max(n / kChunk + 2, 2 * w) elements.
+// scratch holds n / kChunk + 2 elements for rows, 4 * w for tiles.
 template <typename T, size_t NIn, typename RowFn, typename ColFn>
 void map_axis(const std::array<const T*, NIn>& in, T* out, const AxisView& v, const RowFn& row,
               const ColFn& col) {
@@ -180,13 +262,14 @@ void map_axis(const std::array<const T*, NIn>& in, T* out, const AxisView& v, co
   constexpr bool kConvert = !std::is_same_v<T, E>;
   const int64_t n = v.n;
   if (v.outer * v.n * v.inner == 0) return;
+  advise_huge_pages(out, v.outer * n * v.inner * static_cast<int64_t>(sizeof(T)));
   if (v.inner == 1) {
     const int64_t rows = v.outer;
 #pragma omp parallel if (parallel_worth(rows * n, rows))
     {
       std::vector<E> buf(kConvert ? (NIn + 1) * n : 0);
       std::vector<E> scratch(n / kChunk + 2);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
       for (int64_t r = 0; r < rows; ++r) {
         std::array<const E*, NIn> x;
         E* y;
@@ -207,14 +290,14 @@ void map_axis(const std::array<const T*, NIn>& in, T* out, const AxisView& v, co
     return;
   }
   const int64_t inner = v.inner;
-  const int64_t w = tile_width(n, inner);
+  const int64_t w = tile_width(v.outer, n, inner, kConvert ? NIn + 1 : 0);
   const int64_t tiles = (inner + w - 1) / w;
   const int64_t tasks = v.outer * tiles;
 #pragma omp parallel if (parallel_worth(v.outer * n * inner, tasks))
   {
     std::vector<E> buf(kConvert ? (NIn + 1) * n * w : 0);
-    std::vector<E> scratch(std::max<int64_t>(n / kChunk + 2, 2 * w));
-#pragma omp for schedule(static)
+    std::vector<E> scratch(4 * w);
+#pragma omp for schedule(guided)
     for (int64_t t = 0; t < tasks; ++t) {
       const int64_t o = t / tiles, j0 = (t % tiles) * w, wj = std::min(w, inner - j0);
       const int64_t base = o * n * inner + j0;
