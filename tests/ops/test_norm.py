@@ -285,3 +285,34 @@ def test_bias_add_large_parallel() -> None:
     np.testing.assert_allclose(ops.bias_add(xh, b, format="NHWC").numpy(), xh + b)
     np.testing.assert_allclose(ops.bias_add_grad(xh, format="NHWC").numpy(),
                                xh.astype(np.float64).sum(axis=(0, 1, 2)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, tol", [("float16", 2e-2), ("bfloat16", 1e-1), ("float32", 1e-4)])
+def test_fused_backward_ops_low_precision_parallel(dtype, tol) -> None:
+    # (256, 300) runs the parallel row and column loops; 16-bit rows go through float buffers
+    rng = np.random.default_rng(9)
+
+    def q(a):  # the values as the dtype holds them, in float64
+        return opforge.tensor(a).astype(dtype).astype("float64").numpy()
+
+    x, dy, w = q(rng.standard_normal((256, 300))), q(rng.standard_normal((256, 300))), q(rng.standard_normal(300))
+    m = q(x.mean(-1, keepdims=True))
+    r = q(1 / np.sqrt(x.var(-1, keepdims=True) + 1e-5))
+    dm, dr = q(rng.standard_normal((256, 1))), q(rng.standard_normal((256, 1)))
+    args = [opforge.tensor(a).astype(dtype) for a in (dy, x, m, r, dm, dr, w)]
+    dyt, xt, mt, rt, dmt, drt, wt = args
+
+    def check(got, want):
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got.astype("float64").numpy(), want, rtol=tol, atol=tol * np.abs(want).max())
+
+    n = 300
+    g, xh = dy * w, (x - m) * r
+    want = r * (g - g.mean(-1, keepdims=True) - xh * (g * xh).mean(-1, keepdims=True)) + (dm - dr * r * r * xh) / n
+    check(ops.layer_norm_backward(dyt, xt, mt, rt, dmt, drt, wt), want)
+    xr = x * r
+    want = r * (g - xr * (g * xr).mean(-1, keepdims=True)) - dr * r * r * xr / n
+    check(ops.rms_norm_backward(dyt, xt, rt, drt, wt), want)
+    check(ops.norm_weight_grad(dyt, xt, rt, wt, mt), (dy * xh).sum(0))
+    check(ops.norm_weight_grad(dyt, xt, rt, wt), (dy * x * r).sum(0))
+    check(ops.sum_to_like(dyt, wt), dy.sum(0))
