@@ -149,17 +149,21 @@ inline Isa isa() {
 #endif
 }
 
+#define OPFORGE_NORM_VEC_BYTES 16
 namespace base {
 #include "norm_rows.inc"
 }  // namespace base
+#undef OPFORGE_NORM_VEC_BYTES
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define OPFORGE_NORM_HAVE_AVX2 1
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#define OPFORGE_NORM_VEC_BYTES 32
 namespace avx2 {
 #include "norm_rows.inc"
 }  // namespace avx2
+#undef OPFORGE_NORM_VEC_BYTES
 #pragma GCC pop_options
 #endif
 
