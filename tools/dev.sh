@@ -13,9 +13,14 @@ build=${OPFORGE_BUILD_DIR:-$root/build}
 cmd=${1:-build}
 shift || true
 
+# meson learns the list of specs (and kernels) at configure time: reconfigure when it changes
+specs=$(cd "$root" && ls op_specs/*.yaml src/kernels/*/*.cpp 2>/dev/null | sort)
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" "$root" -Dops_backend=cpu >/dev/null
+elif [ "$specs" != "$(cat "$build/.opforge-sources" 2>/dev/null)" ]; then
+  meson setup --reconfigure "$build" "$root" -Dops_backend=cpu >/dev/null
 fi
+echo "$specs" > "$build/.opforge-sources"
 ninja -C "$build" >/dev/null || ninja -C "$build"
 
 # A package directory that mirrors the installed layout, made of links into the tree.

@@ -8,8 +8,10 @@
 
 namespace opforge {
 
-Shape broadcast_shapes(const char* op, std::initializer_list<const Tensor*> inputs,
-                       std::initializer_list<const char*> names) {
+namespace {
+
+template <typename Tensors, typename Names>
+Shape broadcast_impl(const char* op, const Tensors& inputs, const Names& names) {
   const Tensor* first = *inputs.begin();
   bool same = true;  // the common case: every shape equal
   for (const Tensor* t : inputs) same = same && t->shape() == first->shape();
@@ -36,6 +38,18 @@ Shape broadcast_shapes(const char* op, std::initializer_list<const Tensor*> inpu
   }
   checked_numel(op, out, DType::Float64);
   return out;
+}
+
+}  // namespace
+
+Shape broadcast_shapes(const char* op, std::initializer_list<const Tensor*> inputs,
+                       std::initializer_list<const char*> names) {
+  return broadcast_impl(op, inputs, names);
+}
+
+Shape broadcast_shapes(const char* op, const std::vector<const Tensor*>& inputs,
+                       const std::vector<const char*>& names) {
+  return broadcast_impl(op, inputs, names);
 }
 
 std::vector<int64_t> normalize_axes(const char* op, const Axes& axes, int64_t ndim) {

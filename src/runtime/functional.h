@@ -17,6 +17,8 @@ using Axes = std::optional<std::vector<int64_t>>;
 // ---- shape rules (throw ValueError / IndexError naming op)
 Shape broadcast_shapes(const char* op, std::initializer_list<const Tensor*> inputs,
                        std::initializer_list<const char*> names);
+Shape broadcast_shapes(const char* op, const std::vector<const Tensor*>& inputs,
+                       const std::vector<const char*>& names);
 // Normalized, sorted, unique axes; nullopt or empty means all axes.
 std::vector<int64_t> normalize_axes(const char* op, const Axes& axes, int64_t ndim);
 Shape reduce_shape(const char* op, const Shape& shape, const Axes& axes, bool keepdims);
