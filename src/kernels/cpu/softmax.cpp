@@ -108,8 +108,8 @@ void softmax(const TensorPtr& x, const TensorPtr& out, const SoftmaxAttrs& attrs
   const smx::Prims<E>& P = smx::prims<E>();
   smx::map_axis<T, 1>(
       {x->data<T>()}, out->data<T>(), v,
-      [&P](const std::array<const E*, 1>& in, E* y, int64_t n, E* scratch) {
-        smx::softmax_row(P, in[0], y, n, scratch);
+      [&P](const std::array<const E*, 1>& in, E* y, int64_t n, E* scratch, const std::array<const E*, 1>& next) {
+        smx::softmax_row(P, in[0], y, n, scratch, next[0]);
       },
       [&P](const std::array<const E*, 1>& in, int64_t ldx, E* y, int64_t ldy, int64_t n, int64_t w, E* scratch) {
         E* m = scratch;
