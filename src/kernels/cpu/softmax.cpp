@@ -7,10 +7,17 @@
 
 #include "softmax_common.h"
 
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define OPF_X86 1
+#include <immintrin.h>
+#endif
+
 // Vector arguments of another instruction set's width are fine here: each inclusion is
-// self-contained and only reached through Prims' function pointers.
+// self-contained and only reached through Prims' function pointers. (GCC 12 also reports its own
+// AVX-512 conversion intrinsics as maybe-uninitialized.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace opforge::kernels::cpu::smx {
 
@@ -20,8 +27,7 @@ namespace simd_base {
 #undef OPF_WF
 }  // namespace simd_base
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define OPF_X86 1
+#ifdef OPF_X86
 #pragma GCC push_options
 #pragma GCC target("avx2,avx,fma,f16c")
 namespace simd_avx2 {

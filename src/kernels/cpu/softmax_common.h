@@ -27,7 +27,7 @@ namespace opforge::kernels::cpu::smx {
 // GCC vector types of W lanes of E (unaligned, may alias E) and the matching integer lanes.
 template <typename E, int W>
 struct Vec {
-  using I = std::conditional_t<sizeof(E) == 4, int32_t, int64_t>;
+  using I = std::conditional_t<sizeof(E) == 8, int64_t, std::conditional_t<sizeof(E) == 4, int32_t, int16_t>>;
   typedef E v __attribute__((vector_size(sizeof(E) * W)));
   typedef E vu __attribute__((vector_size(sizeof(E) * W), aligned(sizeof(E)), may_alias));
   typedef I vi __attribute__((vector_size(sizeof(E) * W)));
@@ -56,6 +56,11 @@ struct Prims {
   void (*col_add)(E* acc, const E* a, int64_t n);                   // acc += a
   void (*col_softmax_bwd)(const E* g, const E* y, const E* d, int64_t n, E* dx);
   void (*col_log_softmax_bwd)(const E* g, const E* y, const E* s, int64_t n, E* dx);
+  // float only: 16-bit floats (their bits) to float and back, rounding to nearest even
+  void (*from_f16)(const uint16_t* src, float* dst, int64_t n) = nullptr;
+  void (*to_f16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
+  void (*from_bf16)(const uint16_t* src, float* dst, int64_t n) = nullptr;
+  void (*to_bf16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
 };
 
 // The primitives for this CPU (defined in softmax.cpp).
@@ -144,13 +149,27 @@ inline void softmax_row(const Prims<E>& P, const E* x, E* y, int64_t n, E* cm, c
   }
 }
 
+// Rows of T to E and back (16-bit floats through the vectorized conversions).
 template <typename T, typename E>
 inline void load_row(const T* src, E* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = convert<E>(src[i]);
+  static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2, "16-bit floats are their bits");
+  if constexpr (std::is_same_v<T, Half> && std::is_same_v<E, float>) {
+    prims_f32().from_f16(reinterpret_cast<const uint16_t*>(src), dst, n);
+  } else if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<E, float>) {
+    prims_f32().from_bf16(reinterpret_cast<const uint16_t*>(src), dst, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = convert<E>(src[i]);
+  }
 }
 template <typename T, typename E>
 inline void store_row(const E* src, T* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = convert<T>(src[i]);
+  if constexpr (std::is_same_v<T, Half> && std::is_same_v<E, float>) {
+    prims_f32().to_f16(src, reinterpret_cast<uint16_t*>(dst), n);
+  } else if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<E, float>) {
+    prims_f32().to_bf16(src, reinterpret_cast<uint16_t*>(dst), n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = convert<T>(src[i]);
+  }
 }
 
 // The tensor's shape as outer x n x inner around `axis` (IndexError naming op when out of range;
