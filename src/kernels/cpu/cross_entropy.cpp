@@ -29,19 +29,21 @@ void cross_entropy(const TensorPtr& logits, const TensorPtr& labels, const Tenso
   const T* x = logits->data<T>();
   const smx::Prims<E>& P = smx::prims<E>();
   std::vector<double> loss(static_cast<size_t>(rows));
+  const int64_t grab = smx::rows_per_grab(classes);
 #pragma omp parallel if (smx::parallel_worth(rows * classes, rows))
   {
     std::vector<E> buf(kConvert ? classes : 0);
-#pragma omp for schedule(guided)
+#pragma omp for schedule(dynamic, grab)
     for (int64_t i = 0; i < rows; ++i) {
-      const E* row;
+      const E *row, *next;
       if constexpr (kConvert) {
         smx::load_row(x + i * classes, buf.data(), classes);
-        row = buf.data();
+        row = next = buf.data();
       } else {
         row = x + i * classes;
+        next = x + (i + 1 < rows ? i + 1 : i) * classes;
       }
-      const auto [m, s] = smx::row_lse_parts(P, row, classes);
+      const auto [m, s] = smx::row_lse_parts(P, row, classes, next);
       const double picked = static_cast<double>(row[lab[i]]);
       const double md = static_cast<double>(m);
       loss[i] = std::isinf(md) ? md - picked : (md - picked) + std::log(static_cast<double>(s));

@@ -25,24 +25,26 @@ void cross_entropy_backward(const TensorPtr& dy, const TensorPtr& logits, const 
   T* dx = dlogits->data<T>();
   const smx::Prims<E>& P = smx::prims<E>();
   smx::advise_huge_pages(dx, rows * classes * static_cast<int64_t>(sizeof(T)));
+  const int64_t grab = smx::rows_per_grab(classes);
 #pragma omp parallel if (smx::parallel_worth(rows * classes, rows))
   {
     std::vector<E> buf(kConvert ? 2 * classes : 0);
     std::vector<E> scratch(classes / smx::kChunk + 2);
-#pragma omp for schedule(guided)
+#pragma omp for schedule(dynamic, grab)
     for (int64_t i = 0; i < rows; ++i) {
       const E w = static_cast<E>(convert<double>(g[one ? 0 : i]) * scale);
-      const E* row;
+      const E *row, *next;
       E* y;
       if constexpr (kConvert) {
         smx::load_row(x + i * classes, buf.data(), classes);
-        row = buf.data();
+        row = next = buf.data();
         y = buf.data() + classes;
       } else {
         row = x + i * classes;
+        next = x + (i + 1 < rows ? i + 1 : i) * classes;
         y = dx + i * classes;
       }
-      smx::softmax_row(P, row, y, classes, scratch.data(), w);
+      smx::softmax_row(P, row, y, classes, scratch.data(), next, w);
       y[lab[i]] -= w;
       if constexpr (kConvert) smx::store_row(y, dx + i * classes, classes);
     }

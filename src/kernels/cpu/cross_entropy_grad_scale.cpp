@@ -18,7 +18,8 @@ void cross_entropy_grad_scale(const TensorPtr& dy, const TensorPtr& logits, cons
   const bool one = dy->numel() == 1;
   T* o = out->data<T>();
   smx::advise_huge_pages(o, rows * classes * static_cast<int64_t>(sizeof(T)));
-#pragma omp parallel for if (smx::parallel_worth(rows * classes, rows)) schedule(guided)
+  const int64_t grab = smx::rows_per_grab(classes);
+#pragma omp parallel for if (smx::parallel_worth(rows * classes, rows)) schedule(dynamic, grab)
   for (int64_t i = 0; i < rows; ++i) {
     const T w = convert<T>(convert<double>(g[one ? 0 : i]) * scale);
     std::fill(o + i * classes, o + (i + 1) * classes, w);

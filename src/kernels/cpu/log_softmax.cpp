@@ -13,8 +13,8 @@ void log_softmax(const TensorPtr& x, const TensorPtr& out, const LogSoftmaxAttrs
   const smx::Prims<E>& P = smx::prims<E>();
   smx::map_axis<T, 1>(
       {x->data<T>()}, out->data<T>(), v,
-      [&P](const std::array<const E*, 1>& in, E* y, int64_t n, E*) {
-        const auto [m, s] = smx::row_lse_parts(P, in[0], n);
+      [&P](const std::array<const E*, 1>& in, E* y, int64_t n, E*, const std::array<const E*, 1>& next) {
+        const auto [m, s] = smx::row_lse_parts(P, in[0], n, next[0]);
         P.sub(in[0], n, m, std::log(s), y);
       },
       [&P](const std::array<const E*, 1>& in, int64_t ldx, E* y, int64_t ldy, int64_t n, int64_t w, E* scratch) {

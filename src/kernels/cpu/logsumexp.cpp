@@ -60,19 +60,21 @@ void logsumexp(const TensorPtr& x, const TensorPtr& out, const LogsumexpAttrs& a
   if (v.outer * v.inner == 0) return;
   if (v.inner == 1) {
     const int64_t rows = v.outer;
+    const int64_t grab = smx::rows_per_grab(n);
 #pragma omp parallel if (smx::parallel_worth(rows * n, rows))
     {
       std::vector<E> buf(kConvert ? n : 0);
-#pragma omp for schedule(guided)
+#pragma omp for schedule(dynamic, grab)
       for (int64_t r = 0; r < rows; ++r) {
-        const E* row;
+        const E *row, *next;
         if constexpr (kConvert) {
           smx::load_row(in + r * n, buf.data(), n);
-          row = buf.data();
+          row = next = buf.data();
         } else {
           row = in + r * n;
+          next = in + (r + 1 < rows ? r + 1 : r) * n;
         }
-        const auto [m, s] = smx::row_lse_parts(P, row, n);
+        const auto [m, s] = smx::row_lse_parts(P, row, n, next);
         o[r] = convert<T>(smx::lse_finish(m, s));
       }
     }
@@ -85,7 +87,7 @@ void logsumexp(const TensorPtr& x, const TensorPtr& out, const LogsumexpAttrs& a
 #pragma omp parallel if (smx::parallel_worth(v.outer * n * inner, tasks))
   {
     std::vector<E> buf(kConvert ? n * w : 0), scratch(4 * w);
-#pragma omp for schedule(guided)
+#pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
       const int64_t oi = t / tiles, j0 = (t % tiles) * w, wj = std::min(w, inner - j0);
       const T* base = in + oi * n * inner + j0;

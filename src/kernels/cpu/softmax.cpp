@@ -7,10 +7,17 @@
 
 #include "softmax_common.h"
 
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define OPF_X86 1
+#include <immintrin.h>
+#endif
+
 // Vector arguments of another instruction set's width are fine here: each inclusion is
-// self-contained and only reached through Prims' function pointers.
+// self-contained and only reached through Prims' function pointers. (GCC 12 also reports its own
+// AVX-512 conversion intrinsics as maybe-uninitialized.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace opforge::kernels::cpu::smx {
 
@@ -20,8 +27,7 @@ namespace simd_base {
 #undef OPF_WF
 }  // namespace simd_base
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define OPF_X86 1
+#ifdef OPF_X86
 #pragma GCC push_options
 #pragma GCC target("avx2,avx,fma,f16c")
 namespace simd_avx2 {
@@ -108,8 +114,8 @@ void softmax(const TensorPtr& x, const TensorPtr& out, const SoftmaxAttrs& attrs
   const smx::Prims<E>& P = smx::prims<E>();
   smx::map_axis<T, 1>(
       {x->data<T>()}, out->data<T>(), v,
-      [&P](const std::array<const E*, 1>& in, E* y, int64_t n, E* scratch) {
-        smx::softmax_row(P, in[0], y, n, scratch);
+      [&P](const std::array<const E*, 1>& in, E* y, int64_t n, E* scratch, const std::array<const E*, 1>& next) {
+        smx::softmax_row(P, in[0], y, n, scratch, next[0]);
       },
       [&P](const std::array<const E*, 1>& in, int64_t ldx, E* y, int64_t ldy, int64_t n, int64_t w, E* scratch) {
         E* m = scratch;

@@ -15,8 +15,8 @@ void softmax_backward(const TensorPtr& dout, const TensorPtr& out, const TensorP
   const smx::Prims<E>& P = smx::prims<E>();
   smx::map_axis<T, 2>(
       {dout->data<T>(), out->data<T>()}, dx->data<T>(), v,
-      [&P](const std::array<const E*, 2>& in, E* y, int64_t n, E*) {
-        P.softmax_bwd(in[0], in[1], n, P.dot(in[0], in[1], n), y);
+      [&P](const std::array<const E*, 2>& in, E* y, int64_t n, E*, const std::array<const E*, 2>& next) {
+        P.softmax_bwd(in[0], in[1], n, P.dot(in[0], in[1], n), y, next[0], next[1]);
       },
       [&P](const std::array<const E*, 2>& in, int64_t ldx, E* y, int64_t ldy, int64_t n, int64_t w, E* scratch) {
         E* d = scratch;

@@ -27,7 +27,7 @@ namespace opforge::kernels::cpu::smx {
 // GCC vector types of W lanes of E (unaligned, may alias E) and the matching integer lanes.
 template <typename E, int W>
 struct Vec {
-  using I = std::conditional_t<sizeof(E) == 4, int32_t, int64_t>;
+  using I = std::conditional_t<sizeof(E) == 8, int64_t, std::conditional_t<sizeof(E) == 4, int32_t, int16_t>>;
   typedef E v __attribute__((vector_size(sizeof(E) * W)));
   typedef E vu __attribute__((vector_size(sizeof(E) * W), aligned(sizeof(E)), may_alias));
   typedef I vi __attribute__((vector_size(sizeof(E) * W)));
@@ -38,14 +38,15 @@ struct Vec {
 template <typename E>
 struct Prims {
   E (*max)(const E* x, int64_t n);                                  // NaN-propagating max, -inf if n == 0
-  E (*exp_sum_store)(const E* x, int64_t n, E m, E* out);           // out = exp(x - m); returns its sum
-  E (*exp_sum)(const E* x, int64_t n, E m);                         // sum of exp(x - m)
+  // pf, pg, py: the next row (or this one), prefetched while this row computes
+  E (*exp_sum_store)(const E* x, int64_t n, E m, E* out, const E* pf);  // out = exp(x - m); returns its sum
+  E (*exp_sum)(const E* x, int64_t n, E m, const E* pf);                // sum of exp(x - m)
   void (*scale)(E* y, int64_t n, E f);                              // y *= f
   void (*sub)(const E* x, int64_t n, E m, E l, E* out);             // out = (x - m) - l
   E (*dot)(const E* a, const E* b, int64_t n);                      // sum of a * b
   E (*sum)(const E* a, int64_t n);                                  // sum of a
-  void (*softmax_bwd)(const E* g, const E* y, int64_t n, E d, E* dx);      // dx = y * (g - d)
-  void (*log_softmax_bwd)(const E* g, const E* y, int64_t n, E s, E* dx);  // dx = g - exp(y) * s
+  void (*softmax_bwd)(const E* g, const E* y, int64_t n, E d, E* dx, const E* pg, const E* py);  // y * (g - d)
+  void (*log_softmax_bwd)(const E* g, const E* y, int64_t n, E s, E* dx, const E* pg, const E* py);  // g - exp(y) s
   void (*col_max)(E* m, const E* x, int64_t n);                     // m = max(m, x)
   void (*col_exp_add)(const E* x, const E* m, int64_t n, E* s);     // s += exp(x - m) (0 where m is -inf)
   void (*col_rescale)(E* s, const E* m, const E* mn, int64_t n);    // s *= exp(m - mn) (1 where m == mn)
@@ -55,6 +56,11 @@ struct Prims {
   void (*col_add)(E* acc, const E* a, int64_t n);                   // acc += a
   void (*col_softmax_bwd)(const E* g, const E* y, const E* d, int64_t n, E* dx);
   void (*col_log_softmax_bwd)(const E* g, const E* y, const E* s, int64_t n, E* dx);
+  // float only: 16-bit floats (their bits) to float and back, rounding to nearest even
+  void (*from_f16)(const uint16_t* src, float* dst, int64_t n) = nullptr;
+  void (*to_f16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
+  void (*from_bf16)(const uint16_t* src, float* dst, int64_t n) = nullptr;
+  void (*to_bf16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
 };
 
 // The primitives for this CPU (defined in softmax.cpp).
@@ -85,19 +91,20 @@ template <typename E>
 inline E lse_finish(E m, E s) { return std::isinf(m) ? m : m + std::log(s); }
 
 // Online max and sum of exp(x - max) over a row, chunk by chunk (each chunk is read once from
-// memory, then from L1): returns {m, s}. A chunk of only -inf adds nothing.
+// memory, then from cache): returns {m, s}. A chunk of only -inf adds nothing. pf: the next row
+// (or this one), prefetched during the exp pass.
 template <typename E>
-inline std::pair<E, E> row_lse_parts(const Prims<E>& P, const E* x, int64_t n) {
+inline std::pair<E, E> row_lse_parts(const Prims<E>& P, const E* x, int64_t n, const E* pf) {
   if (n <= kChunk) {
     const E m = P.max(x, n);
-    return {m, n ? P.exp_sum(x, n, m) : E(0)};
+    return {m, n ? P.exp_sum(x, n, m, pf) : E(0)};
   }
   E M = kNegInf<E>, S = 0;
   for (int64_t i = 0; i < n; i += kChunk) {
     const int64_t len = std::min(kChunk, n - i);
     const E mk = P.max(x + i, len);
     if (mk == kNegInf<E>) continue;
-    const E sk = P.exp_sum(x + i, len, mk);
+    const E sk = P.exp_sum(x + i, len, mk, pf + i);
     const E Mn = max_nan(M, mk);
     S = (M == kNegInf<E> ? E(0) : S * std::exp(M - Mn)) + sk * std::exp(mk - Mn);
     M = Mn;
@@ -108,11 +115,12 @@ inline std::pair<E, E> row_lse_parts(const Prims<E>& P, const E* x, int64_t n) {
 
 // y = mult * softmax(x) over a row, online: per chunk the max, then exp(x - max) stored and
 // summed; then each chunk scaled by exp(chunk max - row max) * mult / sum. cm: n / kChunk + 1.
+// pf: the next row (or this one), prefetched during the exp pass.
 template <typename E>
-inline void softmax_row(const Prims<E>& P, const E* x, E* y, int64_t n, E* cm, E mult = E(1)) {
+inline void softmax_row(const Prims<E>& P, const E* x, E* y, int64_t n, E* cm, const E* pf, E mult = E(1)) {
   if (n <= kChunk) {
     const E m = P.max(x, n);
-    const E s = P.exp_sum_store(x, n, m, y);
+    const E s = P.exp_sum_store(x, n, m, y, pf);
     P.scale(y, n, mult / s);
     return;
   }
@@ -123,7 +131,7 @@ inline void softmax_row(const Prims<E>& P, const E* x, E* y, int64_t n, E* cm, E
     const E mk = P.max(x + i, len);
     cm[k] = mk;
     if (mk == kNegInf<E>) continue;  // its terms are 0 (written below)
-    const E sk = P.exp_sum_store(x + i, len, mk, y + i);
+    const E sk = P.exp_sum_store(x + i, len, mk, y + i, pf + i);
     const E Mn = max_nan(M, mk);
     S = (M == kNegInf<E> ? E(0) : S * std::exp(M - Mn)) + sk * std::exp(mk - Mn);
     M = Mn;
@@ -141,13 +149,27 @@ inline void softmax_row(const Prims<E>& P, const E* x, E* y, int64_t n, E* cm, E
   }
 }
 
+// Rows of T to E and back (16-bit floats through the vectorized conversions).
 template <typename T, typename E>
 inline void load_row(const T* src, E* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = convert<E>(src[i]);
+  static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2, "16-bit floats are their bits");
+  if constexpr (std::is_same_v<T, Half> && std::is_same_v<E, float>) {
+    prims_f32().from_f16(reinterpret_cast<const uint16_t*>(src), dst, n);
+  } else if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<E, float>) {
+    prims_f32().from_bf16(reinterpret_cast<const uint16_t*>(src), dst, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = convert<E>(src[i]);
+  }
 }
 template <typename T, typename E>
 inline void store_row(const E* src, T* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = convert<T>(src[i]);
+  if constexpr (std::is_same_v<T, Half> && std::is_same_v<E, float>) {
+    prims_f32().to_f16(src, reinterpret_cast<uint16_t*>(dst), n);
+  } else if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<E, float>) {
+    prims_f32().to_bf16(src, reinterpret_cast<uint16_t*>(dst), n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = convert<T>(src[i]);
+  }
 }
 
 // The tensor's shape as outer x n x inner around `axis` (IndexError naming op when out of range;
@@ -172,6 +194,10 @@ inline AxisView axis_view(const char* op, const Shape& s, int64_t axis) {
 }
 
 inline bool parallel_worth(int64_t elems, int64_t tasks) { return elems >= kParallelThreshold && tasks > 1; }
+
+// Rows handed to a thread at a time (schedule(dynamic)): about 64K elements, so that a thread
+// that the OS runs late takes little work with it, while the atomic hand-out stays negligible.
+inline int64_t rows_per_grab(int64_t n) { return std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(n, 1)); }
 
 // Column tiles of a strided axis (outer x n x inner): w adjacent columns of all n rows, whole rows
 // (w = inner) up to kMaxTile so that rows stream from memory, narrower when there would be fewer
@@ -251,7 +277,8 @@ inline void advise_huge_pages(void* p, int64_t bytes) {
 }
 
 // Maps NIn same-shaped inputs to one output of that shape along an axis, in the compute type
-// E of T. row(x, y, n, scratch) handles one contiguous row (x: NIn pointers); col(x, ldx, y, ldy,
+// E of T. row(x, y, n, scratch, next) handles one contiguous row (x: NIn pointers; next: the
+// inputs' next rows to prefetch, or this row's when converted or last); col(x, ldx, y, ldy,
 // n, w, scratch) one tile of w adjacent columns across the n rows of a strided axis (row r of
 // input k at x[k] + r * ldx). Rows and tiles of 16-bit floats go through float buffers. The
 // scratch holds n / kChunk + 2 elements for rows, 4 * w for tiles.
@@ -265,25 +292,30 @@ void map_axis(const std::array<const T*, NIn>& in, T* out, const AxisView& v, co
   advise_huge_pages(out, v.outer * n * v.inner * static_cast<int64_t>(sizeof(T)));
   if (v.inner == 1) {
     const int64_t rows = v.outer;
+    const int64_t grab = rows_per_grab(n);
 #pragma omp parallel if (parallel_worth(rows * n, rows))
     {
       std::vector<E> buf(kConvert ? (NIn + 1) * n : 0);
       std::vector<E> scratch(n / kChunk + 2);
-#pragma omp for schedule(guided)
+#pragma omp for schedule(dynamic, grab)
       for (int64_t r = 0; r < rows; ++r) {
-        std::array<const E*, NIn> x;
+        std::array<const E*, NIn> x, next;
         E* y;
         if constexpr (kConvert) {
           for (size_t k = 0; k < NIn; ++k) {
             load_row(in[k] + r * n, buf.data() + k * n, n);
-            x[k] = buf.data() + k * n;
+            x[k] = next[k] = buf.data() + k * n;
           }
           y = buf.data() + NIn * n;
         } else {
-          for (size_t k = 0; k < NIn; ++k) x[k] = in[k] + r * n;
+          const int64_t rn = r + 1 < rows ? r + 1 : r;
+          for (size_t k = 0; k < NIn; ++k) {
+            x[k] = in[k] + r * n;
+            next[k] = in[k] + rn * n;
+          }
           y = out + r * n;
         }
-        row(x, y, n, scratch.data());
+        row(x, y, n, scratch.data(), next);
         if constexpr (kConvert) store_row(y, out + r * n, n);
       }
     }
@@ -297,7 +329,7 @@ void map_axis(const std::array<const T*, NIn>& in, T* out, const AxisView& v, co
   {
     std::vector<E> buf(kConvert ? (NIn + 1) * n * w : 0);
     std::vector<E> scratch(4 * w);
-#pragma omp for schedule(guided)
+#pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
       const int64_t o = t / tiles, j0 = (t % tiles) * w, wj = std::min(w, inner - j0);
       const int64_t base = o * n * inner + j0;
