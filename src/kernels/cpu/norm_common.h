@@ -2,8 +2,8 @@
 // norm_weight_grad, sum_to_like, bias_add, bias_add_grad):
 //  - layout checks that pick the fused row path (normalized axes = trailing dims, per-row
 //    statistics, parameters of the normalized shape) over the general broadcasting path;
-//  - the row and column loops, compiled twice (baseline and AVX2+FMA, picked once at run time
-//    from the CPU) from norm_rows.inc;
+//  - the row and column loops, compiled twice from norm_rows.inc (baseline, and with GCC on x86
+//    AVX2+FMA, picked once at run time from the CPU);
 //  - reductions "sum down to a shape" (a contiguous block of kept dims: parallel and
 //    vectorized; anything else: the runtime's sum_into).
 #pragma once
@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -141,7 +140,7 @@ inline void check_shape(const char* op, const char* name, const TensorPtr& t, co
 
 enum class Isa { Base, Avx2 };
 inline Isa isa() {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
   static const Isa v = (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? Isa::Avx2 : Isa::Base;
   return v;
 #else
@@ -155,7 +154,7 @@ namespace base {
 }  // namespace base
 #undef OPFORGE_NORM_VEC_BYTES
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
 #define OPFORGE_NORM_HAVE_AVX2 1
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
