@@ -15,6 +15,10 @@ from typing import Any, Optional
 
 import numpy as np
 
+# OpenBLAS (matmul, linear): importing scipy_openblas32 loads its libscipy_openblas.so with
+# RTLD_GLOBAL, so the extension's dependency on that library resolves to it wherever pip put it.
+import scipy_openblas32  # noqa: F401  (before opforge._C)
+
 from opforge import _C
 from opforge._C import Tensor, from_dlpack, from_numpy, is_grad_enabled, list_ops, set_grad_enabled
 from opforge import ops

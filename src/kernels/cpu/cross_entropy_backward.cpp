@@ -1,0 +1,56 @@
+// Kernel of op `cross_entropy_backward` on cpu: per row w = dy (or dy[i]) / (N for mean), then
+// dlogits = w * softmax(logits) (the online softmax row of softmax_common.h) and
+// dlogits[label] -= w. Shapes and labels are checked before any row is read.
+#include "cross_entropy_backward.h"
+
+#include "softmax_common.h"
+
+namespace opforge::kernels::cpu {
+
+template <typename T>
+void cross_entropy_backward(const TensorPtr& dy, const TensorPtr& logits, const TensorPtr& labels,
+                            const TensorPtr& dlogits, const CrossEntropyBackwardAttrs& attrs) {
+  using E = compute_t<T>;
+  constexpr bool kConvert = !std::is_same_v<T, E>;
+  constexpr const char* kOp = "cross_entropy_backward";
+  smx::check_logits_labels(kOp, logits, labels);
+  const int64_t rows = logits->shape()[0], classes = logits->shape()[1];
+  smx::check_loss_grad(kOp, dy, rows);
+  const int64_t* lab = labels->data<int64_t>();
+  smx::check_label_values(kOp, lab, rows, classes);
+  const double scale = smx::reduction_scale(attrs.reduction, rows);
+  const T* g = dy->data<T>();
+  const bool one = dy->numel() == 1;
+  const T* x = logits->data<T>();
+  T* dx = dlogits->data<T>();
+  const smx::Prims<E>& P = smx::prims<E>();
+  smx::advise_huge_pages(dx, rows * classes * static_cast<int64_t>(sizeof(T)));
+  const int64_t grab = smx::rows_per_grab(classes);
+#pragma omp parallel if (smx::parallel_worth(rows * classes, rows))
+  {
+    std::vector<E> buf(kConvert ? 2 * classes : 0);
+    std::vector<E> scratch(classes / smx::kChunk + 2);
+#pragma omp for schedule(dynamic, grab)
+    for (int64_t i = 0; i < rows; ++i) {
+      const E w = static_cast<E>(convert<double>(g[one ? 0 : i]) * scale);
+      const E *row, *next;
+      E* y;
+      if constexpr (kConvert) {
+        smx::load_row(x + i * classes, buf.data(), classes);
+        row = next = buf.data();
+        y = buf.data() + classes;
+      } else {
+        row = x + i * classes;
+        next = x + (i + 1 < rows ? i + 1 : i) * classes;
+        y = dx + i * classes;
+      }
+      smx::softmax_row(P, row, y, classes, scratch.data(), next, w);
+      y[lab[i]] -= w;
+      if constexpr (kConvert) smx::store_row(y, dx + i * classes, classes);
+    }
+  }
+}
+
+}  // namespace opforge::kernels::cpu
+
+OPFORGE_INSTANTIATE_CROSS_ENTROPY_BACKWARD_CPU

@@ -1,0 +1,41 @@
+// Kernel of op `embedding` on cpu: validate every index, then copy one weight row per index
+// (rows in parallel when the output is large).
+#include "embedding.h"
+
+#include "elem_common.h"
+
+namespace opforge {
+
+Shape embedding_shape(const TensorList& inputs, const EmbeddingAttrs& /*attrs*/) {
+  const TensorPtr& indices = inputs[0];
+  const TensorPtr& weight = inputs[1];
+  if (weight->dim() != 2) {
+    fail<ValueError>("embedding", "weight must be 2-D (num_embeddings, embedding_dim), got shape ",
+                     shape_str(weight->shape()));
+  }
+  Shape s = indices->shape();
+  s.push_back(weight->shape()[1]);
+  return s;
+}
+
+namespace kernels::cpu {
+
+template <typename T>
+void embedding(const TensorPtr& indices, const TensorPtr& weight, const TensorPtr& out,
+               const EmbeddingAttrs& /*attrs*/) {
+  const int64_t rows = weight->shape()[0], dim = weight->shape()[1];
+  const int64_t n = indices->numel();
+  const int64_t* idx = indices->data<int64_t>();
+  elem::check_indices("embedding", idx, n, rows, "weight with " + std::to_string(rows) + " rows");
+  if (dim == 0 || n == 0) return;
+  const T* w = weight->data<T>();
+  T* o = out->data<T>();
+  const size_t row_bytes = static_cast<size_t>(dim) * sizeof(T);
+#pragma omp parallel for if (n * dim >= kParallelThreshold) schedule(static)
+  for (int64_t i = 0; i < n; ++i) std::memcpy(o + i * dim, w + idx[i] * dim, row_bytes);
+}
+
+}  // namespace kernels::cpu
+}  // namespace opforge
+
+OPFORGE_INSTANTIATE_EMBEDDING_CPU

@@ -1,0 +1,215 @@
+// Shared by the linalg kernels (matmul, matmul_backward_a/b, linear, linear_backward_weight):
+// NumPy matmul layouts, batched products through BLAS (src/kernels/cpu/blas.h) and the float32
+// staging of float16/bfloat16 data. No hand-written multiply loops: every product is a BLAS call.
+#pragma once
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cpu/blas.h"
+#include "runtime/runtime.h"
+
+namespace opforge::kernels::cpu::linalg {
+
+// Elements between consecutive matrices of a tensor along each dim of `batch`: the tensor has
+// batch dims `tbatch` (right-aligned to `batch`, size 1 or equal) and matrices of `mat` elements;
+// 0 where one matrix serves the whole dim (broadcast, or reduced when it is an output).
+inline Shape batch_strides(const Shape& tbatch, const Shape& batch, int64_t mat) {
+  Shape st(batch.size(), 0);
+  int64_t s = mat;
+  for (size_t i = tbatch.size(); i-- > 0;) {
+    if (tbatch[i] != 1) st[batch.size() - tbatch.size() + i] = s;
+    s *= tbatch[i];
+  }
+  return st;
+}
+
+// matmul(a, b) with NumPy semantics as a batch of row-major products (m x k) @ (k x n): a 1-D a is
+// a (1, k) matrix, a 1-D b a (k, 1) one (the same memory), batch dims broadcast.
+struct MatmulLayout {
+  Shape batch;               // broadcast batch dims
+  int64_t m = 1, k = 1, n = 1;
+  Shape a_st, b_st, out_st;  // matrix strides of a, b and the output over batch
+  Shape out_shape;           // NumPy's matmul(a, b).shape
+};
+
+inline MatmulLayout matmul_layout(const char* op, const Shape& a, const Shape& b) {
+  (void)matmul_shape(op, a, b);  // rank, inner dimension and batch checks, errors naming op
+  const Shape a2 = a.size() == 1 ? Shape{1, a[0]} : a;
+  const Shape b2 = b.size() == 1 ? Shape{b[0], 1} : b;
+  MatmulLayout l;
+  l.m = a2[a2.size() - 2];
+  l.k = a2.back();
+  l.n = b2.back();
+  const Shape ba(a2.begin(), a2.end() - 2), bb(b2.begin(), b2.end() - 2);
+  const size_t nd = std::max(ba.size(), bb.size());
+  l.batch.assign(nd, 1);
+  for (size_t i = 0; i < nd; ++i) {
+    const int64_t x = i + ba.size() >= nd ? ba[i + ba.size() - nd] : 1;
+    const int64_t y = i + bb.size() >= nd ? bb[i + bb.size() - nd] : 1;
+    l.batch[i] = x == 1 ? y : x;  // a size-1 dim stretches to the other's size, 0 included
+  }
+  l.a_st = batch_strides(ba, l.batch, l.m * l.k);
+  l.b_st = batch_strides(bb, l.batch, l.k * l.n);
+  l.out_st = batch_strides(l.batch, l.batch, l.m * l.n);
+  l.out_shape = l.batch;
+  if (a.size() > 1) l.out_shape.push_back(l.m);
+  if (b.size() > 1) l.out_shape.push_back(l.n);
+  checked_numel(op, l.out_shape, DType::Float64);
+  return l;
+}
+
+// C (m x n, ldc = n) = beta * C + op(A) @ op(B); A is stored m x k (k x m when ta), B k x n (n x k
+// when tb), all dense row-major. Dimensions must fit blasint (checked by batched_gemm).
+// One row or one column goes to GEMV. With k == 0 the product is zero.
+template <typename G>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const G* a, const G* b, G beta, G* c) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (beta == G(0)) std::fill(c, c + m * n, G(0));
+    return;  // beta is 0 or 1 here
+  }
+  // BLAS may compute 0 * C for beta = 0 (NaN from uninitialized memory): zero vectors first
+  if (n == 1) {  // c = op(A) b
+    if (beta == G(0)) std::fill(c, c + m, G(0));
+    blas::gemv(ta, static_cast<blasint>(ta ? k : m), static_cast<blasint>(ta ? m : k), G(1), a,
+               static_cast<blasint>(ta ? m : k), b, beta, c);
+  } else if (m == 1) {  // c = op(B)^T a
+    if (beta == G(0)) std::fill(c, c + n, G(0));
+    blas::gemv(!tb, static_cast<blasint>(tb ? n : k), static_cast<blasint>(tb ? k : n), G(1), b,
+               static_cast<blasint>(tb ? k : n), a, beta, c);
+  } else {
+    blas::gemm(ta, tb, static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), G(1), a,
+               static_cast<blasint>(ta ? m : k), b, static_cast<blasint>(tb ? k : n), beta, c,
+               static_cast<blasint>(n));
+  }
+}
+
+// One operand of a batched product: its matrices and their strides over the batch dims.
+template <typename G>
+struct Operand {
+  const G* data;
+  bool trans;    // stored transposed: op(X) = X^T
+  Shape stride;  // per batch dim, in elements; 0 = the same matrix along that dim
+};
+
+// For every index i of `batch`: C_i (m x n) = op(A_i) @ op(B_i), where output matrices shared by
+// several i (C stride 0 on a dim of size > 1) receive the sum of their products, and every C
+// matrix starts from zero (from its current content when accumulate). c_numel: C's elements.
+// Batches fold into one large GEMM where the layout allows (batch rows of A with a shared B;
+// a reduction of dense A^T @ B over the batch); otherwise one GEMM per matrix, spread over
+// OpenMP threads when the products are small enough for OpenBLAS to keep them single-threaded.
+template <typename G>
+void batched_gemm(const char* op, const Shape& batch, int64_t m, int64_t n, int64_t k, const Operand<G>& A,
+                  const Operand<G>& B, G* c, const Shape& cst, int64_t c_numel, bool accumulate = false) {
+  if (c_numel == 0) return;
+  const G beta0 = accumulate ? G(1) : G(0);
+  const int64_t nb = shape_numel(batch);
+  if (nb == 0 || k == 0) {  // empty sums
+    if (!accumulate) std::fill(c, c + c_numel, G(0));
+    return;
+  }
+  if (!blas::fits(m) || !blas::fits(n) || !blas::fits(k)) {
+    fail<ValueError>(op, "matrix dimensions (", m, " x ", k, ") @ (", k, " x ", n,
+                     ") exceed 2^31 - 1, the limit of the 32-bit BLAS");
+  }
+  const Shape dense = contiguous_strides(batch);  // in matrices
+  const auto is_dense = [&](const Shape& st, int64_t mat) {
+    for (size_t d = 0; d < batch.size(); ++d) {
+      if (batch[d] > 1 && st[d] != dense[d] * mat) return false;
+    }
+    return true;
+  };
+  const auto is_shared = [&](const Shape& st) {
+    for (size_t d = 0; d < batch.size(); ++d) {
+      if (batch[d] > 1 && st[d] != 0) return false;
+    }
+    return true;
+  };
+  // (nb*m x k) @ op(B): the rows of every A_i against one B
+  if (!A.trans && is_dense(A.stride, m * k) && is_shared(B.stride) && is_dense(cst, m * n) && blas::fits(nb * m)) {
+    gemm(false, B.trans, nb * m, n, k, A.data, B.data, beta0, c);
+    return;
+  }
+  // sum_i A_i^T @ B_i = (nb*k x m)^T @ (nb*k x n): one GEMM over the stacked batch
+  if (A.trans && !B.trans && is_dense(A.stride, k * m) && is_dense(B.stride, k * n) && is_shared(cst) &&
+      blas::fits(nb * k)) {
+    gemm(true, false, m, n, nb * k, A.data, B.data, beta0, c);
+    return;
+  }
+  // General case. Dims C is reduced over (stride 0, size > 1) run innermost and accumulate into
+  // one C matrix; the other dims give independent products.
+  std::vector<size_t> outer, inner;
+  for (size_t d = 0; d < batch.size(); ++d) (batch[d] > 1 && cst[d] == 0 ? inner : outer).push_back(d);
+  int64_t n_outer = 1, n_inner = 1;
+  for (size_t d : outer) n_outer *= batch[d];
+  for (size_t d : inner) n_inner *= batch[d];
+  const auto offsets = [&](const std::vector<size_t>& dims, int64_t idx, int64_t& oa, int64_t& ob, int64_t& oc) {
+    for (size_t j = dims.size(); j-- > 0;) {
+      const size_t d = dims[j];
+      const int64_t i = idx % batch[d];
+      idx /= batch[d];
+      oa += i * A.stride[d];
+      ob += i * B.stride[d];
+      oc += i * cst[d];
+    }
+  };
+  const int64_t work = m * n * k;
+  const bool single = work <= blas::kSingleThreadedGemm && (std::min(m, n) > 1 || work <= blas::kSingleThreadedGemv);
+  const bool parallel = single && n_outer > 1 && n_outer * work >= (int64_t(1) << 15);
+#pragma omp parallel for if (parallel) schedule(static)
+  for (int64_t o = 0; o < n_outer; ++o) {
+    int64_t oa = 0, ob = 0, oc = 0;
+    offsets(outer, o, oa, ob, oc);
+    for (int64_t i = 0; i < n_inner; ++i) {
+      int64_t ia = oa, ib = ob, ic = oc;
+      offsets(inner, i, ia, ib, ic);
+      gemm(A.trans, B.trans, m, n, k, A.data + ia, B.data + ib, i == 0 ? beta0 : G(1), c + ic);
+    }
+  }
+}
+
+// A tensor's data in its BLAS type (compute_t: float for float16/bfloat16), converted once.
+template <typename T>
+class GemmIn {
+ public:
+  using G = compute_t<T>;
+  explicit GemmIn(const TensorPtr& t) {
+    if constexpr (std::is_same_v<T, G>) {
+      p = t->data<G>();
+    } else {
+      buf_ = empty(dtype_of<G>::value, t->shape());
+      copy_into(buf_, t);
+      p = buf_->data<G>();
+    }
+  }
+  const G* p;
+
+ private:
+  TensorPtr buf_;
+};
+
+// An output written in its BLAS type: in place, or in a float buffer that finish() converts.
+template <typename T>
+class GemmOut {
+ public:
+  using G = compute_t<T>;
+  explicit GemmOut(const TensorPtr& out) : out_(out) {
+    if constexpr (std::is_same_v<T, G>) {
+      p = out->data<G>();
+    } else {
+      buf_ = empty(dtype_of<G>::value, out->shape());
+      p = buf_->data<G>();
+    }
+  }
+  void finish() {
+    if (buf_) copy_into(out_, buf_);
+  }
+  G* p;
+
+ private:
+  TensorPtr out_, buf_;
+};
+
+}  // namespace opforge::kernels::cpu::linalg
