@@ -486,17 +486,24 @@ std::string signature(const OpInfo& info) {
   return s + ")";
 }
 
+}  // namespace
+
+// The Python exception for an opforge error: TypeError, ValueError, IndexError or RuntimeError.
+void set_error(const Error& e) {
+  PyObject* type = dynamic_cast<const TypeError*>(&e)    ? PyExc_TypeError
+                   : dynamic_cast<const ValueError*>(&e) ? PyExc_ValueError
+                   : dynamic_cast<const IndexError*>(&e) ? PyExc_IndexError
+                                                         : PyExc_RuntimeError;
+  PyErr_SetString(type, e.what());
+}
+
+namespace {
+
 void set_python_error() {
   try {
     throw;
-  } catch (const TypeError& e) {
-    PyErr_SetString(PyExc_TypeError, e.what());
-  } catch (const ValueError& e) {
-    PyErr_SetString(PyExc_ValueError, e.what());
-  } catch (const IndexError& e) {
-    PyErr_SetString(PyExc_IndexError, e.what());
   } catch (const Error& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+    set_error(e);
   } catch (py::error_already_set& e) {
     e.restore();
   } catch (const py::builtin_exception& e) {
@@ -725,18 +732,11 @@ py::list target_info(const OpInfo& op) {
 
 void bind_runtime(py::module_& m) {
   if (_import_array() < 0) throw py::error_already_set();
-  static py::exception<Error> base_error(m, "OpforgeError", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const TypeError& e) {
-      PyErr_SetString(PyExc_TypeError, e.what());
-    } catch (const ValueError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    } catch (const IndexError& e) {
-      PyErr_SetString(PyExc_IndexError, e.what());
     } catch (const Error& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
+      set_error(e);
     } catch (const std::bad_alloc&) {
       PyErr_SetString(PyExc_MemoryError, "opforge: out of memory");
     }
