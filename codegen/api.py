@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .formula import GraphScope, OpSignature, lower_graph, names_in
+from .formula import CPP, CppLang, GraphScope, OpSignature, lower_graph, names_in
 from .model import Attr, OpSpec
 
 DTYPE_ENUM = {
@@ -68,11 +68,18 @@ def py_literal(value: Any) -> str:
     return repr(value)
 
 
+def py_default(a: Attr) -> str:
+    """The Python default value of an attr ("" when required)."""
+    if a.required:
+        return ""
+    return "None" if a.optional_value else py_literal(a.default)
+
+
 def signature(op: OpSpec) -> OpSignature:
     return OpSignature(
         op.name,
         tuple((i.name, i.optional) for i in op.inputs),
-        tuple((a.name, a.type, a.required, attr_cpp_default(a) or "") for a in op.attrs),
+        tuple((a.name, a.type, a.required, attr_cpp_default(a) or "", py_default(a)) for a in op.attrs),
         len(op.outputs),
     )
 
@@ -104,15 +111,19 @@ def _attr_scope(op: OpSpec, prefix: str) -> dict[str, tuple[str, str]]:
     return out
 
 
-def graph_scopes(op: OpSpec, table: Mapping[str, OpSpec]) -> Lowered:
-    """Check and lower the op's composite and bprop formulas (raises SpecError)."""
+def graph_scopes(op: OpSpec, table: Mapping[str, OpSpec], lang: CppLang = CPP) -> Lowered:
+    """Check and lower the op's composite and bprop formulas to ``lang`` (raises SpecError).
+
+    Tensors are ``v_<name>`` in every language; attrs are ``attrs.<name>`` in C++ and
+    ``a_<name>`` in Python."""
+    prefix = "attrs." if lang is CPP else "a_"
     sigs = {name: signature(o) for name, o in table.items()}
     used: set[str] = set()
     composite = None
     if op.impl.kind == "composite" and op.impl.formula is not None:
         scope = GraphScope({i.name: f"v_{i.name}" for i in op.inputs},
-                           {i.name for i in op.inputs if i.optional}, _attr_scope(op, "attrs."), sigs)
-        code, kind = lower_graph(op.impl.formula, scope)
+                           {i.name for i in op.inputs if i.optional}, _attr_scope(op, prefix), sigs)
+        code, kind = lower_graph(op.impl.formula, scope, lang)
         if kind != "tensor":
             raise op.impl.formula.error(0, f"a composite formula must give a tensor, got {kind}")
         composite = code
@@ -127,10 +138,10 @@ def graph_scopes(op: OpSpec, table: Mapping[str, OpSpec]) -> Lowered:
         deps: dict[str, set[str]] = {}
         lets = []
         bscope_used: set[str] = set()
-        scalars = _attr_scope(op, "attrs.")
+        scalars = _attr_scope(op, prefix)
         for name, f in op.bprop.lets:
             scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs)
-            code, kind = lower_graph(f, scope)
+            code, kind = lower_graph(f, scope, lang)
             if kind == "tensor":
                 tensors[name] = f"v_{name}"
             elif kind in ("number", "int", "float"):
@@ -146,7 +157,7 @@ def graph_scopes(op: OpSpec, table: Mapping[str, OpSpec]) -> Lowered:
         needers: dict[str, set[int]] = {}
         for name, f in op.bprop.grads:
             scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs)
-            code, kind = lower_graph(f, scope)
+            code, kind = lower_graph(f, scope, lang)
             if kind != "tensor":
                 raise f.error(0, f"a gradient must be a tensor, got {kind}")
             bscope_used |= scope.used_ops

@@ -11,6 +11,7 @@ from typing import Mapping, Sequence
 import jinja2
 
 from . import api
+from .formula import PY
 from .model import Attr, OpSpec, ShapeRule
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -364,6 +365,7 @@ def _op_context(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str) -> di
                        "params": _kernel_params(op), "instantiations": inst or ["/* not a template */"],
                        "macro": f"OPFORGE_INSTANTIATE_{op.name.upper()}_CPU"}
     infer_fns = sorted({o.shape.args[0] for o in op.outputs if o.shape.kind == "infer"})
+    meta_rows = [f"TensorMeta{{{_shape_expr(op, o.shape)}, {_dtype_expr(op, o.dtype)}}}" for o in op.outputs]
 
     expr_functor = None
     if op.impl.kind == "expr":
@@ -396,7 +398,7 @@ def _op_context(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str) -> di
         "py_defaults": ", ".join(py_defaults),
         "py_inputs": [f"in.add(a[{k}]);" for k in range(len(inputs))],
         "py_attr_lines": py_attr_lines, "call_args": call_args,
-        "kernel": kernel_decl, "infer_fns": infer_fns, "expr": expr_functor,
+        "kernel": kernel_decl, "infer_fns": infer_fns, "expr": expr_functor, "meta_rows": meta_rows,
         "includes": includes,
         "composite_direct": (op.impl.kind == "composite" and not op.has_autograd_function),
         "composite_code": lowered.composite,
@@ -429,6 +431,57 @@ def render_stub(ops: Sequence[OpSpec], sources: Sequence[str]) -> Rendered:
     return Rendered("ops.pyi", text)
 
 
+def _tuple(items: Sequence[str]) -> str:
+    return "".join(f"{x}, " for x in items).rstrip()
+
+
+def _formulas_context(op: OpSpec, table: Mapping[str, OpSpec]) -> dict:
+    lowered = api.graph_scopes(op, table, PY)
+    attr_params = [f"a_{a.name}" for a in op.attrs]
+    ctx: dict = {
+        "name": op.name, "impl": op.impl.kind, "doc": repr(op.doc.splitlines()[0] if op.doc else op.name),
+        "typevars": _tuple([repr(v) for v, _ in op.typevars]),
+        "inputs": [f"InputDef({i.name!r}, {i.dtype!r}, {i.optional}, {i.differentiable})" for i in op.inputs],
+        "attrs": [f"AttrDef({a.name!r}, {a.type!r}, {a.required}, {api.py_default(a) or 'None'}, "
+                  f"{tuple(a.choices) if a.choices is not None else None!r})" for a in op.attrs],
+        "outputs": [f"OutputDef({o.name!r}, {o.dtype!r}, {o.shape.kind!r}, {o.shape.args!r}, {o.differentiable})"
+                    for o in op.outputs],
+        "composite": lowered.composite,
+        "composite_params": ", ".join([f"v_{i.name}" for i in op.inputs] + attr_params),
+        "bprop": None, "bprop_params": "", "saved": "",
+    }
+    lb = lowered.bprop
+    if lb is None:
+        return ctx
+    index = {i.name: k for k, i in enumerate(op.inputs)}
+    params = ([f"v_{i.name}" for i in op.inputs] + [f"v_{o.name}" for o in op.outputs]
+              + [f"v_{o.grad_name}" for o in op.outputs if o.differentiable] + attr_params)
+    lines = []
+    for n, code, _, ks in lb.lets:
+        cond = " or ".join(f"need[{k}]" for k in ks) or "False"
+        lines.append(f"v_{n} = {code} if {cond} else None")
+    grads = {k: code for k, _, code in lb.grads}
+    lines.append("return (")
+    for k, i in enumerate(op.inputs):
+        if k in grads:
+            lines.append(f"    H.reduce_grad({grads[k]}, meta[{k}]) if need[{k}] else None,")
+        else:
+            lines.append("    None,")
+    lines.append(")")
+    ctx.update(bprop=lines, bprop_params=", ".join(params),
+               saved=_tuple([repr((n, ks)) for n, ks in lb.saved]))
+    del index
+    return ctx
+
+
+def render_formulas(ops: Sequence[OpSpec], sources: Sequence[str]) -> Rendered:
+    table = {o.name: o for o in ops}
+    text = _ENV.get_template("formulas.py.j2").render(
+        banner=banner("#", f"{len(sources)} specs", "formulas.py.j2"),
+        ops=[_formulas_context(op, table) for op in ops])
+    return Rendered("_formulas.py", text)
+
+
 def render_all(ops: Sequence[OpSpec], sources: Mapping[str, str]) -> list[Rendered]:
     """Every generated file for ops; `sources` maps op name -> spec path shown in banners."""
     table = {o.name: o for o in ops}
@@ -438,6 +491,7 @@ def render_all(ops: Sequence[OpSpec], sources: Mapping[str, str]) -> list[Render
     names = [sources[o.name] for o in ops]
     out.append(render_registry(ops, names))
     out.append(render_stub(ops, names))
+    out.append(render_formulas(ops, names))
     return out
 
 
@@ -446,4 +500,4 @@ def output_names(op_names: Sequence[str]) -> list[str]:
     names = []
     for n in sorted(op_names):
         names += [f"{n}.h", f"{n}.cpp"]
-    return names + ["ops_registry.cpp", "ops.pyi"]
+    return names + ["ops_registry.cpp", "ops.pyi", "_formulas.py"]

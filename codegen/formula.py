@@ -487,8 +487,13 @@ class OpSignature:
 
     name: str
     inputs: tuple[tuple[str, bool], ...]          # (name, optional)
-    attrs: tuple[tuple[str, str, bool, str], ...]  # (name, type, required, C++ default expr)
+    attrs: tuple[tuple[str, str, bool, str, str], ...]  # (name, type, required, C++ default, Python default)
     num_outputs: int
+
+    def default_code(self, attr: str, lang: "CppLang") -> str:
+        """The attr's default value as code in lang."""
+        row = next(a for a in self.attrs if a[0] == attr)
+        return row[4] if isinstance(lang, PyLang) else row[3]
 
 
 @dataclass
@@ -502,9 +507,133 @@ class GraphScope:
     used_ops: set = field(default_factory=set)
 
 
-def convert_attr(want: str, code: str, kind: str) -> str | None:
-    """C++ code passing a value of ``kind`` to an attr of type ``want`` ("optional T" when the
-    attr may be None), or None when the value does not fit."""
+class CppLang:
+    """How lowered graph formulas are spelled in C++ (the generated Function classes)."""
+
+    null = "nullptr"
+
+    def op(self, name: str, args: list[str]) -> str:
+        return f"ops::{name}({', '.join(args)})"
+
+    def scalar_like(self, value: str, like: str) -> str:
+        return f"scalar_like({value}, {like})"
+
+    def bind_like(self, code: str, name: str, body: str) -> str:
+        return f"[&](const TensorPtr& {name}) {{ return {body}; }}({code})"
+
+    def number(self, op: str, left: str, right: str) -> str:
+        if op in COMPARE_OPS:
+            return f"({left} {op} {right})"
+        return f"(double({left}) {op} double({right}))"
+
+    def negate(self, code: str) -> str:
+        return f"(-{code})"
+
+    def boolean(self, value: bool) -> str:
+        return "true" if value else "false"
+
+    def string(self, value: str) -> str:
+        return f"std::string({json.dumps(value)})"
+
+    def num_list(self, items: list[str], kind: str) -> str:
+        if kind == "int":
+            return f"std::vector<int64_t>{{{', '.join(items)}}}"
+        return f"std::vector<double>{{{', '.join(f'double({c})' for c in items)}}}"
+
+    def given_attr(self, code: str) -> tuple[str, str]:
+        """(test, the value inside the given branch) of an optional attr."""
+        return code, f"(*{code})"
+
+    def given_tensor(self, code: str) -> str:
+        return code
+
+    def choose(self, test: str, a: str, b: str) -> str:
+        return f"({test} ? {a} : {b})"
+
+    def helper(self, name: str, args: list[str]) -> str:
+        return f"{name}({', '.join(args)})"
+
+    def convert_attr(self, want: str, code: str, kind: str) -> str | None:
+        """Code passing a value of ``kind`` to an attr of type ``want`` ("optional T" when the
+        attr may be None), or None when the value does not fit."""
+        return _convert_attr(self, want, code, kind)
+
+    def as_float(self, code: str) -> str:
+        return f"double({code})"
+
+    def one_int_list(self, code: str) -> str:
+        return f"std::vector<int64_t>{{{code}}}"
+
+    def empty_list(self, kind: str) -> str:
+        return "std::vector<int64_t>{}" if kind == "int" else "std::vector<double>{}"
+
+    def floats_of_ints(self, code: str) -> str:
+        return f"to_float_list({code})"
+
+    def one_float_list(self, code: str) -> str:
+        return f"std::vector<double>{{double({code})}}"
+
+
+class PyLang(CppLang):
+    """The same formulas spelled in Python for framework adapters: ops are ``F.<op>`` (the
+    framework's registered opforge ops) and helpers ``H.<helper>`` (its tensor helpers)."""
+
+    null = "None"
+
+    def op(self, name: str, args: list[str]) -> str:
+        return f"F.{name}({', '.join(args)})"
+
+    def scalar_like(self, value: str, like: str) -> str:
+        return f"H.scalar_like({value}, {like})"
+
+    def bind_like(self, code: str, name: str, body: str) -> str:
+        return f"(lambda {name}: {body})({code})"
+
+    def number(self, op: str, left: str, right: str) -> str:
+        return f"({left} {op} {right})"
+
+    def boolean(self, value: bool) -> str:
+        return "True" if value else "False"
+
+    def string(self, value: str) -> str:
+        return json.dumps(value)
+
+    def num_list(self, items: list[str], kind: str) -> str:
+        return f"[{', '.join(items)}]"
+
+    def given_attr(self, code: str) -> tuple[str, str]:
+        return f"{code} is not None", code
+
+    def given_tensor(self, code: str) -> str:
+        return f"{code} is not None"
+
+    def choose(self, test: str, a: str, b: str) -> str:
+        return f"({a} if {test} else {b})"
+
+    def helper(self, name: str, args: list[str]) -> str:
+        return f"H.{name}({', '.join(args)})"
+
+    def as_float(self, code: str) -> str:
+        return code  # Python numbers pass to float parameters as they are
+
+    def one_int_list(self, code: str) -> str:
+        return f"[{code}]"
+
+    def empty_list(self, kind: str) -> str:
+        return "[]"
+
+    def floats_of_ints(self, code: str) -> str:
+        return f"[float(v) for v in {code}]"
+
+    def one_float_list(self, code: str) -> str:
+        return f"[{code}]"
+
+
+CPP = CppLang()
+PY = PyLang()
+
+
+def _convert_attr(lang: CppLang, want: str, code: str, kind: str) -> str | None:
     if want.startswith("optional "):
         if kind == want:
             return code
@@ -512,29 +641,31 @@ def convert_attr(want: str, code: str, kind: str) -> str | None:
     if kind == want:
         return code
     if want == "float" and kind in ("int", "number"):
-        return f"double({code})"
+        return lang.as_float(code)
     if want == "list[int]":
         if kind == "int":
-            return f"std::vector<int64_t>{{{code}}}"
+            return lang.one_int_list(code)
         if kind == "empty list":
-            return "std::vector<int64_t>{}"
+            return lang.empty_list("int")
     if want == "list[float]":
         if kind == "list[int]":
-            return f"to_float_list({code})"
+            return lang.floats_of_ints(code)
         if kind in ("int", "float", "number"):
-            return f"std::vector<double>{{double({code})}}"
+            return lang.one_float_list(code)
         if kind == "empty list":
-            return "std::vector<double>{}"
+            return lang.empty_list("float")
     return None
 
 
-def _cpp_list(items: list[str], kind: str) -> str:
-    ctype = "int64_t" if kind == "int" else "double"
-    return f"std::vector<{ctype}>{{{', '.join(items)}}}"
+def convert_attr(want: str, code: str, kind: str) -> str | None:
+    """C++ code passing a value of ``kind`` to an attr of type ``want``, or None (see CppLang)."""
+    return _convert_attr(CPP, want, code, kind)
 
 
-def lower_graph(formula: Formula, scope: GraphScope) -> tuple[str, str]:
-    """Check a graph formula and lower it to a C++ expression; returns (code, kind)."""
+def lower_graph(formula: Formula, scope: GraphScope, lang: CppLang = CPP) -> tuple[str, str]:
+    """Check a graph formula and lower it to an expression in ``lang``; returns (code, kind).
+
+    Checking is the same walk for every language, so each emits exactly what was checked."""
 
     def need_op(name: str, pos: int, what: str) -> OpSignature:
         if name not in scope.ops:
@@ -550,7 +681,7 @@ def lower_graph(formula: Formula, scope: GraphScope) -> tuple[str, str]:
             return build(tensor_code)
         name = f"t{counter[0]}_"
         counter[0] += 1
-        return f"[&](const TensorPtr& {name}) {{ return {build(name)}; }}({tensor_code})"
+        return lang.bind_like(tensor_code, name, build(name))
 
     def binary(op: str, left: Node, right: Node, pos: int) -> tuple[str, str]:
         lc, lk = go(left)
@@ -559,15 +690,13 @@ def lower_graph(formula: Formula, scope: GraphScope) -> tuple[str, str]:
             if k not in ("tensor", "number", "int", "float"):
                 raise formula.error(_pos(n), f"operator '{op}' needs tensors or numbers, got {k}")
         if lk != "tensor" and rk != "tensor":
-            if op in COMPARE_OPS:
-                return f"({lc} {op} {rc})", "bool"
-            return f"(double({lc}) {op} double({rc}))", "number"
-        fn = f"ops::{need_op(OPERATOR_OPS[op], pos, f'operator {op!r}').name}"
+            return lang.number(op, lc, rc), ("bool" if op in COMPARE_OPS else "number")
+        fn = need_op(OPERATOR_OPS[op], pos, f"operator {op!r}").name
         if lk == "tensor" and rk == "tensor":
-            return f"{fn}({lc}, {rc})", "tensor"
+            return lang.op(fn, [lc, rc]), "tensor"
         if lk == "tensor":
-            return bind_like(lc, lambda t: f"{fn}({t}, scalar_like({rc}, {t}))"), "tensor"
-        return bind_like(rc, lambda t: f"{fn}(scalar_like({lc}, {t}), {t})"), "tensor"
+            return bind_like(lc, lambda t: lang.op(fn, [t, lang.scalar_like(rc, t)])), "tensor"
+        return bind_like(rc, lambda t: lang.op(fn, [lang.scalar_like(lc, t), t])), "tensor"
 
     def call_op(node: Call) -> tuple[str, str]:
         sig = need_op(node.func, node.pos, "this formula")
@@ -586,31 +715,31 @@ def lower_graph(formula: Formula, scope: GraphScope) -> tuple[str, str]:
         for (code, kind), arg in zip(lowered, node.args):
             if kind != "tensor" and (kind not in ("number", "int", "float") or like is None):
                 raise formula.error(_pos(arg), f"{node.func}(): inputs must be tensors, got {kind}")
-        tail = ["nullptr"] * (len(sig.inputs) - len(node.args))
+        tail = [lang.null] * (len(sig.inputs) - len(node.args))
         args: list[str] = []
         given = {k: (v, p) for k, v, p in node.kwargs}
         attr_names = [a[0] for a in sig.attrs]
         for k, (_, p) in given.items():
             if k not in attr_names:
                 raise formula.error(p, f"{node.func}() has no attr '{k}'{did_you_mean(k, attr_names)}")
-        for name, atype, required_attr, default in sig.attrs:
+        for name, atype, required_attr, default, _ in sig.attrs:
             if name in given:
                 value, p = given[name]
                 code, kind = go(value)
                 want = "optional " + atype if default == "std::nullopt" else atype
-                converted = convert_attr(want, code, kind)
+                converted = lang.convert_attr(want, code, kind)
                 if converted is None:
                     raise formula.error(p, f"{node.func}(): attr '{name}' must be {want}, got {kind}")
                 args.append(converted)
             elif required_attr:
                 raise formula.error(node.pos, f"{node.func}(): missing required attr '{name}'")
             else:
-                args.append(default)
+                args.append(sig.default_code(name, lang))
 
         def build(t: str) -> str:
-            ins = [t if k == like else (code if kind == "tensor" else f"scalar_like({code}, {t})")
+            ins = [t if k == like else (code if kind == "tensor" else lang.scalar_like(code, t))
                    for k, (code, kind) in enumerate(lowered)]
-            return f"ops::{node.func}({', '.join(ins + tail + args)})"
+            return lang.op(node.func, ins + tail + args)
 
         if like is None or all(kind == "tensor" for _, kind in lowered):
             return build(lowered[like][0] if like is not None else ""), "tensor"
@@ -632,50 +761,51 @@ def lower_graph(formula: Formula, scope: GraphScope) -> tuple[str, str]:
                                     "as its first argument")
             if is_attr:  # present in the first branch only: there the attr has its plain type
                 saved = scope.attrs[cond.id]
-                scope.attrs = {**scope.attrs, cond.id: (saved[0][len("optional "):], f"(*{saved[1]})")}
+                test, inner = lang.given_attr(saved[1])
+                scope.attrs = {**scope.attrs, cond.id: (saved[0][len("optional "):], inner)}
                 try:
                     ac, ak = go(node.args[1])
                 finally:
                     scope.attrs = {**scope.attrs, cond.id: saved}
-                test = saved[1]
             else:
                 scope.optional.discard(cond.id)
                 try:
                     ac, ak = go(node.args[1])
                 finally:
                     scope.optional.add(cond.id)
-                test = scope.tensors[cond.id]
+                test = lang.given_tensor(scope.tensors[cond.id])
             bc, bk = go(node.args[2])
             if (ak == "tensor") != (bk == "tensor"):
                 raise formula.error(node.pos, "if_given(): both branches must be tensors or both numbers")
-            return f"({test} ? {ac} : {bc})", ak
+            return lang.choose(test, ac, bc), ak
         codes = []
         for param, arg in zip(params, node.args):
             code, kind = go(arg)
             want = {"tensor": "tensor", "axes": "optional list[int]", "bool": "bool"}[param]
-            converted = code if kind == want else convert_attr(want, code, kind) if param == "axes" else None
+            converted = (code if kind == want else lang.convert_attr(want, code, kind) if param == "axes"
+                         else None)
             if converted is None:
                 raise formula.error(_pos(arg), f"{node.func}(): expected {want}, got {kind}")
             codes.append(converted)
-        return f"{node.func}({', '.join(codes)})", result
+        return lang.helper(node.func, codes), result
 
     def go(node: Node) -> tuple[str, str]:
         if isinstance(node, Num):
             return (node.text if isinstance(node.value, int) else repr(float(node.value)),
                     "int" if isinstance(node.value, int) else "float")
         if isinstance(node, BoolLit):
-            return ("true" if node.value else "false"), "bool"
+            return lang.boolean(node.value), "bool"
         if isinstance(node, Str):
-            return f'std::string("{node.value}")', "str"
+            return lang.string(node.value), "str"
         if isinstance(node, ListLit):
             if not node.items:
-                return "{}", "empty list"
+                return "{}" if lang is CPP else "[]", "empty list"
             items = [go(i) for i in node.items]
             kinds = {k for _, k in items}
             if kinds <= {"int"}:
-                return _cpp_list([c for c, _ in items], "int"), "list[int]"
+                return lang.num_list([c for c, _ in items], "int"), "list[int]"
             if kinds <= {"int", "float", "number"}:
-                return _cpp_list([f"double({c})" for c, _ in items], "float"), "list[float]"
+                return lang.num_list([c for c, _ in items], "float"), "list[float]"
             raise formula.error(node.pos, "list items must be numbers")
         if isinstance(node, Name):
             if node.id in scope.tensors:
@@ -692,8 +822,8 @@ def lower_graph(formula: Formula, scope: GraphScope) -> tuple[str, str]:
             code, kind = go(node.operand)
             if kind == "tensor":
                 need_op("neg", node.pos, "unary '-'")
-                return f"ops::neg({code})", "tensor"
-            return f"(-{code})", kind
+                return lang.op("neg", [code]), "tensor"
+            return lang.negate(code), kind
         if isinstance(node, Binary):
             return binary(node.op, node.left, node.right, node.pos)
         if isinstance(node, Call):

@@ -1,10 +1,11 @@
-// The extension module opforge._C: runtime bindings plus the generated ops in opforge._C.ops.
+// The extension module opforge._C: runtime bindings plus the generated ops in opforge._C.ops
+// (and their output-shape rules in opforge._C._meta).
 #include <pybind11/pybind11.h>
 
 #include "runtime/python.h"
 
 namespace opforge {
-void register_all_ops(pybind11::module_& m);  // generated: ops_registry.cpp
+void register_all_ops(pybind11::module_& m, pybind11::module_& meta);  // generated: ops_registry.cpp
 }
 
 PYBIND11_MODULE(_C, m) {
@@ -13,5 +14,6 @@ PYBIND11_MODULE(_C, m) {
   auto ops = m.def_submodule("ops", "Ops generated from op_specs/.");
   pybind11::options options;
   options.disable_function_signatures();  // each op's docstring starts with its typed signature
-  opforge::register_all_ops(ops);
+  auto meta = m.def_submodule("_meta", "Output shapes and dtypes of each op's call, computed without running it.");
+  opforge::register_all_ops(ops, meta);
 }

@@ -216,8 +216,9 @@ TensorPtr tensor_from_dl(const DLTensor& dl, std::shared_ptr<void> owner, const 
   return std::make_shared<Tensor>(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
 }
 
-TensorPtr from_dlpack_obj(py::handle obj, const char* op, const char* arg) {
-  py::object capsule = obj.attr("__dlpack__")();
+// Takes ownership of the DLManagedTensor inside a DLPack capsule (renaming it "used_..." as the
+// protocol asks), so the producer's memory lives as long as the tensor.
+TensorPtr from_capsule(py::handle capsule, const char* op, const char* arg) {
   PyObject* cap = capsule.ptr();
   if (PyCapsule_IsValid(cap, "dltensor")) {
     auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
@@ -239,7 +240,18 @@ TensorPtr from_dlpack_obj(py::handle obj, const char* op, const char* arg) {
     });
     return tensor_from_dl(managed->dl_tensor, owner, op, arg, (managed->flags & kDLPackFlagReadOnly) != 0);
   }
-  fail<TypeError>(op, "input '", arg, "': __dlpack__() did not return a DLPack capsule");
+  if (PyCapsule_IsValid(cap, "used_dltensor") || PyCapsule_IsValid(cap, "used_dltensor_versioned")) {
+    fail<ValueError>(op, "input '", arg, "': this DLPack capsule was already consumed");
+  }
+  fail<TypeError>(op, "input '", arg, "': not a DLPack capsule");
+}
+
+TensorPtr from_dlpack_obj(py::handle obj, const char* op, const char* arg) {
+  py::object capsule = obj.attr("__dlpack__")();
+  if (!PyCapsule_CheckExact(capsule.ptr())) {
+    fail<TypeError>(op, "input '", arg, "': __dlpack__() did not return a DLPack capsule");
+  }
+  return from_capsule(capsule, op, arg);
 }
 
 struct DLPackExport {
@@ -354,8 +366,9 @@ TensorPtr to_tensor(py::handle obj, const char* op, const char* arg) {
     if (TensorPtr t = from_ndarray(obj.ptr(), op, arg)) return t;
   }
   if (PyObject_CheckBuffer(obj.ptr())) return from_buffer(obj, op, arg);
+  if (PyCapsule_CheckExact(obj.ptr())) return from_capsule(obj, op, arg);
   if (py::hasattr(obj, "__dlpack__")) return from_dlpack_obj(obj, op, arg);
-  fail<TypeError>(op, "input '", arg, "' must be a tensor, NumPy array, DLPack producer or Python scalar, got ",
+  fail<TypeError>(op, "input '", arg, "' must be a tensor, NumPy array, DLPack producer or capsule, or Python scalar, got ",
                   type_name(obj));
 }
 
@@ -667,6 +680,16 @@ py::object wrap(const TensorList& ts) {
   return std::move(out);
 }
 
+py::object metas(const std::vector<TensorMeta>& ms) {
+  py::list out(ms.size());
+  for (size_t i = 0; i < ms.size(); ++i) {
+    py::tuple shape(ms[i].shape.size());
+    for (size_t d = 0; d < ms[i].shape.size(); ++d) shape[d] = py::int_(ms[i].shape[d]);
+    out[i] = py::make_tuple(std::move(shape), py::str(dtype_name(ms[i].dtype)));
+  }
+  return std::move(out);
+}
+
 // ---------------------------------------------------------------------------- op_info
 
 namespace {
@@ -823,6 +846,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
         "Wrap a NumPy array (or any buffer-protocol object) without copying.");
   m.def("from_dlpack", [](py::handle a) {
     if (py::isinstance<Tensor>(a)) return a.cast<TensorPtr>();
+    if (PyCapsule_CheckExact(a.ptr())) return from_capsule(a, "from_dlpack", "x");
     if (!py::hasattr(a, "__dlpack__")) fail<TypeError>("from_dlpack", "object of type ", type_name(a), " has no __dlpack__");
     return from_dlpack_obj(a, "from_dlpack", "x");
   }, py::arg("x"), "Wrap a DLPack producer (torch tensor, NumPy array, ...) without copying.");
@@ -833,6 +857,24 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     return out;
   });
   m.def("_zeros_like", [](const TensorPtr& t) { return zeros_like(t); });
+  // A tensor of any shape and dtype holding no memory of its own (every stride 0 over one
+  // read-only zero element): the stand-in inputs of opforge._C._meta.<op>, which computes output
+  // shapes and dtypes without running a kernel.
+  m.def("_meta_tensor", [](const Shape& shape, py::handle d, const std::string& format) {
+    static const double zero[2] = {0.0, 0.0};
+    for (int64_t n : shape) {
+      if (n < 0) fail<ValueError>("_meta_tensor", "negative dimension in shape ", shape_str(shape));
+    }
+    auto storage = std::make_shared<Storage>();
+    storage->data = const_cast<double*>(zero);
+    storage->nbytes = sizeof(zero);
+    storage->external = true;
+    storage->readonly = true;
+    Format fmt;
+    if (!format_from_name(format, &fmt)) fail<ValueError>("_meta_tensor", "unknown format '", format, "'");
+    return std::make_shared<Tensor>(std::move(storage), parse_dtype(d, "_meta_tensor"), shape,
+                                    Shape(shape.size(), 0), 0, fmt);
+  }, py::arg("shape"), py::arg("dtype"), py::arg("format") = "DefaultFormat");
   m.def("_parse_dtype", [](py::handle d) { return dtype_name(parse_dtype(d, "dtype")); });
   // Test hook: records whether the GIL was held when each op's kernel dispatch began.
   m.def("_trace_gil", [](bool on) {

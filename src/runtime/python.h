@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/autograd.h"
 #include "runtime/registry.h"
 #include "runtime/tensor.h"
 
@@ -73,6 +74,8 @@ auto attr_optional(py::handle v, F convert) -> std::optional<decltype(convert(v)
 
 py::object wrap(TensorPtr t);
 py::object wrap(const TensorList& ts);
+// [(shape tuple, dtype name), ...]: what opforge._C._meta.<op> returns.
+py::object metas(const std::vector<TensorMeta>& ms);
 
 void bind_runtime(py::module_& m);
 

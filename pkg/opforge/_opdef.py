@@ -1,0 +1,56 @@
+"""The records of the generated op table (``opforge._formulas``) that framework adapters read.
+
+Each op's inputs, attrs, outputs and shape rules are data; its composite formula and gradient
+formulas are Python functions generated from the spec. Those functions compute with two
+namespaces the adapter passes in: ``F``, the framework's own registered opforge ops
+(``F.mul(a, b)``), and ``H``, its tensor helpers:
+
+- ``H.scalar_like(value, t)``: a 0-d tensor of t's dtype holding value;
+- ``H.zeros_like(t)``, ``H.ones_like(t)``, ``H.numel(t)``;
+- ``H.expand_reduced(g, like, axes, keepdims)``: g, reduced from like over axes, broadcast back;
+- ``H.reduce_grad(g, meta)``: a gradient summed to an input's shape and cast to its dtype,
+  ``meta`` being what the adapter recorded of that input.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+
+class InputDef(NamedTuple):
+    name: str
+    dtype: str            # a type variable or a concrete dtype
+    optional: bool
+    differentiable: bool
+
+
+class AttrDef(NamedTuple):
+    name: str
+    type: str             # bool | int | float | str | list[int] | list[float]
+    required: bool
+    default: Any          # None when required or when the attr is optional without a value
+    choices: Optional[tuple]
+
+
+class OutputDef(NamedTuple):
+    name: str
+    dtype: str
+    shape: str            # same | broadcast | reduce | matmul | infer
+    shape_args: tuple     # the rule's arguments as written in the spec
+    differentiable: bool
+
+
+class OpDef(NamedTuple):
+    name: str
+    doc: str
+    impl: str             # expr | cpp | composite
+    typevars: tuple
+    inputs: tuple         # InputDef, ...
+    attrs: tuple          # AttrDef, ...
+    outputs: tuple        # OutputDef, ...
+    composite: Optional[Callable]  # (F, H, *inputs, *attrs) -> tensor, for composite ops
+    bprop: Optional[Callable]      # (F, H, need, meta, *inputs, *outputs, *douts, *attrs) -> grads
+    saved: tuple          # (tensor name, input indices whose gradient reads it), ...
+
+    def input_index(self, name: str) -> int:
+        return next(k for k, i in enumerate(self.inputs) if i.name == name)

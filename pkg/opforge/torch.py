@@ -1,0 +1,338 @@
+"""opforge ops as PyTorch operators: ``torch.ops.opforge.<name>``, generated from the op table.
+
+    import torch, opforge.torch
+    x = torch.randn(4, requires_grad=True)
+    y = opforge.torch.ops.leaky_relu(x, alpha=0.2)   # == torch.ops.opforge.leaky_relu
+    y.sum().backward()
+
+Importing this module registers every op of the package through ``torch.library``, with no
+per-op code: each op's schema comes from its spec (inputs as ``Tensor``/``Tensor?``, then its
+attrs with their defaults), and three kernels come from the generated op table
+(``opforge._formulas``) and the runtime:
+
+- **CPU**: exchanges memory with the opforge runtime through DLPack (no copies) and runs the op's
+  opforge kernel; a call the registration table does not allow raises the runtime's exception,
+  which names the op and what it supports.
+- **Fake/Meta**: output shapes and dtypes from the spec's rules, checked by the same C++ code as a
+  real call (``opforge._C._meta``), so ``torch.compile`` and ``FakeTensor`` tracing see the same
+  errors as eager calls. Rules ``same``, ``broadcast``, ``reduce`` and ``matmul`` are computed
+  symbolically; ``infer(fn)`` rules are C++ functions and specialize dynamic dims to their values.
+- **Autograd**: a ``torch.autograd.Function`` whose backward is the spec's bprop formula evaluated
+  with these same torch ops, so gradients of gradients work; outputs the spec marks not
+  differentiable (indices) are marked so, non-differentiable inputs (labels) get no gradient.
+
+Composite ops (an ``impl.composite`` formula and no bprop) register the formula itself as their
+``CompositeImplicitAutograd`` kernel. Torch tensors carry no layout format: they reach the runtime
+as ``DefaultFormat``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Callable, Sequence
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess without torch
+    raise ImportError("opforge.torch needs PyTorch, which is not installed; install it with "
+                      "`pip install torch==2.13.0` (the version opforge is tested with)") from exc
+
+from torch._C import _from_dlpack, _to_dlpack
+
+from opforge import _C, _formulas
+from opforge._opdef import OpDef
+
+__all__ = ["ops", "NAMESPACE", "schema", "register_ops", "TORCH_DTYPES"]
+
+NAMESPACE = "opforge"
+
+_SCHEMA_TYPES = {"bool": "bool", "int": "int", "float": "float", "str": "str",
+                 "list[int]": "int[]", "list[float]": "float[]"}
+
+#: torch dtype -> opforge dtype name, for the dtypes both have
+TORCH_DTYPES = {
+    torch.bool: "bool", torch.uint8: "uint8", torch.int8: "int8", torch.int16: "int16",
+    torch.int32: "int32", torch.int64: "int64", torch.float16: "float16", torch.bfloat16: "bfloat16",
+    torch.float32: "float32", torch.float64: "float64",
+}
+_FROM_NAME = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+# ---------------------------------------------------------------------------- schema
+
+
+def _schema_default(atype: str, value: Any) -> str:
+    if atype == "bool":
+        return "True" if value else "False"
+    if atype == "str":
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if atype in ("list[int]", "list[float]"):
+        return "[" + ", ".join(repr(v) for v in value) + "]"
+    return repr(value)
+
+
+def schema(op: OpDef) -> str:
+    """The op's torch schema: ``name(Tensor x, Tensor? w=None, int[]? axis=None, ...) -> Tensor``."""
+    args = [f"Tensor? {i.name}=None" if i.optional else f"Tensor {i.name}" for i in op.inputs]
+    for a in op.attrs:
+        t = _SCHEMA_TYPES[a.type]
+        if a.required:
+            args.append(f"{t} {a.name}")
+        elif a.default is None:
+            args.append(f"{t}? {a.name}=None")
+        else:
+            args.append(f"{t} {a.name}={_schema_default(a.type, a.default)}")
+    returns = "Tensor" if len(op.outputs) == 1 else "(" + ", ".join("Tensor" for _ in op.outputs) + ")"
+    return f"{op.name}({', '.join(args)}) -> {returns}"
+
+
+def _full_args(op: OpDef, args: tuple) -> tuple:
+    """Every parameter (inputs, then attrs): the dispatcher may drop trailing defaults."""
+    n = len(op.inputs) + len(op.attrs)
+    if len(args) == n:
+        return args
+    tail = [None] * (len(op.inputs) - len(args)) if len(args) < len(op.inputs) else []
+    given = len(args) + len(tail) - len(op.inputs)
+    return (*args, *tail, *(a.default for a in op.attrs[given:]))
+
+
+# ---------------------------------------------------------------------------- the CPU kernel
+
+
+def _to_runtime(t: Any) -> Any:
+    return None if t is None else _to_dlpack(t)
+
+
+def _cpu_kernel(op: OpDef, run: Callable) -> Callable:
+    n_in = len(op.inputs)
+    single = len(op.outputs) == 1
+
+    def kernel(*args: Any) -> Any:
+        args = _full_args(op, args)
+        out = run(*[_to_runtime(t) for t in args[:n_in]], *args[n_in:])
+        if single:
+            return _from_dlpack(out.__dlpack__())
+        return tuple(_from_dlpack(o.__dlpack__()) for o in out)
+
+    if n_in == 1 and single:
+        def kernel1(x: Any, *attrs: Any) -> Any:
+            if len(attrs) != len(op.attrs):
+                return kernel(x, *attrs)
+            return _from_dlpack(run(_to_dlpack(x), *attrs).__dlpack__())
+        return kernel1
+    if n_in == 2 and single and not any(i.optional for i in op.inputs):
+        def kernel2(x: Any, y: Any, *attrs: Any) -> Any:
+            if len(attrs) != len(op.attrs):
+                return kernel(x, y, *attrs)
+            return _from_dlpack(run(_to_dlpack(x), _to_dlpack(y), *attrs).__dlpack__())
+        return kernel2
+    return kernel
+
+
+# ---------------------------------------------------------------------------- the fake kernel
+
+
+def _is_symbolic(shape: Sequence[Any]) -> bool:
+    return any(isinstance(s, torch.SymInt) for s in shape)
+
+
+def _hint(s: Any) -> int:
+    """A size's value without adding a guard (validation only)."""
+    if isinstance(s, torch.SymInt):
+        hint = s.node.hint
+        if hint is None:
+            raise RuntimeError("data-dependent sizes are not supported")  # unbacked SymInt
+        return int(hint)
+    return int(s)
+
+
+def _axes(value: Any, rank: int) -> list[int]:
+    if value is None:
+        return list(range(rank))
+    axes = [value] if isinstance(value, int) else list(value)
+    return sorted({a + rank if a < 0 else a for a in axes})
+
+
+def _symbolic_shape(op: OpDef, out: Any, ins: dict[str, Any], attrs: dict[str, Any]) -> Any:
+    """Output shape of a same/broadcast/reduce/matmul rule, SymInts kept symbolic."""
+    a = out.shape_args
+    if out.shape == "same":
+        return ins[a[0]].shape
+    if out.shape == "broadcast":
+        return torch.broadcast_shapes(*(ins[n].shape for n in a))
+    if out.shape == "reduce":
+        x = ins[a[0]].shape
+        keep = {"true": True, "false": False}.get(a[2], attrs.get(a[2]))
+        axes = _axes(attrs[a[1]], len(x))
+        return [1 if k in axes else n for k, n in enumerate(x) if keep or k not in axes]
+    if out.shape == "matmul":
+        sa, sb = list(ins[a[0]].shape), list(ins[a[1]].shape)
+        va, vb = len(sa) == 1, len(sb) == 1
+        sa = [1] + sa if va else sa
+        sb = sb + [1] if vb else sb
+        batch = list(torch.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
+        return batch + ([] if va else [sa[-2]]) + ([] if vb else [sb[-1]])
+    return None  # infer(): the C++ rule only
+
+
+def _fake_kernel(op: OpDef, meta: Callable) -> Callable:
+    n_in = len(op.inputs)
+    names = [i.name for i in op.inputs]
+
+    def fake(*args: Any) -> Any:
+        args = _full_args(op, args)
+        tensors = args[:n_in]
+        attrs = dict(zip((a.name for a in op.attrs), args[n_in:]))
+        present = [t for t in tensors if t is not None]
+        symbolic = any(_is_symbolic(t.shape) for t in present)
+        infer = any(o.shape == "infer" for o in op.outputs)
+        # infer() rules are C++: their inputs' sizes are specialized (guarded) to their values
+        size = int if (symbolic and infer) else _hint
+        stand_ins = []
+        for t in tensors:
+            if t is None:
+                stand_ins.append(None)
+            elif t.dtype not in TORCH_DTYPES:
+                stand_ins.append(_to_dlpack(torch.empty((), dtype=t.dtype)))  # the runtime names it
+            else:
+                stand_ins.append(_C._meta_tensor([size(s) for s in t.shape], TORCH_DTYPES[t.dtype]))
+        metas = meta(*stand_ins, *args[n_in:])  # raises what a real call would
+        like = present[0]
+        results = []
+        for out, (shape, dtype) in zip(op.outputs, metas):
+            if symbolic and out.shape != "infer":
+                shape = _symbolic_shape(op, out, dict(zip(names, tensors)), attrs)
+            results.append(like.new_empty(shape, dtype=_FROM_NAME[dtype]))
+        return results[0] if len(results) == 1 else tuple(results)
+
+    return fake
+
+
+# ---------------------------------------------------------------------------- autograd
+
+
+class _Helpers:
+    """The tensor helpers generated formulas call (see opforge/_opdef.py), in torch."""
+
+    @staticmethod
+    def scalar_like(value: Any, like: torch.Tensor) -> torch.Tensor:
+        return torch.full((), value, dtype=like.dtype, device=like.device)
+
+    zeros_like = staticmethod(torch.zeros_like)
+    ones_like = staticmethod(torch.ones_like)
+
+    @staticmethod
+    def numel(t: torch.Tensor) -> Any:
+        return t.numel()
+
+    @staticmethod
+    def expand_reduced(g: torch.Tensor, like: torch.Tensor, axes: Any, keepdims: bool) -> torch.Tensor:
+        if not keepdims:
+            for a in _axes(axes, like.dim()):
+                g = g.unsqueeze(a)
+        return g.expand(like.shape)
+
+    @staticmethod
+    def reduce_grad(g: torch.Tensor, meta: tuple) -> torch.Tensor:
+        shape, dtype = meta
+        if g.shape != shape:
+            g = g.sum_to_size(shape)
+        return g if g.dtype == dtype else g.to(dtype)
+
+
+H = _Helpers()
+
+
+def _autograd_function(op: OpDef, overload: Any, F: Any) -> Any:
+    n_in = len(op.inputs)
+    n_attrs = len(op.attrs)
+    out_names = [o.name for o in op.outputs]
+    slot = {i.name: k for k, i in enumerate(op.inputs)}
+    slot.update({n: n_in + k for k, n in enumerate(out_names)})
+    saved = [(slot[n], needers) for n, needers in op.saved]
+    diff_out = [k for k, o in enumerate(op.outputs) if o.differentiable]
+    non_diff = [k for k, o in enumerate(op.outputs) if not o.differentiable]
+    after_autograd = torch._C._after_autograd_keyset
+    bprop = op.bprop
+
+    def forward(ctx: Any, keyset: Any, *args: Any) -> Any:
+        with torch._C._AutoDispatchBelowAutograd():
+            result = overload.redispatch(keyset & after_autograd, *args)
+        outs = result if isinstance(result, tuple) else (result,)
+        need = ctx.needs_input_grad[1:n_in + 1]
+        values = (*args[:n_in], *outs)
+        keep = [values[s] if any(need[k] for k in needers) else None for s, needers in saved]
+        ctx.save_for_backward(*keep)
+        ctx.metas = [None if t is None or not need[k] else (t.shape, t.dtype)
+                     for k, t in enumerate(args[:n_in])]
+        ctx.attrs = args[n_in:n_in + n_attrs]
+        if non_diff:
+            ctx.mark_non_differentiable(*(outs[k] for k in non_diff))
+        return result
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        values: list[Any] = [None] * (n_in + len(out_names))
+        for (s, _), t in zip(saved, ctx.saved_tensors):
+            values[s] = t
+        need = ctx.needs_input_grad[1:n_in + 1]
+        douts = [grads[k] for k in diff_out]
+        result = bprop(F, H, need, ctx.metas, *values, *douts, *ctx.attrs)
+        return (None, *result, *([None] * (n_attrs)))
+
+    return type(f"{op.name}_autograd", (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+def _autograd_kernel(op: OpDef, overload: Any, F: Any) -> Callable:
+    fn = _autograd_function(op, overload, F) if op.bprop is not None else None
+    after_autograd = torch._C._after_autograd_keyset
+    any_requires_grad = torch._C._any_requires_grad
+    is_grad_enabled = torch._C.is_grad_enabled
+    apply = fn.apply if fn is not None else None
+    n = len(op.inputs) + len(op.attrs)
+    differentiable = op.bprop is not None
+
+    def kernel(keyset: Any, *args: Any) -> Any:
+        if len(args) != n:
+            args = _full_args(op, args)
+        if differentiable and is_grad_enabled() and any_requires_grad(*args):
+            return apply(keyset, *args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload.redispatch(keyset & after_autograd, *args)
+
+    return kernel
+
+
+# ---------------------------------------------------------------------------- registration
+
+
+def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: str) -> Any:
+    """Define every op of ``table`` in the torch namespace ``namespace`` and register its kernels;
+    ``kernels``/``metas`` hold the package's runtime entry points (``_C.ops``, ``_C._meta``).
+    Returns the library (keep it alive: dropping it unregisters the ops)."""
+    lib = torch.library.Library(namespace, "DEF")
+    for op in table.values():
+        lib.define(schema(op))
+    F = SimpleNamespace(**{name: getattr(getattr(torch.ops, namespace), name).default for name in table})
+    for op in table.values():
+        overload = getattr(F, op.name)
+        if op.composite is not None and op.bprop is None:
+            composite = op.composite
+
+            def decomposed(*args: Any, _op: OpDef = op, _f: Callable = composite) -> Any:
+                return _f(F, H, *_full_args(_op, args))
+
+            lib.impl(op.name, decomposed, "CompositeImplicitAutograd")
+            continue
+        lib.impl(op.name, _cpu_kernel(op, getattr(kernels, op.name)), "CPU")
+        torch.library.register_fake(f"{namespace}::{op.name}", _fake_kernel(op, getattr(metas, op.name)),
+                                    lib=lib)
+        # ops without a bprop (comparisons, indices) still get one: their outputs never require grad
+        lib.impl(op.name, _autograd_kernel(op, overload, F), "Autograd", with_keyset=True)
+    return lib
+
+
+_LIB = register_ops(_formulas.OPS, _C.ops, _C._meta, NAMESPACE)
+
+#: The ops as torch operators: ``ops.<name>`` is ``torch.ops.opforge.<name>``.
+ops = getattr(torch.ops, NAMESPACE)
