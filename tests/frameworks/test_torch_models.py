@@ -1,0 +1,93 @@
+"""opforge ops in PyTorch models: torch.compile without graph breaks, and DistributedDataParallel.
+
+The model is examples/torch_mlp.py's MLP: opforge linear, layer_norm, gelu and cross_entropy.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch==2.13.0)")
+
+from torch_mlp import MLP, loss_fn, spirals  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+MODEL_OPS = {"linear", "layer_norm", "gelu", "cross_entropy"}
+
+
+def loss_and_grads(model: torch.nn.Module, fn, x: torch.Tensor, labels: torch.Tensor):
+    model.zero_grad()
+    loss = fn(model, x, labels)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's import
+def test_compile_fullgraph_matches_eager() -> None:
+    from torch._inductor.compile_fx import compile_fx
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return compile_fx(gm, example_inputs)  # inductor, as torch.compile's default
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss_fn, backend=backend, fullgraph=True)  # a graph break raises
+    model = MLP(2, 32, 3)
+    for n in (48, 48, 30):  # the second call reuses the graph; the third has another batch size
+        x, labels = spirals(n // 3, seed=n)
+        eager_loss, eager_grads = loss_and_grads(model, loss_fn, x, labels)
+        loss, grads = loss_and_grads(model, compiled, x, labels)
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+        for g, e in zip(grads, eager_grads):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+    assert 1 <= len(graphs) <= 2
+    called = {str(n.target).removesuffix(".default") for n in graphs[0].graph.nodes if n.op == "call_function"}
+    assert {f"opforge.{name}" for name in MODEL_OPS} <= called, called
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_distributed_data_parallel_matches_one_process(tmp_path: Path) -> None:
+    steps, world = 4, 2
+    out = tmp_path / "ddp.pt"
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, str(HERE / "ddp_worker.py"), str(rank), str(world), str(port),
+                               str(steps), str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in range(world)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=240)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+
+    # one process, the whole batch: the mean loss over both shards (equal sizes)
+    x, labels = spirals(32, dtype=torch.float64)
+    model = MLP(2, 16, 3, dtype=torch.float64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    for _ in range(steps):
+        loss = loss_fn(model, x, labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    ddp = torch.load(out)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(ddp[name], value, rtol=1e-12, atol=1e-12)
+        assert not torch.equal(value, initial[name]) or name == "norm_bias", name  # training moved it
