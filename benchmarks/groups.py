@@ -240,5 +240,65 @@ def mlp() -> list[dict]:
     return rows
 
 
+def torch_ops() -> list[dict]:
+    """opforge.torch ops vs the hand-written custom_op doing the same (benchmarks/torch_peers.py)
+    vs torch's built-in op, in one process."""
+    import opforge.torch as ot
+    import torch_peers as peer
+
+    F = torch.nn.functional
+    rows = []
+
+    def add(name: str, ours: float, hand: float, builtin: float, target: bool = True) -> None:
+        rows.append({"group": "torch", "table": "torch", "name": name, "opforge": ours, "custom_op": hand,
+                     "builtin": builtin, "target": "≤ 1.0× custom_op" if target else "",
+                     "met": (ours <= hand) if target else None})
+
+    x, y = torch.randn(8), torch.randn(8)
+    xr, yr = torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
+    of_mul, of_gelu = ot.ops.mul.default, ot.ops.gelu.default
+    add("mul forward, 8 elements", bench(lambda: of_mul(x, y), 0.1), bench(lambda: peer.mul(x, y), 0.1),
+        bench(lambda: torch.mul(x, y), 0.1))
+    add("mul forward+backward, 8 elements", bench(lambda: of_mul(xr, yr).sum().backward(), 0.1),
+        bench(lambda: peer.mul(xr, yr).sum().backward(), 0.1),
+        bench(lambda: torch.mul(xr, yr).sum().backward(), 0.1))
+    add("gelu forward, 8 elements", bench(lambda: of_gelu(x), 0.1), bench(lambda: peer.gelu(x), 0.1),
+        bench(lambda: F.gelu(x), 0.1))
+    add("gelu forward+backward, 8 elements", bench(lambda: of_gelu(xr).sum().backward(), 0.1),
+        bench(lambda: peer.gelu(xr).sum().backward(), 0.1), bench(lambda: F.gelu(xr).sum().backward(), 0.1))
+
+    # the MLP training step of the mlp group, as a torch model with each framework's ops
+    rng = np.random.default_rng(0)
+    sizes = [(784, 512), (512, 512), (512, 10)]
+    for batch in (64, 1024):
+        tx = torch.from_numpy(rng.standard_normal((batch, 784)).astype(np.float32))
+        ty = torch.from_numpy(rng.integers(0, 10, batch))
+        init = [(torch.randn(o, i) * 0.05, torch.zeros(o)) for i, o in sizes]
+
+        def step_with(linear, gelu, cross_entropy):
+            params = [p.clone().requires_grad_(True) for w, b in init for p in (w, b)]
+            opt = torch.optim.SGD(params, lr=0.01)
+
+            def step():
+                h = tx
+                for k in range(3):
+                    h = linear(h, params[2 * k], params[2 * k + 1])
+                    if k < 2:
+                        h = gelu(h)
+                loss = cross_entropy(h, ty)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+            return step
+
+        ours = step_with(ot.ops.linear.default, ot.ops.gelu.default, ot.ops.cross_entropy.default)
+        hand = step_with(peer.linear, peer.gelu, peer.cross_entropy)
+        builtin = step_with(F.linear, F.gelu, F.cross_entropy)
+        add(f"3-layer MLP training step (torch.optim.SGD), batch {batch}", bench(ours, 0.5, 7),
+            bench(hand, 0.5, 7), bench(builtin, 0.5, 7))
+    return rows
+
+
 def run(name: str) -> list[dict]:
     return globals()[name]()

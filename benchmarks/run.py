@@ -23,7 +23,7 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-GROUPS = ["call", "autograd", "mul", "norms", "matmul", "mlp"]
+GROUPS = ["call", "autograd", "mul", "norms", "matmul", "mlp", "torch_ops"]
 
 
 def machine() -> str:
@@ -71,6 +71,8 @@ def render(rows: list[dict], threads: int) -> str:
              "| group | benchmark | opforge | NumPy | PyTorch | opforge/NumPy | opforge/PyTorch | target | met |",
              "|---|---|---|---|---|---|---|---|---|"]
     notes = []
+    torch_rows = [r for r in rows if r.get("table") == "torch"]
+    rows = [r for r in rows if r.get("table") != "torch"]
     for r in rows:
         if "opforge" not in r:
             lines.append(f"| {r['group']} | {r['name']} | n/a | | | | | | |")
@@ -91,6 +93,18 @@ def render(rows: list[dict], threads: int) -> str:
             notes.append(f"- {r['name']}: {r['note']}")
     if notes:
         lines += ["", "Notes:", ""] + notes
+    if torch_rows:
+        lines += ["", "## opforge ops inside PyTorch (opforge.torch)", "",
+                  "opforge.torch's `torch.ops.opforge.*` against a hand-written `torch.library.custom_op` + "
+                  "`register_fake` + `register_autograd` running the same opforge kernels through DLPack "
+                  "(`benchmarks/torch_peers.py`), and against torch's built-in op; same process.", "",
+                  "| benchmark | opforge.torch | custom_op by hand | torch built-in | opforge/custom_op | "
+                  "opforge/built-in | target | met |", "|---|---|---|---|---|---|---|---|"]
+        for r in torch_rows:
+            o, c, b = r["opforge"], r["custom_op"], r["builtin"]
+            met = "" if r.get("met") is None else ("yes" if r["met"] else "**no**")
+            lines.append(f"| {r['name']} | {fmt_time(o)} | {fmt_time(c)} | {fmt_time(b)} | {o / c:.2f} | "
+                         f"{o / b:.2f} | {r['target']} | {met} |")
     return "\n".join(lines) + "\n"
 
 

@@ -189,11 +189,12 @@ def _fake_kernel(op: OpDef, meta: Callable) -> Callable:
         # infer() rules are C++: their inputs' sizes are specialized (guarded) to their values
         size = int if (symbolic and infer) else _hint
         stand_ins = []
-        for t in tensors:
+        for name, t in zip(names, tensors):
             if t is None:
                 stand_ins.append(None)
             elif t.dtype not in TORCH_DTYPES:
-                stand_ins.append(_to_dlpack(torch.empty((), dtype=t.dtype)))  # the runtime names it
+                raise TypeError(f"[{op.name}] input '{name}' has dtype {t.dtype}, which opforge does not "
+                                f"have; supported dtypes: {', '.join(TORCH_DTYPES.values())}")
             else:
                 stand_ins.append(_C._meta_tensor([size(s) for s in t.shape], TORCH_DTYPES[t.dtype]))
         metas = meta(*stand_ins, *args[n_in:])  # raises what a real call would

@@ -1,0 +1,121 @@
+"""opforge.torch's contract beyond the per-op checks: schemas, memory exchange, errors, import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch==2.13.0)")
+
+import opforge  # noqa: E402
+import opforge.torch as ot  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+ops = ot.ops
+
+
+def test_schemas_come_from_the_specs() -> None:
+    table = ot._formulas.OPS
+    assert ot.schema(table["layer_norm"]) == (
+        "layer_norm(Tensor x, Tensor? weight=None, Tensor? bias=None, int[] axis=[-1], float eps=1e-05)"
+        " -> (Tensor, Tensor, Tensor)")
+    assert ot.schema(table["sum"]) == "sum(Tensor x, int[]? axis=None, bool keepdims=False) -> Tensor"
+    assert ot.schema(table["gelu"]) == 'gelu(Tensor x, str approximate="none") -> Tensor'
+    assert ot.schema(table["clamp"]) == "clamp(Tensor x, float? min=None, float? max=None) -> Tensor"
+    assert str(torch.ops.opforge.leaky_relu.default._schema) == (
+        "opforge::leaky_relu(Tensor x, float alpha=0.01) -> Tensor")
+
+
+def test_attrs_take_spec_defaults_and_keywords() -> None:
+    x = torch.tensor([-2.0, 3.0])
+    torch.testing.assert_close(ops.leaky_relu(x), torch.tensor([-0.02, 3.0]))
+    torch.testing.assert_close(ops.leaky_relu(x, alpha=0.5), torch.tensor([-1.0, 3.0]))
+    torch.testing.assert_close(ops.sum(torch.ones(2, 3), axis=[1], keepdims=True), torch.full((2, 1), 3.0))
+
+
+def test_inputs_are_shared_not_copied() -> None:
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    view = opforge.from_dlpack(torch.utils.dlpack.to_dlpack(t))  # what the CPU kernel does
+    assert view.numpy().ctypes.data == t.data_ptr()
+    t[0, 0] = 42.0
+    assert view.numpy()[0, 0] == 42.0
+
+
+def test_outputs_are_runtime_memory_handed_over() -> None:
+    out = opforge.ops.mul(opforge.tensor(np.ones(4, np.float32)), 2.0)
+    t = torch.utils.dlpack.from_dlpack(out.__dlpack__())
+    assert t.data_ptr() == out.numpy().ctypes.data
+
+
+def test_non_contiguous_inputs() -> None:
+    x = torch.randn(4, 6, dtype=torch.float64)
+    y = torch.randn(6, 4, dtype=torch.float64).t()  # strides (1, 4)
+    torch.testing.assert_close(ops.add(x, y), x + y)
+    w = torch.randn(3, 5, dtype=torch.float64).t()  # (5, 3), column-major
+    torch.testing.assert_close(ops.linear(x[:, ::2], w), torch.nn.functional.linear(x[:, ::2], w))
+
+
+def test_non_differentiable_outputs_and_inputs() -> None:
+    x = torch.randn(3, 4, requires_grad=True)
+    values, indices = ops.max(x, axis=1)
+    assert values.requires_grad and not indices.requires_grad
+    assert indices.dtype == torch.int64
+    values.sum().backward()
+    assert x.grad.sum().item() == 3.0
+    logits = torch.randn(4, 5, requires_grad=True)
+    labels = torch.tensor([0, 1, 2, 3])
+    ops.cross_entropy(logits, labels).backward()
+    assert logits.grad is not None and labels.grad is None
+    assert not ops.greater(x, x).requires_grad
+
+
+def test_double_backward() -> None:
+    x = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    (g,) = torch.autograd.grad(ops.tanh(x).sum(), x, create_graph=True)
+    (gg,) = torch.autograd.grad(g.sum(), x)
+    t = torch.tanh(x.detach())
+    torch.testing.assert_close(gg, -2 * t * (1 - t * t))
+
+
+@pytest.mark.parametrize("mode", ["eager", "fake"])
+def test_registration_table_violations_name_the_op(mode: str) -> None:
+    def call(fn, *args, **kwargs):
+        if mode == "fake":
+            with FakeTensorMode() as m:
+                return fn(*[m.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
+        return fn(*args, **kwargs)
+
+    f32, i32 = torch.ones(3), torch.ones(3, dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"\[mul\] inputs 'x' \(float32\) and 'y' \(int32\) must have the same dtype"):
+        call(ops.mul, f32, i32)
+    with pytest.raises(TypeError, match=r"\[exp\] dtype int32 is not supported on target cpu; supported \(T\): float16; bfloat16; float32; float64"):
+        call(ops.exp, i32)
+    with pytest.raises(TypeError, match=r"\[exp\] .*unsupported DLPack dtype|\[exp\] .*complex"):
+        call(ops.exp, torch.ones(3, dtype=torch.complex64))
+    with pytest.raises(ValueError, match=r"\[gelu\] attr 'approximate' must be one of: none, tanh; got bad"):
+        call(ops.gelu, f32, approximate="bad")
+    with pytest.raises(ValueError, match=r"\[linear\] x's last dimension 3 differs"):
+        call(ops.linear, f32, torch.ones(2, 4))
+    with pytest.raises(ValueError, match=r"\[add\] .*broadcast"):
+        call(ops.add, torch.ones(3), torch.ones(4))
+    with pytest.raises(IndexError, match=r"\[sum\] axis 5 is out of range"):
+        call(ops.sum, torch.ones(2, 3), axis=[5])
+
+
+def test_bad_calls_are_python_exceptions() -> None:
+    with pytest.raises(RuntimeError, match="opforge::mul.* missing value for argument 'y'"):
+        ops.mul(torch.ones(2))  # torch's argument check against the schema
+    with pytest.raises(RuntimeError, match="alpha"):
+        ops.leaky_relu(torch.ones(2), alpha="x")
+    with pytest.raises(NotImplementedError, match="opforge::mul"):
+        ops.mul(torch.ones(2).to_sparse(), torch.ones(2))  # no kernel for that backend
+
+
+def test_import_without_torch_says_how_to_install() -> None:
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "try:\n    import opforge.torch\nexcept ImportError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "opforge.torch needs PyTorch" in r.stdout and "pip install torch==2.13.0" in r.stdout
