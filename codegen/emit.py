@@ -474,8 +474,10 @@ def _formulas_context(op: OpSpec, table: Mapping[str, OpSpec]) -> dict:
     return ctx
 
 
-def render_formulas(ops: Sequence[OpSpec], sources: Sequence[str]) -> Rendered:
-    table = {o.name: o for o in ops}
+def render_formulas(ops: Sequence[OpSpec], sources: Sequence[str],
+                    table: Mapping[str, OpSpec] | None = None) -> Rendered:
+    """The adapters' op table for ops; their formulas may call any op of table (default: ops)."""
+    table = table if table is not None else {o.name: o for o in ops}
     text = _ENV.get_template("formulas.py.j2").render(
         banner=banner("#", f"{len(sources)} specs", "formulas.py.j2"),
         ops=[_formulas_context(op, table) for op in ops])

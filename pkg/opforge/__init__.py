@@ -119,6 +119,7 @@ for _name, _op, _refl in (
     ("__sub__", ops.sub, False), ("__rsub__", ops.sub, True),
     ("__mul__", ops.mul, False), ("__rmul__", ops.mul, True),
     ("__truediv__", ops.div, False), ("__rtruediv__", ops.div, True),
+    ("__matmul__", ops.matmul, False), ("__rmatmul__", ops.matmul, True),
     ("__gt__", ops.greater, False), ("__lt__", ops.less, False),
     ("__ge__", ops.greater_equal, False), ("__le__", ops.less_equal, False),
 ):

@@ -95,7 +95,7 @@ Shape matmul_shape(const char* op, const Shape& a, const Shape& b) {
     const int64_t x = i + ba.size() >= nd ? ba[i + ba.size() - nd] : 1;
     const int64_t y = i + bb.size() >= nd ? bb[i + bb.size() - nd] : 1;
     if (x != y && x != 1 && y != 1) fail<ValueError>(op, "matmul batch dimensions cannot be broadcast: ", shape_str(a), " @ ", shape_str(b));
-    batch[i] = std::max(x, y);
+    batch[i] = x == 1 ? y : x;  // a size-1 dim broadcasts to the other, 0 included
   }
   if (a.size() > 1) batch.push_back(a2[a2.size() - 2]);
   if (b.size() > 1) batch.push_back(b2[b2.size() - 1]);

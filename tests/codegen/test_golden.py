@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from codegen import load_specs
-from codegen.emit import Rendered, render_all, render_op, render_registry, render_stub
+from codegen.emit import Rendered, render_all, render_formulas, render_op, render_registry, render_stub
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -33,7 +33,7 @@ def rendered() -> list[Rendered]:
     mine = [table[n] for n in FIXTURE_OPS]
     out = [r for op in mine for r in render_op(op, table, source(op.name))]
     sources = [source(op.name) for op in mine]
-    return out + [render_registry(mine, sources), render_stub(mine, sources)]
+    return out + [render_registry(mine, sources), render_stub(mine, sources), render_formulas(mine, sources, table)]
 
 
 RENDERED = {r.name: r.text for r in rendered()}

@@ -61,7 +61,7 @@ def test_none_and_non_array_inputs() -> None:
     with pytest.raises(TypeError, match=re.escape("[mul] input 'y' must be a tensor, got None")):
         ops.mul(F32, None)
     with pytest.raises(TypeError, match=re.escape(
-            "[mul] input 'x' must be a tensor, NumPy array, DLPack producer or Python scalar, got object")):
+            "[mul] input 'x' must be a tensor, NumPy array, DLPack producer or capsule, or Python scalar, got object")):
         ops.mul(object(), F32)
     with pytest.raises(TypeError, match=re.escape("[neg] input 'x' must be a tensor, NumPy array, DLPack "
                                                   "producer or Python scalar, got list")):

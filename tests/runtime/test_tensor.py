@@ -136,6 +136,9 @@ def test_tensor_methods_and_operators() -> None:
     assert x.reshape([3, 1]).shape == (3, 1)
     # NumPy defers to Tensor's operators instead of broadcasting over a Tensor object
     assert isinstance(np.ones(3) * x, opforge.Tensor)
+    m = np.arange(6.0).reshape(3, 2)
+    np.testing.assert_array_equal((x @ opforge.tensor(m)).numpy(), x.numpy() @ m)
+    np.testing.assert_array_equal((m.T @ x).numpy(), m.T @ x.numpy())  # __rmatmul__
 
 
 def test_format_tags() -> None:

@@ -4,16 +4,6 @@
 
 #include "kernels/cpu/linalg_common.h"
 
-namespace opforge {
-
-// NumPy's matmul shape (the runtime's matmul_shape checks; a size-1 batch dim against a size-0
-// one gives 0 here, as in NumPy).
-Shape matmul_out_shape(const TensorList& inputs, const MatmulAttrs&) {
-  return kernels::cpu::linalg::matmul_layout("matmul", inputs[0]->shape(), inputs[1]->shape()).out_shape;
-}
-
-}  // namespace opforge
-
 namespace opforge::kernels::cpu {
 
 template <typename T>

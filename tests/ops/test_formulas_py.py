@@ -1,0 +1,134 @@
+"""The generated op table (opforge._formulas) agrees with the compiled ops it describes.
+
+Framework adapters compute gradients with the Python lowering of each spec's bprop formulas and
+fake outputs with its shape rules. Here both are evaluated with opforge's own ops as ``F``, and
+compared, for every spec'd test case, with what the C++ Function classes and kernels give: so
+the Python lowering of every formula is checked without any framework installed.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+import opforge
+from opforge import _C, _formulas, ops
+
+from cases import Case, cases, make_data, to_inputs
+
+F = SimpleNamespace(**{name: getattr(ops, name) for name in opforge.list_ops()})
+
+
+class H:
+    """The helpers of opforge/_opdef.py over opforge tensors (NumPy where no op does it)."""
+
+    @staticmethod
+    def scalar_like(value: Any, like: opforge.Tensor) -> opforge.Tensor:
+        return opforge.tensor(np.array(value, dtype=np.float64)).astype(like.dtype)
+
+    @staticmethod
+    def zeros_like(t: opforge.Tensor) -> opforge.Tensor:
+        return _C._zeros_like(t)
+
+    @staticmethod
+    def ones_like(t: opforge.Tensor) -> opforge.Tensor:
+        return ops.add(_C._zeros_like(t), H.scalar_like(1, t))
+
+    @staticmethod
+    def numel(t: opforge.Tensor) -> int:
+        return t.size
+
+    @staticmethod
+    def expand_reduced(g: opforge.Tensor, like: opforge.Tensor, axes: Any, keepdims: bool) -> opforge.Tensor:
+        a = g.numpy()
+        if not keepdims:
+            rank = like.ndim
+            for ax in sorted({x % rank for x in (range(rank) if axes is None else axes)}):
+                a = np.expand_dims(a, ax)
+        return opforge.tensor(np.broadcast_to(a, like.shape).copy())
+
+    @staticmethod
+    def reduce_grad(g: opforge.Tensor, meta: tuple) -> opforge.Tensor:
+        shape, dtype = meta
+        a = g.numpy()
+        lead = a.ndim - len(shape)
+        a = a.sum(axis=tuple(range(lead))) if lead else a
+        a = a.sum(axis=tuple(k for k, n in enumerate(shape) if n == 1 and a.shape[k] != 1), keepdims=True)
+        return opforge.tensor(a).astype(dtype)
+
+
+GRAD_CASES = [c for c in cases() if c.dtype == "float64" and c.op.bprop is not None]
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: c.id)
+def test_python_bprop_matches_cpp_backward(case: Case, rng) -> None:
+    op = _formulas.OPS[case.op.name]
+    data = make_data(case.op, case.dtype, case.shapes, rng)
+    inputs = [None if a is None else opforge.tensor(a, requires_grad=spec.differentiable)
+              for spec, a in zip(case.op.inputs, to_inputs(case.op, case.dtype, data))]
+    outs = getattr(ops, op.name)(*inputs, **case.attrs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    diff = [k for k, o in enumerate(op.outputs) if o.differentiable]
+    douts = [opforge.tensor(rng.uniform(-1, 1, outs[k].shape)) for k in diff]
+    wanted = [k for k, t in enumerate(inputs) if t is not None and op.inputs[k].differentiable]
+    expected = opforge.gradients([outs[k] for k in diff], [inputs[k] for k in wanted], douts, allow_unused=True)
+
+    attrs = [case.attrs.get(a.name, a.default) for a in op.attrs]
+    with opforge.no_grad():
+        need = [k in wanted for k in range(len(inputs))]
+        meta = [None if t is None else (t.shape, t.dtype) for t in inputs]
+        got = op.bprop(F, H, need, meta, *[None if t is None else t.detach() for t in inputs],
+                       *[o.detach() for o in outs], *douts, *attrs)
+    assert len(got) == len(op.inputs)
+    for k, e in zip(wanted, expected):
+        assert got[k] is not None, op.inputs[k].name
+        np.testing.assert_allclose(got[k].numpy(), np.zeros(inputs[k].shape) if e is None else e.numpy(),
+                                   rtol=1e-10, atol=1e-12, err_msg=op.inputs[k].name)
+    assert all(got[k] is None for k in range(len(inputs)) if k not in wanted)
+
+
+@pytest.mark.parametrize("case", [c for c in cases() if c.dtype in ("float64", "int64", "bool")],
+                         ids=lambda c: c.id)
+def test_meta_rule_matches_a_real_call(case: Case, rng) -> None:
+    """opforge._C._meta.<op> on stand-ins of the inputs gives the real outputs' shapes and dtypes."""
+    data = make_data(case.op, case.dtype, case.shapes, rng)
+    inputs = to_inputs(case.op, case.dtype, data)
+    outs = getattr(ops, case.op.name)(*inputs, **case.attrs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    stand_ins = [None if a is None else _C._meta_tensor(list(np.shape(a)), opforge.tensor(a).dtype)
+                 for a in inputs]
+    metas = getattr(_C._meta, case.op.name)(*stand_ins, **case.attrs)
+    assert metas == [(o.shape, o.dtype) for o in outs]
+
+
+def test_composite_formula_matches_the_op() -> None:
+    x = opforge.tensor(np.array([1.0, -2.0, 3.0]))
+    np.testing.assert_array_equal(_formulas.OPS["square"].composite(F, H, x).numpy(), ops.square(x).numpy())
+
+
+def test_meta_rules_check_like_calls() -> None:
+    x = _C._meta_tensor([4, 5], "float32")
+    with pytest.raises(ValueError, match=r"\[linear\] x's last dimension 5 differs"):
+        _C._meta.linear(x, _C._meta_tensor([3, 6], "float32"))
+    with pytest.raises(TypeError, match=r"\[exp\] dtype int32 is not supported"):
+        _C._meta.exp(_C._meta_tensor([2], "int32"))
+    with pytest.raises(ValueError, match=r"\[gelu\] attr 'approximate' must be one of"):
+        _C._meta.gelu(x, approximate="nope")
+    assert _C._meta.bias_add(_C._meta_tensor([2, 3, 4, 4], "float32", "NCHW"),
+                             _C._meta_tensor([3], "float32"), format="NCHW") == [((2, 3, 4, 4), "float32")]
+    with pytest.raises(ValueError, match="negative dimension"):
+        _C._meta_tensor([-1], "float32")
+
+
+def test_dlpack_capsules_are_inputs() -> None:
+    a = np.arange(4.0)
+    src = opforge.from_numpy(a)
+    capsule = src.__dlpack__()
+    t = opforge.from_dlpack(capsule)
+    assert t.numpy().ctypes.data == a.ctypes.data
+    with pytest.raises(ValueError, match=r"\[from_dlpack\] input 'x': this DLPack capsule was already consumed"):
+        opforge.from_dlpack(capsule)
+    np.testing.assert_array_equal(ops.mul(src.__dlpack__(), 2.0).numpy(), a * 2)
