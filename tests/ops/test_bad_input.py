@@ -64,7 +64,7 @@ def test_none_and_non_array_inputs() -> None:
             "[mul] input 'x' must be a tensor, NumPy array, DLPack producer or capsule, or Python scalar, got object")):
         ops.mul(object(), F32)
     with pytest.raises(TypeError, match=re.escape("[neg] input 'x' must be a tensor, NumPy array, DLPack "
-                                                  "producer or Python scalar, got list")):
+                                                  "producer or capsule, or Python scalar, got list")):
         ops.neg([1.0, 2.0])
 
 
