@@ -1,9 +1,11 @@
-"""Building the wheel: its file name carries the backend; a CUDA build stops with a clear error."""
+"""Building the wheel: its file name carries the backend, it holds the whole package; a CUDA build
+stops with a clear error."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,10 @@ def test_wheel_name_says_its_backend(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     wheels = [p.name for p in tmp_path.glob("*.whl")]
     assert len(wheels) == 1 and wheels[0].startswith("opforge-0.1.0+cpu-cp311"), wheels
+    names = set(zipfile.ZipFile(tmp_path / wheels[0]).namelist())
+    package = {f"opforge/{p.name}" for p in (ROOT / "pkg" / "opforge").iterdir()}
+    generated = {"opforge/ops.pyi", "opforge/_formulas.py"}
+    assert package | generated <= names, sorted((package | generated) - names)
 
 
 def test_cuda_backend_is_not_available_yet(tmp_path: Path) -> None:
