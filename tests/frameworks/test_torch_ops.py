@@ -65,9 +65,9 @@ def test_every_op_is_registered() -> None:
         assert ot.ops is torch.ops.opforge
 
 
-def test_cases_cover_every_tested_op() -> None:
-    tested = {s.name for s in (opforge.spec(n) for n in opforge.list_ops()) if s.tests is not None}
-    assert {c.op.name for c in CASES} == tested
+def test_cases_cover_every_op() -> None:
+    """Every op is checked below: one without a ``tests`` section in its spec fails here."""
+    assert {c.op.name for c in CASES} == set(opforge.list_ops())
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
