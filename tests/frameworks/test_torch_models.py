@@ -91,3 +91,11 @@ def test_distributed_data_parallel_matches_one_process(tmp_path: Path) -> None:
     for name, value in model.state_dict().items():
         torch.testing.assert_close(ddp[name], value, rtol=1e-12, atol=1e-12)
         assert not torch.equal(value, initial[name]) or name == "norm_bias", name  # training moved it
+
+
+def test_example_trains_with_a_falling_loss() -> None:
+    r = subprocess.run([sys.executable, str(HERE.parent.parent / "examples" / "torch_mlp.py"), "--steps", "100"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    losses = [float(line.split()[3]) for line in r.stdout.splitlines() if line.startswith("step")]
+    assert len(losses) == 3 and losses[0] > 1.0 and losses[-1] < 0.5 * losses[0], r.stdout
