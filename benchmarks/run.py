@@ -19,7 +19,6 @@ import os
 import platform
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -65,7 +64,7 @@ def fmt_time(us: float | None) -> str:
 
 
 def render(rows: list[dict], threads: int) -> str:
-    lines = [f"# opforge benchmarks (cpu)", "",
+    lines = ["# opforge benchmarks (cpu)", "",
              f"Run {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} with `python benchmarks/run.py` "
              f"({threads} threads for every framework).", "", f"Machine: {machine()}", "",
              "| group | benchmark | opforge | NumPy | PyTorch | opforge/NumPy | opforge/PyTorch | target | met |",

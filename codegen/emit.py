@@ -388,6 +388,8 @@ def _op_context(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str) -> di
         "apply_args": ", ".join([f"v_{i.name}" for i in inputs] + ["attrs"]),
         "ret_type": ret_type,
         "attr_assign": [f"attrs.{a.name} = v_{a.name};" for a in op.attrs],
+        "attr_params": ", ".join(f"{api.attr_cpp_type(a)} v_{a.name}" for a in op.attrs),
+        "attr_args": ", ".join(f"v_{a.name}" for a in op.attrs),
         "attr_checks": [line for a in op.attrs for line in _attr_check(op, a)],
         "forward": fwd, "branches": branches, "check_args": check_args,
         "non_diff": ", ".join(f"v_{o.name}" for o in non_diff),
@@ -453,7 +455,6 @@ def _formulas_context(op: OpSpec, table: Mapping[str, OpSpec]) -> dict:
     lb = lowered.bprop
     if lb is None:
         return ctx
-    index = {i.name: k for k, i in enumerate(op.inputs)}
     params = ([f"v_{i.name}" for i in op.inputs] + [f"v_{o.name}" for o in op.outputs]
               + [f"v_{o.grad_name}" for o in op.outputs if o.differentiable] + attr_params)
     lines = []
@@ -470,7 +471,6 @@ def _formulas_context(op: OpSpec, table: Mapping[str, OpSpec]) -> dict:
     lines.append(")")
     ctx.update(bprop=lines, bprop_params=", ".join(params),
                saved=_tuple([repr((n, ks)) for n, ks in lb.saved]))
-    del index
     return ctx
 
 

@@ -153,7 +153,7 @@ def _axes(value: Any, rank: int) -> list[int]:
     return sorted({a + rank if a < 0 else a for a in axes})
 
 
-def _symbolic_shape(op: OpDef, out: Any, ins: dict[str, Any], attrs: dict[str, Any]) -> Any:
+def _symbolic_shape(out: Any, ins: dict[str, Any], attrs: dict[str, Any]) -> Any:
     """Output shape of a same/broadcast/reduce/matmul rule, SymInts kept symbolic."""
     a = out.shape_args
     if out.shape == "same":
@@ -202,7 +202,7 @@ def _fake_kernel(op: OpDef, meta: Callable) -> Callable:
         results = []
         for out, (shape, dtype) in zip(op.outputs, metas):
             if symbolic and out.shape != "infer":
-                shape = _symbolic_shape(op, out, dict(zip(names, tensors)), attrs)
+                shape = _symbolic_shape(out, dict(zip(names, tensors)), attrs)
             results.append(like.new_empty(shape, dtype=_FROM_NAME[dtype]))
         return results[0] if len(results) == 1 else tuple(results)
 
