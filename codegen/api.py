@@ -75,6 +75,22 @@ def py_default(a: Attr) -> str:
     return "None" if a.optional_value else py_literal(a.default)
 
 
+def aot_symbols(op: OpSpec) -> list[tuple[int, str]]:
+    """The op's exported AOT entry points (seed 004's C ABI): one per combination of present
+    optional inputs, as (mask of present inputs, symbol). All present: ``opforge_<op>``; else
+    ``opforge_<op>__without__<input>[__<input>...]``."""
+    optional = [k for k, i in enumerate(op.inputs) if i.optional]
+    full = (1 << len(op.inputs)) - 1
+    out = []
+    for absent_bits in range(1 << len(optional)):
+        absent = [optional[j] for j in range(len(optional)) if (absent_bits >> j) & 1]
+        mask = full & ~sum(1 << k for k in absent)
+        symbol = f"opforge_{op.name}" + "".join(
+            ("__without__" if j == 0 else "__") + op.inputs[k].name for j, k in enumerate(absent))
+        out.append((mask, symbol))
+    return out
+
+
 def signature(op: OpSpec) -> OpSignature:
     return OpSignature(
         op.name,

@@ -152,6 +152,13 @@ def _py_attr(op: OpSpec, a: Attr, index: int) -> str:
     return f"{conv}(kName, \"{a.name}\", a[{index}])"
 
 
+def _aot_attr(a: Attr) -> str:
+    conv = f"&aot::Call::{_PY_CONVERT[a.type]}"
+    if a.optional_value:
+        return f"call.attr_optional<{api.ATTR_CPP[a.type]}>(\"{a.name}\", {conv})"
+    return f"call.{_PY_CONVERT[a.type]}(\"{a.name}\")"
+
+
 def _py_default(a: Attr) -> str:
     """The Python default value of an attr (a null object when required)."""
     if a.required:
@@ -354,6 +361,10 @@ def _op_context(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str) -> di
                      for k, a in enumerate(op.attrs)]
     call_args = ", ".join([f"in[{k}]" for k in range(len(inputs))] + [f"a_{a.name}" for a in op.attrs])
 
+    # -- AOT entry points (runtime/aot.h)
+    aot_attr_lines = [f"const auto a_{a.name} = {_aot_attr(a)};" for a in op.attrs]
+    aot_call_args = ", ".join([f"call.input({k})" for k in range(len(inputs))] + [f"a_{a.name}" for a in op.attrs])
+
     kernel_decl = None
     if op.impl.kind == "cpp":
         tparams = ", ".join(f"typename {v}" for v in tvars)
@@ -400,6 +411,7 @@ def _op_context(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str) -> di
         "py_defaults": ", ".join(py_defaults),
         "py_inputs": [f"in.add(a[{k}]);" for k in range(len(inputs))],
         "py_attr_lines": py_attr_lines, "call_args": call_args,
+        "aot_attr_lines": aot_attr_lines, "aot_call_args": aot_call_args, "aot_symbols": api.aot_symbols(op),
         "kernel": kernel_decl, "infer_fns": infer_fns, "expr": expr_functor, "meta_rows": meta_rows,
         "includes": includes,
         "composite_direct": (op.impl.kind == "composite" and not op.has_autograd_function),
@@ -451,6 +463,7 @@ def _formulas_context(op: OpSpec, table: Mapping[str, OpSpec]) -> dict:
         "composite": lowered.composite,
         "composite_params": ", ".join([f"v_{i.name}" for i in op.inputs] + attr_params),
         "bprop": None, "bprop_params": "", "saved": "",
+        "aot_symbols": _tuple([repr((m, sym)) for m, sym in api.aot_symbols(op)]),
     }
     lb = lowered.bprop
     if lb is None:

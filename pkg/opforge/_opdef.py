@@ -51,6 +51,12 @@ class OpDef(NamedTuple):
     composite: Optional[Callable]  # (F, H, *inputs, *attrs) -> tensor, for composite ops
     bprop: Optional[Callable]      # (F, H, need, meta, *inputs, *outputs, *douts, *attrs) -> grads
     saved: tuple          # (tensor name, input indices whose gradient reads it), ...
+    aot_symbols: tuple    # (mask of present inputs, exported AOT entry point), ...
+
+    def aot_symbol(self, present: tuple) -> str:
+        """The AOT entry point for a call whose inputs are present (a bool per input)."""
+        mask = sum(1 << k for k, p in enumerate(present) if p)
+        return next(sym for m, sym in self.aot_symbols if m == mask)
 
     def input_index(self, name: str) -> int:
         return next(k for k, i in enumerate(self.inputs) if i.name == name)

@@ -1,0 +1,320 @@
+// AOT entry points (seed 004's C ABI) both ways: the host's buffers as opforge tensors for the
+// generated entry points, and calls into external kernels for ops of impl kind `aot`.
+#include "runtime/aot.h"
+
+#include <dlfcn.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+#include "runtime/errors.h"
+
+namespace opforge::aot {
+
+namespace {
+
+thread_local std::string t_last_error;
+
+TensorPtr wrap_param(const char* op, const char* role, const char* arg, void* data, int ndim,
+                     const int64_t* shape, const char* dtype_str) {
+  if (ndim < 0 || (ndim > 0 && !shape)) fail<ValueError>(op, role, " '", arg, "': bad shape from the host");
+  if (!dtype_str) fail<TypeError>(op, role, " '", arg, "': no dtype from the host");
+  DType dtype;
+  if (!dtype_from_name(dtype_str, &dtype)) {
+    fail<TypeError>(op, role, " '", arg, "': unsupported dtype '", dtype_str, "'");
+  }
+  Shape s(shape, shape + ndim);
+  const int64_t n = checked_numel(op, s, dtype);
+  if (n > 0 && !data) fail<ValueError>(op, role, " '", arg, "': null data pointer");
+  auto storage = std::make_shared<Storage>();
+  storage->data = data;
+  storage->nbytes = static_cast<size_t>(n) * itemsize(dtype);
+  storage->external = true;
+  return std::make_shared<Tensor>(std::move(storage), dtype, s, contiguous_strides(s), 0);
+}
+
+std::string join_ints(const Shape& s) { return shape_str(s); }
+
+}  // namespace
+
+Call::Call(const OpInfo& info, uint32_t present, int nparam, void** params, int* ndims, int64_t** shapes,
+           const char** dtypes, void* extra)
+    : info_(info), extra_(extra) {
+  size_t n_present = 0;
+  for (size_t k = 0; k < info.inputs.size(); ++k) n_present += (present >> k) & 1u;
+  const size_t expected = n_present + info.outputs.size();
+  if (nparam < 0 || static_cast<size_t>(nparam) != expected) {
+    fail<ValueError>(info.name, "AOT entry point: expected ", expected, " parameters (", n_present,
+                     " inputs, ", info.outputs.size(), " outputs), got ", nparam);
+  }
+  if (nparam > 0 && (!params || !ndims || !shapes || !dtypes)) {
+    fail<ValueError>(info.name, "AOT entry point: null params, ndims, shapes or dtypes");
+  }
+  size_t p = 0;
+  for (size_t k = 0; k < info.inputs.size(); ++k) {
+    if (!((present >> k) & 1u)) {
+      inputs_.push_back(nullptr);
+      continue;
+    }
+    inputs_.push_back(wrap_param(info.name, "input", info.inputs[k].name, params[p], ndims[p], shapes[p], dtypes[p]));
+    ++p;
+  }
+  for (const ArgInfo& out : info.outputs) {
+    outputs_.push_back(wrap_param(info.name, "output", out.name, params[p], ndims[p], shapes[p], dtypes[p]));
+    ++p;
+  }
+}
+
+const AttrInfo& Call::attr_info(const char* name) const {
+  for (const AttrInfo& a : info_.attrs) {
+    if (std::strcmp(a.name, name) == 0) return a;
+  }
+  fail<RuntimeError>(info_.name, "no attr '", name, "'");
+}
+
+std::string Call::default_of(const char* name) const { return attr_info(name).default_repr; }
+
+std::optional<std::string> Call::raw(const char* name) const {
+  char* out = nullptr;
+  char* error = nullptr;
+  const bool found = opforge_aot_extra_str(extra_, name, &out, &error);
+  if (error) {
+    std::string e(error);
+    std::free(error);
+    fail<RuntimeError>(info_.name, "attr '", name, "': the host's extra failed: ", e);
+  }
+  if (!found) return std::nullopt;
+  std::string s(out ? out : "");
+  std::free(out);
+  return s;
+}
+
+std::string Call::text(const char* name) const {
+  std::optional<std::string> t = raw(name);
+  if (t) return *t;
+  const AttrInfo& a = attr_info(name);
+  if (a.required) fail<TypeError>(info_.name, "missing required attr '", name, "' (a str attr in the host's extra)");
+  std::string d = a.default_repr;
+  // the default is a Python literal: strip list brackets and string quotes to the text form
+  if (d.size() >= 2 && ((d.front() == '[' && d.back() == ']') || (d.front() == '(' && d.back() == ')') ||
+                        (d.front() == '\'' && d.back() == '\'') || (d.front() == '"' && d.back() == '"'))) {
+    d = d.substr(1, d.size() - 2);
+  }
+  if (!d.empty() && d.back() == ',') d.pop_back();  // "(1,)"
+  return d;
+}
+
+namespace {
+
+[[noreturn]] void bad_attr(const char* op, const char* name, const char* type, const std::string& text) {
+  fail<TypeError>(op, "attr '", name, "': expected ", type, ", got the text '", text, "'");
+}
+
+double parse_float(const char* op, const char* name, const std::string& s) {
+  const char* b = s.c_str();
+  while (*b == ' ') ++b;
+  char* end = nullptr;
+  const double v = std::strtod(b, &end);
+  while (end && *end == ' ') ++end;
+  if (end == b || !end || *end != '\0') bad_attr(op, name, "float", s);
+  return v;
+}
+
+int64_t parse_int(const char* op, const char* name, const std::string& s) {
+  const char* b = s.c_str();
+  while (*b == ' ') ++b;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(b, &end, 10);
+  while (end && *end == ' ') ++end;
+  if (end == b || !end || *end != '\0' || errno == ERANGE) bad_attr(op, name, "int", s);
+  return static_cast<int64_t>(v);
+}
+
+std::vector<std::string> split_items(const std::string& s) {
+  std::vector<std::string> items;
+  if (s.find_first_not_of(' ') == std::string::npos) return items;
+  std::string cur;
+  std::istringstream is(s);
+  while (std::getline(is, cur, ',')) items.push_back(cur);
+  if (!items.empty() && items.back().find_first_not_of(' ') == std::string::npos) items.pop_back();
+  return items;
+}
+
+}  // namespace
+
+bool Call::attr_bool(const char* name) const {
+  const std::string s = text(name);
+  if (s == "True" || s == "true" || s == "1") return true;
+  if (s == "False" || s == "false" || s == "0") return false;
+  bad_attr(info_.name, name, "bool (True/False)", s);
+}
+
+int64_t Call::attr_int(const char* name) const { return parse_int(info_.name, name, text(name)); }
+double Call::attr_float(const char* name) const { return parse_float(info_.name, name, text(name)); }
+
+std::string Call::attr_str(const char* name) const {
+  std::string s = text(name);
+  return s;
+}
+
+std::vector<int64_t> Call::attr_int_list(const char* name) const {
+  std::vector<int64_t> v;
+  for (const std::string& item : split_items(text(name))) v.push_back(parse_int(info_.name, name, item));
+  return v;
+}
+
+std::vector<double> Call::attr_float_list(const char* name) const {
+  std::vector<double> v;
+  for (const std::string& item : split_items(text(name))) v.push_back(parse_float(info_.name, name, item));
+  return v;
+}
+
+void Call::set_outputs(const TensorList& outs) const {
+  if (outs.size() != outputs_.size()) {
+    fail<RuntimeError>(info_.name, "AOT entry point: ", outs.size(), " results for ", outputs_.size(), " outputs");
+  }
+  for (size_t k = 0; k < outs.size(); ++k) {
+    const TensorPtr& dst = outputs_[k];
+    const TensorPtr& src = outs[k];
+    if (src->shape() != dst->shape()) {
+      fail<ValueError>(info_.name, "output '", info_.outputs[k].name, "': the host allocated shape ",
+                       join_ints(dst->shape()), " but the op gives ", join_ints(src->shape()));
+    }
+    if (src->dtype() != dst->dtype()) {
+      fail<TypeError>(info_.name, "output '", info_.outputs[k].name, "': the host allocated ",
+                      dtype_name(dst->dtype()), " but the op gives ", dtype_name(src->dtype()));
+    }
+    if (src->numel() > 0 && src->raw_data() != dst->raw_data()) copy_into(dst, src);
+  }
+}
+
+int fail_status(const char* op, const std::exception* e) noexcept {
+  try {
+    t_last_error = e ? e->what() : message(op, "unknown C++ exception");
+    std::fprintf(stderr, "opforge AOT entry point failed: %s\n", t_last_error.c_str());
+  } catch (...) {
+  }
+  if (!e) return kOther;
+  if (dynamic_cast<const TypeError*>(e)) return kTypeError;
+  if (dynamic_cast<const ValueError*>(e)) return kValueError;
+  if (dynamic_cast<const IndexError*>(e)) return kIndexError;
+  if (dynamic_cast<const RuntimeError*>(e)) return kRuntimeError;
+  return kOther;
+}
+
+const std::string& last_error() { return t_last_error; }
+
+// ---------------------------------------------------------------------------- external kernels
+
+namespace {
+
+std::string package_dir() {
+  Dl_info dl{};
+  if (dladdr(reinterpret_cast<void*>(&package_dir), &dl) && dl.dli_fname) {
+    std::string path = dl.dli_fname;
+    const size_t slash = path.rfind('/');
+    if (slash != std::string::npos) return path.substr(0, slash);
+  }
+  return ".";
+}
+
+std::vector<std::string> search_dirs() {
+  std::vector<std::string> dirs;
+  if (const char* env = std::getenv("OPFORGE_AOT_PATH")) {
+    std::string cur;
+    std::istringstream is(env);
+    while (std::getline(is, cur, ':')) {
+      if (!cur.empty()) dirs.push_back(cur);
+    }
+  }
+  dirs.push_back(package_dir());
+  return dirs;
+}
+
+}  // namespace
+
+Kernel external_kernel(const char* op, const char* library, const char* symbol) {
+  static std::mutex mutex;
+  static auto* cache = new std::map<std::string, Kernel>();  // never destroyed: handles stay open
+  const std::string key = std::string(library) + ":" + symbol;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache->find(key);
+  if (it != cache->end()) return it->second;
+
+  std::vector<std::string> candidates;
+  if (std::strchr(library, '/')) {
+    candidates.push_back(library);
+  } else {
+    for (const std::string& d : search_dirs()) candidates.push_back(d + "/" + library);
+  }
+  void* handle = nullptr;
+  std::string path;
+  for (const std::string& c : candidates) {
+    FILE* f = std::fopen(c.c_str(), "rb");
+    if (!f) continue;
+    std::fclose(f);
+    handle = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      const char* err = dlerror();
+      fail<RuntimeError>(op, "cannot load AOT library ", c, ": ", err ? err : "dlopen failed");
+    }
+    path = c;
+    break;
+  }
+  if (!handle) {
+    std::ostringstream tried;
+    for (size_t i = 0; i < candidates.size(); ++i) tried << (i ? ", " : "") << candidates[i];
+    fail<RuntimeError>(op, "AOT library '", library, "' not found (symbol '", symbol, "'); looked for ",
+                       tried.str(), std::strchr(library, '/') ? "" : " (add its directory to OPFORGE_AOT_PATH)");
+  }
+  dlerror();
+  void* fn = dlsym(handle, symbol);
+  if (!fn) {
+    const char* err = dlerror();
+    fail<RuntimeError>(op, "symbol '", symbol, "' not found in AOT library ", path, err ? ": " : "", err ? err : "");
+  }
+  Kernel k = reinterpret_cast<Kernel>(fn);
+  cache->emplace(key, k);
+  return k;
+}
+
+TensorList call_external(const char* op, const char* library, const char* symbol, const TensorList& inputs,
+                         const std::vector<Shape>& out_shapes, const std::vector<DType>& out_dtypes) {
+  Kernel kernel = external_kernel(op, library, symbol);
+  TensorList ins;
+  for (const TensorPtr& t : inputs) ins.push_back(contiguous(t));  // the ABI has no strides
+  TensorList outs;
+  for (size_t k = 0; k < out_shapes.size(); ++k) outs.push_back(empty(out_dtypes[k], out_shapes[k]));
+  std::vector<void*> params;
+  std::vector<int> ndims;
+  std::vector<int64_t*> shapes;
+  std::vector<const char*> dtypes;
+  std::vector<Shape> shape_store;
+  for (const TensorList* list : {&ins, &outs}) {
+    for (const TensorPtr& t : *list) shape_store.push_back(t->shape());
+  }
+  size_t i = 0;
+  for (const TensorList* list : {&ins, &outs}) {
+    for (const TensorPtr& t : *list) {
+      params.push_back(t->raw_data());
+      ndims.push_back(static_cast<int>(t->dim()));
+      shapes.push_back(shape_store[i++].data());
+      dtypes.push_back(dtype_name(t->dtype()));
+    }
+  }
+  const int rc = kernel(static_cast<int>(params.size()), params.data(), ndims.data(), shapes.data(),
+                        dtypes.data(), nullptr, nullptr);
+  if (rc != 0) {
+    fail<RuntimeError>(op, "AOT kernel ", symbol, " in ", library, " returned ", rc);
+  }
+  return outs;
+}
+
+}  // namespace opforge::aot

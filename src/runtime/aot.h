@@ -1,0 +1,114 @@
+// AOT entry points: every op callable through seed 004's C ABI
+//   extern "C" int f(int nparam, void** params, int* ndims, int64_t** shapes,
+//                    const char** dtypes, void* stream, void* extra)
+// (what MindSpore's ops.Custom(func_type="aot") loads), and the other direction: an op whose
+// kernel is such a function in an external shared library (impl kind `aot`).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/registry.h"
+#include "runtime/tensor.h"
+
+#define OPFORGE_AOT_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace opforge::aot {
+
+// Non-zero return codes of an entry point, by the exception that stopped the call.
+enum Status : int { kOk = 0, kTypeError = 1, kValueError = 2, kIndexError = 3, kRuntimeError = 4, kOther = 5 };
+
+// One call of an entry point: the host's buffers seen as opforge tensors (no copies), the attrs
+// from `extra` and the host's output buffers.
+//
+// params holds the present inputs in spec order (absent optional inputs are skipped; `present`
+// has bit k set when input k is there), then the outputs. Attrs come from MindSpore's AotExtra
+// (`extra`): each spec attr is a str attr of the same name holding its value as text: Python's
+// repr of a float (exact for float64), an int, True/False, the string itself, comma-separated
+// list items, or None for an optional attr without a value. Without extra (a plain C caller
+// passes NULL) or without an attr, the spec's default is used; a required attr must be given.
+class Call {
+ public:
+  Call(const OpInfo& info, uint32_t present, int nparam, void** params, int* ndims, int64_t** shapes,
+       const char** dtypes, void* extra);
+
+  TensorPtr input(size_t k) const { return inputs_[k]; }
+
+  bool attr_bool(const char* name) const;
+  int64_t attr_int(const char* name) const;
+  double attr_float(const char* name) const;
+  std::string attr_str(const char* name) const;
+  std::vector<int64_t> attr_int_list(const char* name) const;
+  std::vector<double> attr_float_list(const char* name) const;
+  template <typename T>
+  std::optional<T> attr_optional(const char* name, T (Call::*convert)(const char*) const) const {
+    const std::optional<std::string> text = raw(name);
+    if (text && *text == "None") return std::nullopt;
+    if (!text && default_of(name) == "None") return std::nullopt;
+    return (this->*convert)(name);
+  }
+
+  // Copies the results into the host's output buffers (shapes and dtypes must agree).
+  void set_outputs(const TensorList& outs) const;
+  void set_outputs(const TensorPtr& out) const { set_outputs(TensorList{out}); }
+
+ private:
+  std::optional<std::string> raw(const char* name) const;  // the host's text, if given
+  std::string text(const char* name) const;                // the host's text or the default
+  std::string default_of(const char* name) const;
+  const AttrInfo& attr_info(const char* name) const;
+
+  const OpInfo& info_;
+  void* extra_;
+  std::vector<TensorPtr> inputs_;
+  std::vector<TensorPtr> outputs_;
+};
+
+// Runs body(call), turning any exception into a status code and a message kept for
+// last_error() and written to stderr (a host such as MindSpore reports only the code).
+template <typename Body>
+int run(const OpInfo& info, uint32_t present, int nparam, void** params, int* ndims, int64_t** shapes,
+        const char** dtypes, void* extra, Body&& body) noexcept;
+
+int fail_status(const char* op, const std::exception* e) noexcept;
+const std::string& last_error();  // this thread's last failure message ("" if none)
+
+// ---- attrs from MindSpore's AotExtra (aot_extra.cpp, compiled with the old std::string ABI)
+
+// Whether the host's extra holds attr `name`; if so, *out receives its str value (malloc'ed,
+// to be freed by the caller). Returns false when extra is null or has no such attr; throws
+// nothing (a host error becomes *error, malloc'ed).
+extern "C" bool opforge_aot_extra_str(void* extra, const char* name, char** out, char** error);
+
+// ---- ops whose kernel is an external AOT function (impl kind `aot`)
+
+using Kernel = int (*)(int, void**, int*, int64_t**, const char**, void*, void*);
+
+// The function `symbol` of library `library` (an absolute path, or a file name searched in
+// $OPFORGE_AOT_PATH's directories, then the opforge package's directory), loaded on first use
+// and kept; failures raise RuntimeError naming the paths tried and the symbol.
+Kernel external_kernel(const char* op, const char* library, const char* symbol);
+
+// Calls an external kernel with the inputs and freshly allocated outputs of the given shapes
+// and dtypes; a non-zero return raises RuntimeError naming the op, library, symbol and code.
+TensorList call_external(const char* op, const char* library, const char* symbol,
+                         const TensorList& inputs, const std::vector<Shape>& out_shapes,
+                         const std::vector<DType>& out_dtypes);
+
+template <typename Body>
+int run(const OpInfo& info, uint32_t present, int nparam, void** params, int* ndims, int64_t** shapes,
+        const char** dtypes, void* extra, Body&& body) noexcept {
+  try {
+    Call call(info, present, nparam, params, ndims, shapes, dtypes, extra);
+    body(call);
+    return kOk;
+  } catch (const std::exception& e) {
+    return fail_status(info.name, &e);
+  } catch (...) {
+    return fail_status(info.name, nullptr);
+  }
+}
+
+}  // namespace opforge::aot
