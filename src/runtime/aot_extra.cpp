@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
-namespace {
+// A named namespace, not an anonymous one: in an anonymous namespace the compiler knows no class
+// derives from AotExtra and turns the calls into calls of its pure virtual functions.
+namespace opforge_mirror {
 
 class AotKernelData {
  public:
@@ -37,6 +39,10 @@ class AotExtra {
   AotKernelData* kernel_data_{nullptr};
 };
 
+}  // namespace opforge_mirror
+
+namespace {
+
 char* copy(const std::string& s) {
   char* p = static_cast<char*>(std::malloc(s.size() + 1));
   if (p) std::memcpy(p, s.c_str(), s.size() + 1);
@@ -50,7 +56,7 @@ extern "C" bool opforge_aot_extra_str(void* extra, const char* name, char** out,
   *error = nullptr;
   if (!extra) return false;
   try {
-    auto* ex = static_cast<AotExtra*>(extra);
+    auto* ex = static_cast<opforge_mirror::AotExtra*>(extra);
     if (!ex->HasAttr(name)) return false;
     *out = copy(ex->Str(name));
     return true;

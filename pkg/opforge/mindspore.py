@@ -1,0 +1,421 @@
+"""opforge ops as MindSpore primitives, in PyNative and Graph mode, with MindSpore's autograd.
+
+Every op of the package is an ``ops.Custom(func_type="aot")`` primitive calling the op's AOT
+entry point in this wheel's shared library (seed 004's C ABI, see ``runtime/aot.h``), with the
+``CustomRegOp`` registration built from the op's registration table and a ``bprop`` built from
+the spec's gradient formulas over these same primitives. Nothing is written per op::
+
+    import opforge.mindspore as om
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.ops = om.ops                                # default attrs, all inputs
+            self.act = om.primitive("leaky_relu", alpha=0.2)  # other attrs: their own primitive
+
+        def construct(self, x, y):
+            return self.act(self.ops.mul(x, y))
+
+- ``ops.<name>`` is the op's primitive with its default attrs and every input present.
+- ``primitive(name, without=(...), **attrs)`` is the primitive for other attr values or without
+  some optional inputs (attrs are fixed per primitive, as MindSpore's are). Primitives are cached.
+- ``functional.<name>(*inputs, **attrs)`` picks the primitive per call; meant for PyNative code.
+- Composite ops without a bprop of their own (``square``) are functions over the primitives.
+
+Attrs reach the kernel as MindSpore prim attrs (``CustomRegOp.attr(name, "required", "str",
+value=text)``); the kernel reads them through ``extra``. Shapes and dtypes are inferred by the
+op's own meta rule (``opforge._C._meta``), so a call the registration table does not allow
+raises the op's own TypeError/ValueError before any kernel runs (MindSpore never casts a dtype
+the op does not list).
+
+MindSpore 2.10 needs NumPy 1.x: ``pip install mindspore==2.10.0 "numpy<2"``.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+from typing import Any, Callable, Sequence
+
+try:
+    import mindspore as ms
+    from mindspore import ops as _msops
+    from mindspore.ops import CustomRegOp
+except ImportError as e:  # pragma: no cover - exercised in a subprocess
+    raise ImportError(
+        "opforge.mindspore needs MindSpore: pip install mindspore==2.10.0 \"numpy<2\" "
+        f"(import failed: {e})") from e
+
+from opforge import _C, _formulas
+from opforge._opdef import OpDef
+
+__all__ = ["ops", "functional", "primitive", "LIBRARY", "F", "H"]
+
+#: The shared library holding every op's AOT entry point.
+LIBRARY: str = _C.__file__
+
+_DTYPES = {
+    "bool": ms.bool_, "uint8": ms.uint8, "int8": ms.int8, "int16": ms.int16, "int32": ms.int32,
+    "int64": ms.int64, "float16": ms.float16, "bfloat16": ms.bfloat16, "float32": ms.float32,
+    "float64": ms.float64,
+}
+_FROM_MS = {str(v): k for k, v in _DTYPES.items()}
+_FROM_MS.update({str(ms.TensorType(v)): k for k, v in _DTYPES.items()})
+
+
+def _dtype_name(op: OpDef, arg: str, d: Any) -> str:
+    text = str(d)
+    if text.startswith("Ref[") and text.endswith("]"):  # a Parameter
+        text = text[4:-1]
+    name = _FROM_MS.get(text)
+    if name is None:
+        raise TypeError(f"[{op.name}] input '{arg}' has dtype {d}, which opforge does not have; "
+                        f"supported dtypes: {', '.join(_DTYPES)}")
+    return name
+
+
+def _attr_text(atype: str, value: Any) -> str:
+    """An attr's value as the text the AOT entry point parses (runtime/aot.h)."""
+    if value is None:
+        return "None"
+    if atype.startswith("list["):
+        return ",".join(_attr_text(atype[5:-1], v) for v in value)
+    if atype == "float":
+        return repr(float(value))
+    if atype == "bool":
+        return "True" if value else "False"
+    return str(value)
+
+
+def _rows(op: OpDef, present: Sequence[bool]) -> list[tuple]:
+    """The op's dtype rows on CPU, as MindSpore DataType pairs for the present inputs and the outputs."""
+    info = next(t for t in _C.op_info(op.name) if t["target"] == "CPU")
+    keep = [k for k, p in enumerate(present) if p] + list(range(len(op.inputs), len(op.inputs) + len(op.outputs)))
+    rows = []
+    for row in info["dtype_format"]:
+        if row[0][1] != "DefaultFormat":
+            continue
+        r = tuple((row[k][0], "DefaultFormat") for k in keep)
+        if r not in rows:
+            rows.append(r)
+    return rows
+
+
+def _reg_info(op: OpDef, present: Sequence[bool], attrs: Sequence[Any]) -> dict:
+    reg = CustomRegOp(op.name)
+    index = 0
+    for i, p in zip(op.inputs, present):
+        if p:
+            reg = reg.input(index, i.name)
+            index += 1
+    for k, o in enumerate(op.outputs):
+        reg = reg.output(k, o.name)
+    for a, v in zip(op.attrs, attrs):
+        reg = reg.attr(a.name, "required", "str", value=_attr_text(a.type, v))
+    for row in _rows(op, present):
+        reg = reg.dtype_format(*row)
+    return reg.target("CPU").get_op_info()
+
+
+def _full_attrs(op: OpDef, args: Sequence[Any], kwargs: dict) -> tuple:
+    values = list(args)
+    if len(values) > len(op.attrs):
+        raise TypeError(f"[{op.name}] takes {len(op.attrs)} attrs ({', '.join(a.name for a in op.attrs)}), "
+                        f"got {len(values)}")
+    for a in op.attrs[len(values):]:
+        if a.name in kwargs:
+            values.append(kwargs.pop(a.name))
+        elif a.required:
+            raise TypeError(f"[{op.name}] missing required attr '{a.name}'")
+        else:
+            values.append(list(a.default) if isinstance(a.default, tuple) else a.default)
+    if kwargs:
+        raise TypeError(f"[{op.name}] unknown attr(s) {', '.join(sorted(kwargs))}; attrs: "
+                        f"{', '.join(a.name for a in op.attrs) or 'none'}")
+    return tuple(values)
+
+
+class _Infer:
+    """Output shapes and dtypes of one primitive, from the op's meta rule (cached per input
+    shapes and dtypes: PyNative infers on every call)."""
+
+    def __init__(self, op: OpDef, present: Sequence[bool], attrs: tuple):
+        self.op = op
+        self.present = tuple(present)
+        self.attrs = attrs
+        self.meta = getattr(_C._meta, op.name)
+        self.cache: dict = {}
+
+    def __call__(self, args: Sequence[dict]) -> tuple:
+        shapes = tuple(tuple(a["shape"]) for a in args)
+        dtypes = tuple(str(a["dtype"]) for a in args)
+        key = (shapes, dtypes)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        op = self.op
+        names = [i.name for i, p in zip(op.inputs, self.present) if p]
+        if len(args) != len(names):
+            raise TypeError(f"[{op.name}] this primitive takes {len(names)} inputs ({', '.join(names)}), "
+                            f"got {len(args)}")
+        stand_ins: list[Any] = []
+        it = iter(zip(names, shapes, args))
+        for p in self.present:
+            if not p:
+                stand_ins.append(None)
+                continue
+            name, shape, a = next(it)
+            if any(s is None or s < 0 for s in shape):
+                raise ValueError(f"[{op.name}] input '{name}': dynamic shape {list(shape)} is not supported "
+                                 "by opforge.mindspore's Python shape inference; use static shapes")
+            stand_ins.append(_C._meta_tensor(list(shape), _dtype_name(op, name, a["dtype"])))
+        metas = self.meta(*stand_ins, *self.attrs)  # raises what a real call would
+        out_shapes = [list(s) for s, _ in metas]
+        out_dtypes = [ms.TensorType(_DTYPES[d]) for _, d in metas]  # not a bare dtype: 0-d would be a scalar
+        result = ((out_shapes[0], out_dtypes[0]) if len(metas) == 1 else (tuple(out_shapes), tuple(out_dtypes)))
+        if len(self.cache) < 256:
+            self.cache[key] = result
+        return result
+
+
+class Primitive(_msops.Custom):
+    """One opforge op with fixed attrs and a fixed set of present inputs, as a MindSpore
+    ``ops.Custom`` AOT primitive."""
+
+    def __init__(self, op: OpDef, present: Sequence[bool], attrs: tuple):
+        self.opdef = op
+        self.infer = _Infer(op, present, attrs)
+        symbol = op.aot_symbol(tuple(present))
+        super().__init__(
+            f"{LIBRARY}:{symbol}",
+            out_shape=lambda *shapes: None,  # replaced by __infer__ below
+            out_dtype=lambda *dtypes: None,
+            func_type="aot",
+            bprop=_bprop(op, present, attrs),
+            reg_info=_reg_info(op, present, attrs),
+        )
+        self.add_prim_attr("opforge_op", op.name)
+
+    def __infer__(self, *args: dict) -> dict:
+        shape, dtype = self.infer(args)
+        return {"shape": shape, "dtype": dtype, "value": None}
+
+
+def _bprop(op: OpDef, present: Sequence[bool], attrs: tuple) -> Callable:
+    """MindSpore's bprop for one primitive: ``(*inputs, out, dout) -> input grads``, evaluating the
+    spec's gradient formulas (opforge._formulas) with these primitives. Graph mode compiles it."""
+    n_in = sum(1 for p in present if p)
+    multi = len(op.outputs) > 1
+    n_out = len(op.outputs)
+    diff_out = tuple(k for k, o in enumerate(op.outputs) if o.differentiable)
+    formula = op.bprop
+    has_formula = formula is not None
+    need = tuple(i.differentiable for i in op.inputs)
+    slots = tuple(present)
+
+    def impl(ins: tuple, out: Any, dout: Any) -> tuple:
+        full = ()
+        j = 0
+        for p in slots:
+            if p:
+                full = full + (ins[j],)
+                j = j + 1
+            else:
+                full = full + (None,)
+        outs = out if multi else (out,)
+        douts = dout if multi else (dout,)
+        if not has_formula:
+            return tuple(_msops.zeros_like(t) for t in ins)
+        meta = ()
+        for t in full:
+            meta = meta + ((None if t is None else (t.shape, t.dtype)),)
+        douts_d = ()
+        for k in diff_out:
+            douts_d = douts_d + (douts[k],)
+        grads = formula(F, H, need, meta, *(full + tuple(outs) + douts_d + attrs))
+        result = ()
+        for k in range(len(slots)):
+            if slots[k]:
+                result = result + ((grads[k] if need[k] else _msops.zeros_like(full[k])),)
+        return result
+
+    return _BPROP_ARITY[n_in](impl)
+
+
+# MindSpore reads a bprop's parameters (inputs..., out, dout) from its signature: one fixed-arity
+# wrapper per input count.
+def _bprop1(impl: Callable) -> Callable:
+    def bprop(i0: Any, out: Any, dout: Any) -> tuple:
+        return impl((i0,), out, dout)
+    return bprop
+
+
+def _bprop2(impl: Callable) -> Callable:
+    def bprop(i0: Any, i1: Any, out: Any, dout: Any) -> tuple:
+        return impl((i0, i1), out, dout)
+    return bprop
+
+
+def _bprop3(impl: Callable) -> Callable:
+    def bprop(i0: Any, i1: Any, i2: Any, out: Any, dout: Any) -> tuple:
+        return impl((i0, i1, i2), out, dout)
+    return bprop
+
+
+def _bprop4(impl: Callable) -> Callable:
+    def bprop(i0: Any, i1: Any, i2: Any, i3: Any, out: Any, dout: Any) -> tuple:
+        return impl((i0, i1, i2, i3), out, dout)
+    return bprop
+
+
+def _bprop5(impl: Callable) -> Callable:
+    def bprop(i0: Any, i1: Any, i2: Any, i3: Any, i4: Any, out: Any, dout: Any) -> tuple:
+        return impl((i0, i1, i2, i3, i4), out, dout)
+    return bprop
+
+
+def _bprop6(impl: Callable) -> Callable:
+    def bprop(i0: Any, i1: Any, i2: Any, i3: Any, i4: Any, i5: Any, out: Any, dout: Any) -> tuple:
+        return impl((i0, i1, i2, i3, i4, i5), out, dout)
+    return bprop
+
+
+def _bprop7(impl: Callable) -> Callable:
+    def bprop(i0: Any, i1: Any, i2: Any, i3: Any, i4: Any, i5: Any, i6: Any, out: Any, dout: Any) -> tuple:
+        return impl((i0, i1, i2, i3, i4, i5, i6), out, dout)
+    return bprop
+
+
+def _bprop8(impl: Callable) -> Callable:
+    def bprop(i0: Any, i1: Any, i2: Any, i3: Any, i4: Any, i5: Any, i6: Any, i7: Any, out: Any,
+              dout: Any) -> tuple:
+        return impl((i0, i1, i2, i3, i4, i5, i6, i7), out, dout)
+    return bprop
+
+
+_BPROP_ARITY = {1: _bprop1, 2: _bprop2, 3: _bprop3, 4: _bprop4, 5: _bprop5, 6: _bprop6, 7: _bprop7, 8: _bprop8}
+
+
+@functools.lru_cache(maxsize=None)
+def _primitive(name: str, present: tuple, attrs: tuple) -> Primitive:
+    return Primitive(_formulas.OPS[name], present, tuple(list(a) if isinstance(a, tuple) else a for a in attrs))
+
+
+def _hashable(v: Any) -> Any:
+    return tuple(v) if isinstance(v, list) else v
+
+
+def primitive(name: str, *, without: Sequence[str] = (), **attrs: Any) -> Any:
+    """The MindSpore primitive of op ``name`` with these attrs (the others at their defaults) and
+    without the optional inputs named in ``without``. Cached: equal arguments give the same
+    primitive. Composite ops give a function over the primitives."""
+    op = _formulas.OPS.get(name)
+    if op is None:
+        raise ValueError(f"[opforge.mindspore] unknown op '{name}'; known ops: {', '.join(sorted(_formulas.OPS))}")
+    values = _full_attrs(op, (), dict(attrs))
+    names = {i.name for i in op.inputs}
+    for w in without:
+        if w not in names or not op.inputs[op.input_index(w)].optional:
+            optional = [i.name for i in op.inputs if i.optional]
+            raise ValueError(f"[{name}] '{w}' is not an optional input; optional inputs: {', '.join(optional) or 'none'}")
+    present = tuple(i.name not in without for i in op.inputs)
+    if op.composite is not None and op.bprop is None:
+        return functools.partial(_composite, op, present, values)
+    return _primitive(name, present, tuple(_hashable(v) for v in values))
+
+
+def _composite(op: OpDef, present: tuple, attrs: tuple, *inputs: Any) -> Any:
+    full: list[Any] = []
+    it = iter(inputs)
+    for p in present:
+        full.append(next(it) if p else None)
+    return op.composite(F, H, *full, *attrs)
+
+
+def _call(op: OpDef, args: Sequence[Any], kwargs: dict) -> Any:
+    n_in = len(op.inputs)
+    inputs = list(args[:n_in])
+    for i in op.inputs[len(inputs):]:
+        if i.name in kwargs:
+            inputs.append(kwargs.pop(i.name))
+        elif i.optional:
+            inputs.append(None)
+        else:
+            raise TypeError(f"[{op.name}] missing input '{i.name}'")
+    values = _full_attrs(op, args[n_in:], kwargs)
+    present = tuple(t is not None for t in inputs)
+    if op.composite is not None and op.bprop is None:
+        return op.composite(F, H, *inputs, *values)
+    prim = _primitive(op.name, present, tuple(_hashable(v) for v in values))
+    return prim(*(t for t in inputs if t is not None))
+
+
+def _functional(op: OpDef) -> Callable:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return _call(op, args, kwargs)
+
+    call.__name__ = op.name
+    call.__doc__ = getattr(_C.ops, op.name).__doc__
+    return call
+
+
+class _Helpers:
+    """The tensor helpers generated formulas call (see opforge/_opdef.py), in MindSpore."""
+
+    @staticmethod
+    def scalar_like(value: Any, like: Any) -> Any:
+        return _msops.cast(ms.Tensor(value), like.dtype)
+
+    zeros_like = staticmethod(_msops.zeros_like)
+    ones_like = staticmethod(_msops.ones_like)
+
+    @staticmethod
+    def numel(t: Any) -> Any:
+        return t.size
+
+    @staticmethod
+    def expand_reduced(g: Any, like: Any, axes: Any, keepdims: bool) -> Any:
+        if not keepdims:
+            rank = len(like.shape)
+            axes = [axes] if isinstance(axes, int) else list(axes)
+            for a in sorted(a % rank for a in axes):
+                g = _msops.expand_dims(g, a)
+        return _msops.broadcast_to(g, like.shape)
+
+    @staticmethod
+    def reduce_grad(g: Any, meta: Any) -> Any:
+        shape, dtype = meta
+        gshape = tuple(g.shape)
+        shape = tuple(shape)
+        if gshape != shape:
+            lead = len(gshape) - len(shape)
+            axes = tuple(range(lead)) + tuple(
+                lead + k for k, s in enumerate(shape) if s == 1 and gshape[lead + k] != 1)
+            if axes:
+                g = _msops.sum(g, axes, keepdim=True)
+            g = _msops.reshape(g, shape)
+        return g if g.dtype == dtype else _msops.cast(g, dtype)
+
+
+H = _Helpers()
+
+#: Every op as a function picking its primitive per call (PyNative code; attrs as keywords).
+functional = SimpleNamespace(**{name: _functional(op) for name, op in _formulas.OPS.items()})
+
+#: The namespace bprop and composite formulas compute with (filled in below).
+F = SimpleNamespace()
+
+
+def _default(op: OpDef) -> Any:
+    if (op.composite is not None and op.bprop is None) or any(a.required for a in op.attrs):
+        return getattr(functional, op.name)
+    return primitive(op.name)
+
+
+#: Every op as a MindSpore primitive with its default attrs and all inputs present (ops with a
+#: required attr, and composite ops, as their ``functional`` form).
+ops = SimpleNamespace(**{name: _default(op) for name, op in _formulas.OPS.items()})
+
+for _name, _op in _formulas.OPS.items():
+    _simple = not _op.attrs and not any(i.optional for i in _op.inputs) and not (_op.composite and not _op.bprop)
+    setattr(F, _name, getattr(ops, _name) if _simple else getattr(functional, _name))
