@@ -39,6 +39,7 @@ from typing import Any, Callable, Sequence
 
 try:
     import mindspore as ms
+    from mindspore import nn
     from mindspore import ops as _msops
     from mindspore.ops import CustomRegOp
 except ImportError as e:  # pragma: no cover - exercised in a subprocess
@@ -210,7 +211,7 @@ def _bprop(op: OpDef, present: Sequence[bool], attrs: tuple) -> Callable:
     diff_out = tuple(k for k, o in enumerate(op.outputs) if o.differentiable)
     formula = op.bprop
     has_formula = formula is not None
-    need = tuple(i.differentiable for i in op.inputs)
+    need = tuple(i.differentiable and p for i, p in zip(op.inputs, present))
     slots = tuple(present)
 
     def impl(ins: tuple, out: Any, dout: Any) -> tuple:
@@ -320,16 +321,35 @@ def primitive(name: str, *, without: Sequence[str] = (), **attrs: Any) -> Any:
             raise ValueError(f"[{name}] '{w}' is not an optional input; optional inputs: {', '.join(optional) or 'none'}")
     present = tuple(i.name not in without for i in op.inputs)
     if op.composite is not None and op.bprop is None:
-        return functools.partial(_composite, op, present, values)
+        return _composite(name, present, tuple(_hashable(v) for v in values))
     return _primitive(name, present, tuple(_hashable(v) for v in values))
 
 
-def _composite(op: OpDef, present: tuple, attrs: tuple, *inputs: Any) -> Any:
-    full: list[Any] = []
-    it = iter(inputs)
-    for p in present:
-        full.append(next(it) if p else None)
-    return op.composite(F, H, *full, *attrs)
+class Composite(nn.Cell):
+    """A composite op without a bprop of its own (``square``): its spec formula over the
+    primitives, as a Cell (so Graph mode compiles it); gradients flow through the primitives."""
+
+    def __init__(self, op: OpDef, present: tuple, attrs: tuple):
+        super().__init__()
+        self.formula = op.composite
+        self.slots = present
+        self.attrs = attrs
+
+    def construct(self, *inputs: Any) -> Any:
+        full = ()
+        j = 0
+        for p in self.slots:
+            if p:
+                full = full + (inputs[j],)
+                j = j + 1
+            else:
+                full = full + (None,)
+        return self.formula(F, H, *(full + self.attrs))
+
+
+@functools.lru_cache(maxsize=None)
+def _composite(name: str, present: tuple, attrs: tuple) -> Composite:
+    return Composite(_formulas.OPS[name], present, tuple(list(a) if isinstance(a, tuple) else a for a in attrs))
 
 
 def _call(op: OpDef, args: Sequence[Any], kwargs: dict) -> Any:
@@ -364,21 +384,27 @@ class _Helpers:
 
     @staticmethod
     def scalar_like(value: Any, like: Any) -> Any:
-        return _msops.cast(ms.Tensor(value), like.dtype)
+        if isinstance(value, ms.Tensor):  # a number computed from numel()s
+            return _msops.cast(value, like.dtype)
+        return ms.Tensor(value, like.dtype)
 
     zeros_like = staticmethod(_msops.zeros_like)
     ones_like = staticmethod(_msops.ones_like)
 
     @staticmethod
     def numel(t: Any) -> Any:
-        return t.size
+        # a float64 0-d tensor, not an int: Graph mode computes with Python numbers in float32
+        return ms.Tensor(t.size, ms.float64)
 
     @staticmethod
     def expand_reduced(g: Any, like: Any, axes: Any, keepdims: bool) -> Any:
         if not keepdims:
             rank = len(like.shape)
-            axes = [axes] if isinstance(axes, int) else list(axes)
-            for a in sorted(a % rank for a in axes):
+            if axes is None:
+                axes = tuple(range(rank))
+            elif isinstance(axes, int):
+                axes = (axes,)
+            for a in sorted([a % rank for a in axes]):
                 g = _msops.expand_dims(g, a)
         return _msops.broadcast_to(g, like.shape)
 
@@ -387,6 +413,8 @@ class _Helpers:
         shape, dtype = meta
         gshape = tuple(g.shape)
         shape = tuple(shape)
+        if 0 in gshape:  # MindSpore's sum over an empty axis is not 0
+            return _msops.zeros(shape, dtype)
         if gshape != shape:
             lead = len(gshape) - len(shape)
             axes = tuple(range(lead)) + tuple(
@@ -407,7 +435,7 @@ F = SimpleNamespace()
 
 
 def _default(op: OpDef) -> Any:
-    if (op.composite is not None and op.bprop is None) or any(a.required for a in op.attrs):
+    if any(a.required for a in op.attrs):
         return getattr(functional, op.name)
     return primitive(op.name)
 

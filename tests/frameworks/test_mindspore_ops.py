@@ -1,0 +1,339 @@
+"""opforge.mindspore: every op as a MindSpore aot Custom primitive, in PyNative and Graph mode.
+
+For each spec'd op and each of its test cases (in float64 where the op takes it): the MindSpore
+op matches the spec's NumPy reference, and ``ms.grad`` through it (the bprop built from the
+spec's formulas over opforge's MindSpore primitives) matches opforge's own autograd (the C++
+Function classes) for a random output gradient. Every op also runs forward and backward inside
+an ``nn.Cell`` in GRAPH_MODE. The seed documents' examples and bad input are checked at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+ms = pytest.importorskip("mindspore", reason='MindSpore is not installed (pip install mindspore==2.10.0 "numpy<2")')
+
+from mindspore import Parameter, Tensor, nn  # noqa: E402
+from mindspore import ops as msops  # noqa: E402
+
+import opforge  # noqa: E402
+import opforge.mindspore as om  # noqa: E402
+from cases import Case, cases, make_data, reference, to_inputs, tolerance  # noqa: E402
+
+ms.set_device(device_target="CPU")
+ms.runtime.launch_blocking()  # synchronous PyNative: errors surface at the call that made them
+
+
+@pytest.fixture(params=["pynative", "graph"])
+def mode(request) -> Any:
+    old = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE if request.param == "graph" else ms.PYNATIVE_MODE)
+    yield request.param
+    ms.set_context(mode=old)
+
+
+@pytest.fixture
+def pynative() -> Any:
+    old = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=old)
+
+
+def _ms_cases() -> list[Case]:
+    """Per op, its float64 cases, or its cases in the widest dtype it has when float64 is not one."""
+    by_op: dict[str, list[Case]] = {}
+    for c in cases():
+        by_op.setdefault(c.op.name, []).append(c)
+    out = []
+    for name, cs in by_op.items():
+        dtypes = [c.dtype for c in cs]
+        pick = "float64" if "float64" in dtypes else dtypes[-1]
+        out += [c for c in cs if c.dtype == pick]
+    return out
+
+
+CASES = _ms_cases()
+GRAD_CASES = [c for c in CASES if c.dtype == "float64" and any(i.differentiable for i in c.op.inputs)
+              and (c.op.bprop is not None or c.op.impl.kind == "composite")]
+# one case per op for Graph mode (each compiles a graph)
+GRAPH_CASES = list({c.op.name: c for c in reversed(CASES)}.values())
+
+
+def ms_inputs(case: Case, data: list[Any]) -> list[Any]:
+    return [None if a is None else Tensor(np.array(a, order="C")) for a in to_inputs(case.op, case.dtype, data)]
+
+
+def check_outputs(case: Case, outs: Any, refs: tuple) -> None:
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    rtol, atol = tolerance(case.op, case.dtype)
+    assert len(outs) == len(refs)
+    for o, r, spec in zip(outs, refs, case.op.outputs):
+        assert isinstance(o, Tensor), spec.name
+        got, r = o.asnumpy(), np.asarray(r)
+        assert got.shape == r.shape, spec.name
+        if got.dtype.kind == "f":
+            np.testing.assert_allclose(got.astype(np.float64), r, rtol=rtol, atol=atol, err_msg=spec.name)
+        else:
+            np.testing.assert_array_equal(got, r.astype(got.dtype), err_msg=spec.name)
+
+
+def test_every_op_is_there() -> None:
+    names = set(opforge.list_ops())
+    assert {c.op.name for c in CASES} == names
+    for name in names:
+        assert hasattr(om.ops, name) and hasattr(om.functional, name), name
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_forward_matches_reference(case: Case, rng, pynative) -> None:
+    data = make_data(case.op, case.dtype, case.shapes, rng)
+    outs = getattr(om.functional, case.op.name)(*ms_inputs(case, data), **case.attrs)
+    check_outputs(case, outs, reference(case.op, data, case.attrs))
+
+
+def _expected_grads(case: Case, data: list[Any], weights: list[np.ndarray]) -> list[Any]:
+    """Gradients of sum(out_k * w_k) over the differentiable outputs, from opforge's autograd."""
+    op = case.op
+    inputs = [None if a is None else opforge.tensor(a, requires_grad=spec.differentiable)
+              for spec, a in zip(op.inputs, to_inputs(op, case.dtype, data))]
+    outs = getattr(opforge.ops, op.name)(*inputs, **case.attrs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    diff = [k for k, o in enumerate(op.outputs) if o.differentiable]
+    wanted = [k for k, t in enumerate(inputs) if t is not None and op.inputs[k].differentiable]
+    grads = opforge.gradients([outs[k] for k in diff], [inputs[k] for k in wanted],
+                              [opforge.tensor(w) for w in weights], allow_unused=True)
+    return [np.zeros(inputs[k].shape) if g is None else g.numpy() for k, g in zip(wanted, grads)]
+
+
+def _loss_fn(case: Case, call: Any, inputs: list[Any], weights: list[np.ndarray]) -> tuple[Any, list[int]]:
+    op = case.op
+    wanted = [k for k, t in enumerate(inputs) if t is not None and op.inputs[k].differentiable]
+    diff = [k for k, o in enumerate(op.outputs) if o.differentiable]
+    ws = [Tensor(w) for w in weights]
+
+    def fn(*diff_inputs: Any) -> Any:
+        full = list(inputs)
+        for k, t in zip(wanted, diff_inputs):
+            full[k] = t
+        outs = call(*full)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        loss = 0
+        for k, w in zip(diff, ws):
+            loss = loss + (outs[k] * w).sum()
+        return loss
+
+    return fn, wanted
+
+
+def _weights(case: Case, data: list[Any], rng) -> list[np.ndarray]:
+    outs = reference(case.op, data, case.attrs)
+    return [rng.uniform(-1, 1, np.shape(outs[k])) for k, o in enumerate(case.op.outputs) if o.differentiable]
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: c.id)
+def test_gradients_match_opforge_autograd(case: Case, rng, pynative) -> None:
+    data = make_data(case.op, case.dtype, case.shapes, rng)
+    weights = _weights(case, data, rng)
+    inputs = ms_inputs(case, data)
+    fn, wanted = _loss_fn(case, lambda *a: getattr(om.functional, case.op.name)(*a, **case.attrs), inputs, weights)
+    grads = ms.grad(fn, grad_position=tuple(range(len(wanted))))(*(inputs[k] for k in wanted))
+    grads = grads if isinstance(grads, tuple) else (grads,)
+    for k, g, e in zip(wanted, grads, _expected_grads(case, data, weights)):
+        np.testing.assert_allclose(g.asnumpy(), e, rtol=1e-9, atol=1e-12, err_msg=case.op.inputs[k].name)
+
+
+def _cell_for(case: Case) -> Any:
+    """An nn.Cell calling the op's primitive for this case's attrs and present inputs."""
+    op = case.op
+    present = [s is not None for s in case.shapes]
+    without = tuple(i.name for i, p in zip(op.inputs, present) if not p)
+    prim = om.primitive(op.name, without=without, **case.attrs)
+
+    class OpCell(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.op = prim
+
+        def construct(self, *xs: Any) -> Any:
+            return self.op(*xs)
+
+    return OpCell()
+
+
+@pytest.mark.parametrize("case", GRAPH_CASES, ids=lambda c: c.id)
+def test_graph_mode_forward_and_gradients(case: Case, rng) -> None:
+    data = make_data(case.op, case.dtype, case.shapes, rng)
+    inputs = ms_inputs(case, data)
+    present = [t for t in inputs if t is not None]
+    old = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        cell = _cell_for(case)
+        check_outputs(case, cell(*present), reference(case.op, data, case.attrs))
+        if case in GRAD_CASES:
+            weights = _weights(case, data, rng)
+            slots = [k for k, t in enumerate(inputs) if t is not None]
+
+            class Loss(nn.Cell):
+                def __init__(self) -> None:
+                    super().__init__()
+                    self.inner = cell
+                    self.ws = [Tensor(w) for w in weights]
+
+                def construct(self, *xs: Any) -> Any:
+                    outs = self.inner(*xs)
+                    outs = outs if isinstance(outs, tuple) else (outs,)
+                    loss = 0
+                    for k in DIFF:
+                        loss = loss + (outs[k] * self.ws[DIFF.index(k)]).sum()
+                    return loss
+
+            DIFF = tuple(k for k, o in enumerate(case.op.outputs) if o.differentiable)  # noqa: N806
+            wanted = [k for k in slots if case.op.inputs[k].differentiable]
+            positions = tuple(slots.index(k) for k in wanted)
+            grads = ms.grad(Loss(), grad_position=positions)(*present)
+            grads = grads if isinstance(grads, tuple) else (grads,)
+            for k, g, e in zip(wanted, grads, _expected_grads(case, data, weights)):
+                np.testing.assert_allclose(g.asnumpy(), e, rtol=1e-9, atol=1e-12, err_msg=case.op.inputs[k].name)
+    finally:
+        ms.set_context(mode=old)
+
+
+# ---------------------------------------------------------------------------- the seeds' examples
+
+
+class MyNet(nn.Cell):
+    """Seed 000's network, with opforge's mul."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = Parameter(2.0, requires_grad=True)
+        self.my_ops = om.ops
+
+    def construct(self, x: Any, y: Any) -> Any:
+        z = self.my_ops.mul(x, y)
+        return self.my_ops.mul(z, self.p)
+
+
+def test_seed_000_value_and_grad(mode) -> None:
+    x = Tensor(1.0, ms.float32) * 2
+    y = Tensor(1.0, ms.float32) * 3
+    net = MyNet()
+    out, grads = ms.value_and_grad(net, grad_position=(0, 1), weights=net.trainable_params())(x, y)
+    assert float(out.asnumpy()) == 12.0
+    assert [float(g.asnumpy()) for g in grads[0]] == [6.0, 4.0]
+    assert [float(g.asnumpy()) for g in grads[1]] == [6.0]
+
+
+class SquareNet(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.square = om.ops.square
+
+    def construct(self, x: Any) -> Any:
+        return self.square(x)
+
+
+def test_seed_002_square_bprop(mode) -> None:
+    x = Tensor(np.array([1.0, 4.0, 9.0], np.float32))
+    dx = ms.grad(SquareNet())(x)
+    np.testing.assert_array_equal(dx.asnumpy(), [2.0, 8.0, 18.0])
+
+
+class LeakyReluNet(nn.Cell):
+    """Seed 004's network, with opforge's leaky_relu (its kernel from the spec's expression)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.leaky_relu = om.ops.leaky_relu
+
+    def construct(self, x: Any) -> Any:
+        return self.leaky_relu(x)
+
+
+def test_seed_004_leaky_relu(mode) -> None:
+    x0 = np.array([[0.0, -0.1], [-0.2, 1.0]]).astype(np.float32)
+    out = LeakyReluNet()(Tensor(x0))
+    np.testing.assert_allclose(out.asnumpy(), [[0.0, -0.001], [-0.002, 1.0]], rtol=1e-6)
+    dx = ms.grad(LeakyReluNet())(Tensor(x0))
+    np.testing.assert_allclose(dx.asnumpy(), [[0.01, 0.01], [0.01, 1.0]], rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------- attrs, modes, errors
+
+
+def test_attrs_reach_the_kernel_exactly(mode) -> None:
+    """float attrs travel as text: a float64 kernel sees the exact double (not a float32)."""
+    x = np.array([-1.0, -3.0, 2.0])
+    out = om.primitive("leaky_relu", alpha=0.1)(Tensor(x))
+    np.testing.assert_array_equal(out.asnumpy(), np.where(x > 0, x, 0.1 * x))
+    y = om.primitive("sum", axis=[0], keepdims=True)(Tensor(np.arange(6.0).reshape(2, 3)))
+    np.testing.assert_array_equal(y.asnumpy(), [[3.0, 5.0, 7.0]])
+    z = om.primitive("clamp", min=-0.5)(Tensor(x))  # max=None
+    np.testing.assert_array_equal(z.asnumpy(), np.maximum(x, -0.5))
+
+
+def test_primitives_are_cached_and_named() -> None:
+    assert om.primitive("leaky_relu", alpha=0.2) is om.primitive("leaky_relu", alpha=0.2)
+    assert om.primitive("leaky_relu") is om.ops.leaky_relu
+    p = om.primitive("linear", without=("bias",))
+    assert p.func.endswith(":opforge_linear__without__bias")
+    assert p.func.startswith(om.LIBRARY)
+
+
+def test_optional_inputs(mode) -> None:
+    rng = np.random.default_rng(0)
+    x, w, b = rng.normal(size=(4, 3)), rng.normal(size=(2, 3)), rng.normal(size=(2,))
+    with_bias = om.ops.linear(Tensor(x), Tensor(w), Tensor(b))
+    without = om.primitive("linear", without=("bias",))(Tensor(x), Tensor(w))
+    np.testing.assert_allclose(with_bias.asnumpy(), x @ w.T + b, rtol=1e-12)
+    np.testing.assert_allclose(without.asnumpy(), x @ w.T, rtol=1e-12)
+
+
+def test_unsupported_dtype_names_the_op(mode) -> None:
+    x = Tensor(np.array([1, 2], np.int32))
+    with pytest.raises(TypeError, match=r"\[exp\] dtype int32 is not supported on target cpu; supported \(T\): "
+                                        r"float16; bfloat16; float32; float64"):
+        om.ops.exp(x)
+
+
+def test_float64_is_not_cast_for_a_float32_op(pynative) -> None:
+    """MindSpore casts inputs a reg_info lacks; opforge lists every row, so a float64 input keeps
+    its precision and a dtype the op does not take is refused, never converted."""
+    big = Tensor(np.array([1e40, -1e40]))
+    np.testing.assert_array_equal(om.ops.neg(big).asnumpy(), [-1e40, 1e40])
+    with pytest.raises(TypeError, match=r"\[embedding\] .*int64"):
+        om.ops.embedding(Tensor(np.array([0.5])), Tensor(np.ones((2, 2))))
+
+
+def test_bad_shape_and_attr_name_the_op(mode) -> None:
+    with pytest.raises(ValueError, match=r"\[linear\] x's last dimension 3 differs"):
+        om.ops.linear(Tensor(np.ones((2, 3))), Tensor(np.ones((4, 5))), Tensor(np.ones(4)))
+    with pytest.raises(ValueError, match=r"\[gelu\] attr 'approximate' must be one of"):
+        om.primitive("gelu", approximate="nope")(Tensor(np.ones(2)))
+    with pytest.raises(TypeError, match=r"\[leaky_relu\] unknown attr\(s\) beta"):
+        om.primitive("leaky_relu", beta=1.0)
+    with pytest.raises(ValueError, match=r"\[linear\] 'x' is not an optional input; optional inputs: bias"):
+        om.primitive("linear", without=("x",))
+    with pytest.raises(ValueError, match=r"unknown op 'nope'"):
+        om.primitive("nope")
+
+
+def test_wrong_input_count(pynative) -> None:
+    with pytest.raises(TypeError, match=r"\[mul\] this primitive takes 2 inputs \(x, y\), got 1"):
+        om.ops.mul(Tensor(np.ones(2)))
+
+
+def test_import_error_without_mindspore() -> None:
+    code = ("import sys; sys.modules['mindspore'] = None\n"
+            "try:\n    import opforge.mindspore\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ})
+    assert 'pip install mindspore==2.10.0 "numpy<2"' in out.stdout, out.stderr
