@@ -300,5 +300,43 @@ def torch_ops() -> list[dict]:
     return rows
 
 
+def mindspore_ops() -> list[dict]:
+    """opforge.mindspore primitives vs hand-written aot Custom ops doing the same
+    (benchmarks/ms_peers.py) vs MindSpore's built-in op; PyNative, synchronous, one process."""
+    import mindspore as ms
+    from mindspore import Tensor
+    from mindspore import ops as msops
+
+    ms.set_device(device_target="CPU")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.runtime.launch_blocking()
+    import ms_peers as peer
+
+    import opforge.mindspore as om
+
+    rows = []
+
+    def add(name: str, ours: float, hand: float, builtin: float) -> None:
+        rows.append({"group": "mindspore", "table": "mindspore", "name": name, "opforge": ours,
+                     "custom_op": hand, "builtin": builtin, "target": "≤ 1.1× aot Custom",
+                     "met": ours <= 1.1 * hand})
+
+    for n in (8, 65536):
+        x = Tensor(np.random.default_rng(0).standard_normal(n).astype(np.float32))
+        y = Tensor(np.random.default_rng(1).standard_normal(n).astype(np.float32))
+        add(f"mul forward, {n} elements", bench(lambda: om.ops.mul(x, y), 0.2),
+            bench(lambda: peer.mul(x, y), 0.2), bench(lambda: msops.mul(x, y), 0.2))
+        add(f"leaky_relu forward, {n} elements", bench(lambda: om.ops.leaky_relu(x), 0.2),
+            bench(lambda: peer.leaky_relu(x), 0.2), bench(lambda: msops.leaky_relu(x, 0.01), 0.2))
+    x = Tensor(np.random.default_rng(0).standard_normal(8).astype(np.float32))
+    y = Tensor(np.random.default_rng(1).standard_normal(8).astype(np.float32))
+    g_ours = ms.grad(lambda a, b: om.ops.mul(a, b).sum(), grad_position=(0, 1))
+    g_hand = ms.grad(lambda a, b: peer.mul(a, b).sum(), grad_position=(0, 1))
+    g_builtin = ms.grad(lambda a, b: msops.mul(a, b).sum(), grad_position=(0, 1))
+    add("mul forward+backward (ms.grad), 8 elements", bench(lambda: g_ours(x, y), 0.3),
+        bench(lambda: g_hand(x, y), 0.3), bench(lambda: g_builtin(x, y), 0.3))
+    return rows
+
+
 def run(name: str) -> list[dict]:
     return globals()[name]()

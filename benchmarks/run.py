@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-GROUPS = ["call", "autograd", "mul", "norms", "matmul", "mlp", "torch_ops"]
+GROUPS = ["call", "autograd", "mul", "norms", "matmul", "mlp", "torch_ops", "mindspore_ops"]
 
 
 def machine() -> str:
@@ -71,7 +71,8 @@ def render(rows: list[dict], threads: int) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     notes = []
     torch_rows = [r for r in rows if r.get("table") == "torch"]
-    rows = [r for r in rows if r.get("table") != "torch"]
+    ms_rows = [r for r in rows if r.get("table") == "mindspore"]
+    rows = [r for r in rows if r.get("table") not in ("torch", "mindspore")]
     for r in rows:
         if "opforge" not in r:
             lines.append(f"| {r['group']} | {r['name']} | n/a | | | | | | |")
@@ -102,6 +103,19 @@ def render(rows: list[dict], threads: int) -> str:
         for r in torch_rows:
             o, c, b = r["opforge"], r["custom_op"], r["builtin"]
             met = "" if r.get("met") is None else ("yes" if r["met"] else "**no**")
+            lines.append(f"| {r['name']} | {fmt_time(o)} | {fmt_time(c)} | {fmt_time(b)} | {o / c:.2f} | "
+                         f"{o / b:.2f} | {r['target']} | {met} |")
+    if ms_rows:
+        lines += ["", "## opforge ops inside MindSpore (opforge.mindspore)", "",
+                  "opforge.mindspore's primitives (aot `ops.Custom` on the wheel's entry points, reg_info, "
+                  "infer and bprop generated) against a hand-written aot `ops.Custom` with its own reg_info, "
+                  "bprop and float32-only kernel (`benchmarks/ms_peers.py`), and against MindSpore's built-in "
+                  "op; PyNative mode with `ms.runtime.launch_blocking()`, same process.", "",
+                  "| benchmark | opforge.mindspore | aot Custom by hand | MindSpore built-in | "
+                  "opforge/aot Custom | opforge/built-in | target | met |", "|---|---|---|---|---|---|---|---|"]
+        for r in ms_rows:
+            o, c, b = r["opforge"], r["custom_op"], r["builtin"]
+            met = "yes" if r["met"] else "**no**"
             lines.append(f"| {r['name']} | {fmt_time(o)} | {fmt_time(c)} | {fmt_time(b)} | {o / c:.2f} | "
                          f"{o / b:.2f} | {r['target']} | {met} |")
     return "\n".join(lines) + "\n"

@@ -64,7 +64,24 @@ _FROM_MS = {str(v): k for k, v in _DTYPES.items()}
 _FROM_MS.update({str(ms.TensorType(v)): k for k, v in _DTYPES.items()})
 
 
+# element types are singletons: their ids name them without a (slow) str() per call
+_BY_ID = {id(v): k for k, v in _DTYPES.items()}
+
+
+def _dtype_key(d: Any) -> Any:
+    try:
+        return id(d.element_type())
+    except AttributeError:  # not a tensor type: _dtype_name reports it
+        return str(d)
+
+
 def _dtype_name(op: OpDef, arg: str, d: Any) -> str:
+    try:
+        name = _BY_ID.get(id(d.element_type()))
+    except AttributeError:
+        name = None
+    if name is not None:
+        return name
     text = str(d)
     if text.startswith("Ref[") and text.endswith("]"):  # a Parameter
         text = text[4:-1]
@@ -148,9 +165,8 @@ class _Infer:
         self.cache: dict = {}
 
     def __call__(self, args: Sequence[dict]) -> tuple:
-        shapes = tuple(tuple(a["shape"]) for a in args)
-        dtypes = tuple(str(a["dtype"]) for a in args)
-        key = (shapes, dtypes)
+        shapes = tuple([tuple(a["shape"]) for a in args])
+        key = (shapes, tuple([_dtype_key(a["dtype"]) for a in args]))
         hit = self.cache.get(key)
         if hit is not None:
             return hit
