@@ -91,6 +91,18 @@ Call::Call(const OpInfo& info, uint32_t present, int nparam, void** params, int*
   }
   for (const ArgInfo& out : info.outputs) {
     outputs_.push_back(wrap_param(info.name, "output", out.name, params[p], ndims[p], shapes[p], dtypes[p]));
+    const TensorPtr& t = outputs_.back();
+    // offered unless it overlaps an input (a host computing in place): intermediates written
+    // there would clobber the input before it is read
+    const char* lo = static_cast<const char*>(t->raw_data());
+    const char* hi = lo + t->storage()->nbytes;
+    bool overlaps = false;
+    for (const TensorPtr& in : inputs_) {
+      if (!in) continue;
+      const char* a = static_cast<const char*>(in->raw_data());
+      overlaps = overlaps || (a < hi && lo < a + in->storage()->nbytes);
+    }
+    if (t->numel() > 0 && !overlaps) offers_.push_back(BufferOffer{t->raw_data(), t->dtype(), t->shape()});
     ++p;
   }
 }

@@ -50,9 +50,12 @@ class Call {
     return (this->*convert)(name);
   }
 
-  // Copies the results into the host's output buffers (shapes and dtypes must agree).
+  // Copies the results into the host's output buffers (shapes and dtypes must agree), unless
+  // the op wrote them there already (the buffers are offered to empty() during body()).
   void set_outputs(const TensorList& outs) const;
   void set_outputs(const TensorPtr& out) const { set_outputs(TensorList{out}); }
+
+  std::vector<BufferOffer>* offers() { return &offers_; }
 
  private:
   std::optional<std::string> raw(const char* name) const;  // the host's text, if given
@@ -64,6 +67,7 @@ class Call {
   void* extra_;
   std::vector<TensorPtr> inputs_;
   std::vector<TensorPtr> outputs_;
+  std::vector<BufferOffer> offers_;
 };
 
 // Runs body(call), turning any exception into a status code and a message kept for
@@ -102,6 +106,7 @@ int run(const OpInfo& info, uint32_t present, int nparam, void** params, int* nd
         const char** dtypes, void* extra, Body&& body) noexcept {
   try {
     Call call(info, present, nparam, params, ndims, shapes, dtypes, extra);
+    BufferOfferScope scope(call.offers());
     body(call);
     return kOk;
   } catch (const std::exception& e) {

@@ -188,7 +188,25 @@ Storage::~Storage() {
   if (capacity) deallocate(data, capacity);
 }
 
+namespace {
+thread_local std::vector<BufferOffer>* t_offers = nullptr;
+}  // namespace
+
+BufferOfferScope::BufferOfferScope(std::vector<BufferOffer>* offers) : previous_(t_offers) { t_offers = offers; }
+BufferOfferScope::~BufferOfferScope() { t_offers = previous_; }
+
 TensorPtr empty(DType dtype, const Shape& shape, Format format) {
+  if (t_offers) {
+    for (BufferOffer& o : *t_offers) {
+      if (o.taken || o.dtype != dtype || o.shape != shape) continue;
+      o.taken = true;
+      auto storage = std::make_shared<Storage>();
+      storage->data = o.data;
+      storage->nbytes = static_cast<size_t>(shape_numel(shape)) * itemsize(dtype);
+      storage->external = true;
+      return std::make_shared<Tensor>(std::move(storage), dtype, shape, contiguous_strides(shape), 0, format);
+    }
+  }
   const int64_t n = checked_numel("allocate", shape, dtype);
   auto storage = std::make_shared<Storage>();
   const size_t nbytes = static_cast<size_t>(n) * itemsize(dtype);

@@ -105,8 +105,30 @@ std::string shape_str(const Shape& shape);
 
 // Elements of a shape; throws ValueError naming op when negative or too large to address.
 int64_t checked_numel(const char* op, const Shape& shape, DType dtype);
-// A new tensor with fresh, 64-byte aligned, uninitialized contiguous storage.
+// A new tensor with fresh, 64-byte aligned, uninitialized contiguous storage (or, while this
+// thread has buffer offers, the first untaken offer of that dtype and shape).
 TensorPtr empty(DType dtype, const Shape& shape, Format format = Format::Default);
+
+// Memory of a host (the AOT entry points' output buffers) that empty() may hand out instead of
+// allocating, so an op writes its results in place. Whoever makes the offers copies the op's
+// results into them afterwards when the op did not (an intermediate may have taken one).
+struct BufferOffer {
+  void* data;
+  DType dtype;
+  Shape shape;
+  bool taken = false;
+};
+// Sets this thread's offers for the guard's lifetime.
+class BufferOfferScope {
+ public:
+  explicit BufferOfferScope(std::vector<BufferOffer>* offers);
+  ~BufferOfferScope();
+  BufferOfferScope(const BufferOfferScope&) = delete;
+  BufferOfferScope& operator=(const BufferOfferScope&) = delete;
+
+ private:
+  std::vector<BufferOffer>* previous_;
+};
 // A tensor filled with value.
 TensorPtr full(DType dtype, const Shape& shape, double value, Format format = Format::Default);
 // The same data with no autograd history (shares storage).
