@@ -295,6 +295,16 @@ def _op_context(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str) -> di
                 targs = f"<{_template_args(op, b)}>" if tvars else ""
                 body = f"kernels::cpu::{op.name}{targs}({args});"
             branches.append(("if" if not branches else "else if", _condition(op, b), body))
+    elif op.impl.kind == "aot":
+        branches = []
+        library, symbol = op.impl.aot
+        ins = ", ".join(f"v_{i.name}" for i in inputs)
+        shapes = ", ".join(_shape_expr(op, o.shape) for o in op.outputs)
+        dtypes = ", ".join(_dtype_expr(op, o.dtype) for o in op.outputs)
+        fwd.append(f"const TensorList r = aot::call_external(kName, {_cpp_str(library)}, {_cpp_str(symbol)}, "
+                   f"{{{ins}}}, {{{shapes}}}, {{{dtypes}}});")
+        for k, o in enumerate(op.outputs):
+            fwd.append(f"TensorPtr v_{o.name} = r[{k}];")
     else:
         branches = []
         fwd.append(f"TensorPtr v_{op.outputs[0].name} = {lowered.composite};")
@@ -464,6 +474,7 @@ def _formulas_context(op: OpSpec, table: Mapping[str, OpSpec]) -> dict:
         "composite_params": ", ".join([f"v_{i.name}" for i in op.inputs] + attr_params),
         "bprop": None, "bprop_params": "", "saved": "",
         "aot_symbols": _tuple([repr((m, sym)) for m, sym in api.aot_symbols(op)]),
+        "aot_kernel": repr(op.impl.aot),
     }
     lb = lowered.bprop
     if lb is None:

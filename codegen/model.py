@@ -121,11 +121,12 @@ class Target:
 
 @dataclass(frozen=True)
 class Impl:
-    kind: str             # expr | composite | cpp
+    kind: str             # expr | composite | cpp | aot
     formula: Optional[Formula]
     cpp_expr: Optional[str]   # lowered elementwise expression (expr kind)
     cpp_flags: tuple[tuple[str, str], ...]  # per-call bool members of the expr functor
     loc: Loc
+    aot: Optional[tuple[str, str]] = None  # (library, symbol) of an aot kernel
 
 
 @dataclass(frozen=True)
@@ -423,7 +424,7 @@ class _Builder:
         impl: LocMap = self.body["impl"]
         loc = self.loc("impl")
         if len(impl) != 1:
-            self.err(("impl",), "give exactly one of expr, composite, cpp")
+            self.err(("impl",), "give exactly one of expr, composite, cpp, aot")
             return Impl("expr", None, None, (), loc)
         kind = next(iter(impl))
         keys = ("impl", kind)
@@ -436,6 +437,15 @@ class _Builder:
                     if not kernel.is_file():
                         self.err(keys, f"missing kernel file {display_path(str(kernel))} for target {t}")
             return Impl("cpp", None, None, (), loc)
+        if kind == "aot":
+            aot = impl["aot"]
+            for o in outputs:
+                if o.shape.kind == "infer":
+                    self.err(keys, "shape rule infer() needs a cpp impl (the function lives in its kernel file)")
+            if attrs:
+                self.err(keys, "an aot op takes no attrs: seed 004's C ABI passes tensors only "
+                               "(MindSpore's extra is not there when opforge calls the kernel)")
+            return Impl("aot", None, None, (), loc, (str(aot["library"]), str(aot["symbol"])))
         if any(o.shape.kind == "infer" for o in outputs):
             self.err(keys, "shape rule infer() needs a cpp impl (the function lives in its kernel file)")
         try:

@@ -54,6 +54,11 @@ IMPL: dict[str, Any] = {
     "expr": FORMULA,
     "composite": FORMULA,
     "cpp": {"type": "dict", "nullable": True, "schema": {}},
+    # a kernel in an external shared library with seed 004's C ABI
+    "aot": {"type": "dict", "schema": {
+        "library": {"type": "string", "required": True, "empty": False},
+        "symbol": {"type": "string", "required": True, "regex": r"[A-Za-z_][A-Za-z0-9_]*"},
+    }},
 }
 
 BPROP: dict[str, Any] = {

@@ -23,6 +23,8 @@ def test_wheel_name_says_its_backend(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(tmp_path / wheels[0]).namelist())
     package = {f"opforge/{p.name}" for p in (ROOT / "pkg" / "opforge").iterdir()}
     generated = {"opforge/ops.pyi", "opforge/_formulas.py"}
+    # aot ops' external libraries, built from src/kernels/aot/<op>.cpp
+    generated |= {f"opforge/lib{p.stem}.so" for p in (ROOT / "src" / "kernels" / "aot").glob("*.cpp")}
     assert package | generated <= names, sorted((package | generated) - names)
 
 

@@ -28,7 +28,7 @@ pkg="$build/python/opforge"
 rm -rf "$pkg"
 mkdir -p "$pkg"
 for f in "$root"/pkg/opforge/*; do ln -s "$f" "$pkg/"; done
-for f in "$build"/_C*.so "$build"/op_specs/ops.pyi "$build"/op_specs/_formulas.py; do ln -s "$f" "$pkg/"; done
+for f in "$build"/_C*.so "$build"/lib*.so "$build"/op_specs/ops.pyi "$build"/op_specs/_formulas.py; do ln -s "$f" "$pkg/"; done
 ln -s "$root/codegen" "$pkg/codegen"
 ln -s "$root/op_specs" "$pkg/op_specs"
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"

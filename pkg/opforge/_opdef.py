@@ -43,7 +43,7 @@ class OutputDef(NamedTuple):
 class OpDef(NamedTuple):
     name: str
     doc: str
-    impl: str             # expr | cpp | composite
+    impl: str             # expr | cpp | composite | aot
     typevars: tuple
     inputs: tuple         # InputDef, ...
     attrs: tuple          # AttrDef, ...
@@ -52,6 +52,7 @@ class OpDef(NamedTuple):
     bprop: Optional[Callable]      # (F, H, need, meta, *inputs, *outputs, *douts, *attrs) -> grads
     saved: tuple          # (tensor name, input indices whose gradient reads it), ...
     aot_symbols: tuple    # (mask of present inputs, exported AOT entry point), ...
+    aot_kernel: Optional[tuple]  # (library, symbol) of an aot op's external kernel, else None
 
     def aot_symbol(self, present: tuple) -> str:
         """The AOT entry point for a call whose inputs are present (a bool per input)."""

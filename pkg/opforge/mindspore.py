@@ -202,9 +202,15 @@ class Primitive(_msops.Custom):
     def __init__(self, op: OpDef, present: Sequence[bool], attrs: tuple):
         self.opdef = op
         self.infer = _Infer(op, present, attrs)
-        symbol = op.aot_symbol(tuple(present))
+        if op.aot_kernel is not None:
+            # an aot op: MindSpore calls its external kernel directly (path resolved, and the
+            # library and symbol checked, here: RuntimeError naming them otherwise)
+            library, symbol = op.aot_kernel
+            func = f"{_C._aot_library(op.name, library, symbol)}:{symbol}"
+        else:
+            func = f"{LIBRARY}:{op.aot_symbol(tuple(present))}"
         super().__init__(
-            f"{LIBRARY}:{symbol}",
+            func,
             out_shape=lambda *shapes: None,  # replaced by __infer__ below
             out_dtype=lambda *dtypes: None,
             func_type="aot",
@@ -223,7 +229,6 @@ def _bprop(op: OpDef, present: Sequence[bool], attrs: tuple) -> Callable:
     spec's gradient formulas (opforge._formulas) with these primitives. Graph mode compiles it."""
     n_in = sum(1 for p in present if p)
     multi = len(op.outputs) > 1
-    n_out = len(op.outputs)
     diff_out = tuple(k for k, o in enumerate(op.outputs) if o.differentiable)
     formula = op.bprop
     has_formula = formula is not None

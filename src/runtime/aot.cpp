@@ -281,9 +281,9 @@ std::vector<std::string> search_dirs() {
 
 }  // namespace
 
-Kernel external_kernel(const char* op, const char* library, const char* symbol) {
+Resolved resolve(const char* op, const char* library, const char* symbol) {
   static std::mutex mutex;
-  static auto* cache = new std::map<std::string, Kernel>();  // never destroyed: handles stay open
+  static auto* cache = new std::map<std::string, Resolved>();  // never destroyed: handles stay open
   const std::string key = std::string(library) + ":" + symbol;
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache->find(key);
@@ -321,16 +321,18 @@ Kernel external_kernel(const char* op, const char* library, const char* symbol) 
     const char* err = dlerror();
     fail<RuntimeError>(op, "symbol '", symbol, "' not found in AOT library ", path, err ? ": " : "", err ? err : "");
   }
-  Kernel k = reinterpret_cast<Kernel>(fn);
-  cache->emplace(key, k);
-  return k;
+  Resolved r{path, reinterpret_cast<Kernel>(fn)};
+  cache->emplace(key, r);
+  return r;
 }
 
 TensorList call_external(const char* op, const char* library, const char* symbol, const TensorList& inputs,
                          const std::vector<Shape>& out_shapes, const std::vector<DType>& out_dtypes) {
-  Kernel kernel = external_kernel(op, library, symbol);
+  Kernel kernel = resolve(op, library, symbol).kernel;
   TensorList ins;
-  for (const TensorPtr& t : inputs) ins.push_back(contiguous(t));  // the ABI has no strides
+  for (const TensorPtr& t : inputs) {
+    if (t) ins.push_back(contiguous(t));  // the ABI has no strides
+  }
   TensorList outs;
   for (size_t k = 0; k < out_shapes.size(); ++k) outs.push_back(empty(out_dtypes[k], out_shapes[k]));
   std::vector<void*> params;

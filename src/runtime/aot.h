@@ -92,8 +92,13 @@ using Kernel = int (*)(int, void**, int*, int64_t**, const char**, void*, void*)
 
 // The function `symbol` of library `library` (an absolute path, or a file name searched in
 // $OPFORGE_AOT_PATH's directories, then the opforge package's directory), loaded on first use
-// and kept; failures raise RuntimeError naming the paths tried and the symbol.
-Kernel external_kernel(const char* op, const char* library, const char* symbol);
+// and kept; failures raise RuntimeError naming the paths tried and the symbol. Absent
+// (null) optional inputs are left out of params.
+struct Resolved {
+  std::string path;
+  Kernel kernel;
+};
+Resolved resolve(const char* op, const char* library, const char* symbol);
 
 // Calls an external kernel with the inputs and freshly allocated outputs of the given shapes
 // and dtypes; a non-zero return raises RuntimeError naming the op, library, symbol and code.

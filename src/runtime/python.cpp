@@ -13,6 +13,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "runtime/aot.h"
 #include "runtime/autograd.h"
 #include "runtime/dlpack.h"
 #include "runtime/functional.h"
@@ -857,6 +858,11 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     return out;
   });
   m.def("_zeros_like", [](const TensorPtr& t) { return zeros_like(t); });
+  // The path of an aot op's external library, loaded and checked for the symbol (RuntimeError
+  // naming the paths tried and the symbol otherwise): what framework adapters hand the host.
+  m.def("_aot_library", [](const std::string& op, const std::string& library, const std::string& symbol) {
+    return aot::resolve(op.c_str(), library.c_str(), symbol.c_str()).path;
+  });
   // A tensor of any shape and dtype holding no memory of its own (every stride 0 over one
   // read-only zero element): the stand-in inputs of opforge._C._meta.<op>, which computes output
   // shapes and dtypes without running a kernel.

@@ -20,7 +20,6 @@ import pytest
 ms = pytest.importorskip("mindspore", reason='MindSpore is not installed (pip install mindspore==2.10.0 "numpy<2")')
 
 from mindspore import Parameter, Tensor, nn  # noqa: E402
-from mindspore import ops as msops  # noqa: E402
 
 import opforge  # noqa: E402
 import opforge.mindspore as om  # noqa: E402
@@ -337,3 +336,26 @@ def test_import_error_without_mindspore() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ})
     assert 'pip install mindspore==2.10.0 "numpy<2"' in out.stdout, out.stderr
+
+
+def test_aot_op_with_a_missing_library_names_path_and_symbol() -> None:
+    op = om._formulas.OPS["leaky_relu_ext"]._replace(aot_kernel=("libnot_there.so", "leaky_relu_ext"))
+    with pytest.raises(RuntimeError, match=r"\[leaky_relu_ext\] AOT library 'libnot_there.so' not found "
+                                           r"\(symbol 'leaky_relu_ext'\); looked for .*libnot_there.so"):
+        om.Primitive(op, (True,), ())
+    op = om._formulas.OPS["leaky_relu_ext"]._replace(aot_kernel=("libleaky_relu_ext.so", "missing_fn"))
+    with pytest.raises(RuntimeError, match=r"symbol 'missing_fn' not found in AOT library .*libleaky_relu_ext.so"):
+        om.Primitive(op, (True,), ())
+
+
+def test_example_script_prints_the_seeds_results() -> None:
+    from conftest import ROOT
+
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "mindspore_seeds.py")], capture_output=True,
+                       text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert lines.count("seed 000  out: 12.0  grads[0]: [6.0, 4.0]  grads[1]: [6.0]") == 2
+    assert lines.count("seed 002  square dx: [ 2.  8. 18.]") == 2
+    for op in ("leaky_relu", "leaky_relu_ext"):
+        assert lines.count(f"seed 004  {op}: [[0.0, -0.001], [-0.002, 1.0]]") == 2
