@@ -165,11 +165,14 @@ class _Infer:
         self.cache: dict = {}
 
     def __call__(self, args: Sequence[dict]) -> tuple:
-        shapes = tuple([tuple(a["shape"]) for a in args])
-        key = (shapes, tuple([_dtype_key(a["dtype"]) for a in args]))
+        try:  # the common case in one pass: tensor types, whose element types are singletons
+            key = tuple([(tuple(a["shape"]), id(a["dtype"].element_type())) for a in args])
+        except AttributeError:
+            key = tuple([(tuple(a["shape"]), _dtype_key(a["dtype"])) for a in args])
         hit = self.cache.get(key)
         if hit is not None:
             return hit
+        shapes = tuple([k[0] for k in key])
         op = self.op
         names = [i.name for i, p in zip(op.inputs, self.present) if p]
         if len(args) != len(names):
