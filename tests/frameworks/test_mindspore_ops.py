@@ -27,6 +27,10 @@ from cases import Case, cases, make_data, reference, to_inputs, tolerance  # noq
 
 ms.set_device(device_target="CPU")
 ms.runtime.launch_blocking()  # synchronous PyNative: errors surface at the call that made them
+try:  # MindSpore's kernel thread pool: 2 threads (it may only be set once per process)
+    ms.device_context.cpu.op_tuning.threads_num(2)
+except RuntimeError:
+    pass
 
 
 @pytest.fixture(params=["pynative", "graph"])
