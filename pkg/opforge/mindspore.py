@@ -264,6 +264,9 @@ def _bprop(op: OpDef, present: Sequence[bool], attrs: tuple) -> Callable:
                 result = result + ((grads[k] if need[k] else _msops.zeros_like(full[k])),)
         return result
 
+    if n_in not in _BPROP_ARITY:
+        raise ValueError(f"[{op.name}] opforge.mindspore takes ops with 1 to {max(_BPROP_ARITY)} present inputs "
+                         f"(a bprop's parameters are spelled out for Graph mode), not {n_in}")
     return _BPROP_ARITY[n_in](impl)
 
 
@@ -333,7 +336,7 @@ def _hashable(v: Any) -> Any:
 def primitive(name: str, *, without: Sequence[str] = (), **attrs: Any) -> Any:
     """The MindSpore primitive of op ``name`` with these attrs (the others at their defaults) and
     without the optional inputs named in ``without``. Cached: equal arguments give the same
-    primitive. Composite ops give a function over the primitives."""
+    primitive. Composite ops without a bprop give a ``Composite`` cell over the primitives."""
     op = _formulas.OPS.get(name)
     if op is None:
         raise ValueError(f"[opforge.mindspore] unknown op '{name}'; known ops: {', '.join(sorted(_formulas.OPS))}")
