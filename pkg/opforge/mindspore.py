@@ -464,7 +464,18 @@ F = SimpleNamespace()
 def _default(op: OpDef) -> Any:
     if any(a.required for a in op.attrs):
         return getattr(functional, op.name)
-    return primitive(op.name)
+    if op.aot_kernel is None:
+        return primitive(op.name)
+    try:
+        return Primitive(op, tuple(True for _ in op.inputs), ())
+    except RuntimeError as e:  # an aot op whose library is not there: the other ops still import
+        message = str(e)
+
+        def unavailable(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(message)
+
+        unavailable.__name__ = op.name
+        return unavailable
 
 
 #: Every op as a MindSpore primitive with its default attrs and all inputs present (ops with a

@@ -347,6 +347,9 @@ def test_aot_op_with_a_missing_library_names_path_and_symbol() -> None:
     with pytest.raises(RuntimeError, match=r"\[leaky_relu_ext\] AOT library 'libnot_there.so' not found "
                                            r"\(symbol 'leaky_relu_ext'\); looked for .*libnot_there.so"):
         om.Primitive(op, (True,), ())
+    # in the namespace of default primitives it raises that error when used (the import succeeds)
+    with pytest.raises(RuntimeError, match=r"AOT library 'libnot_there.so' not found"):
+        om._default(op)(Tensor(np.ones(2, np.float32)))
     op = om._formulas.OPS["leaky_relu_ext"]._replace(aot_kernel=("libleaky_relu_ext.so", "missing_fn"))
     with pytest.raises(RuntimeError, match=r"symbol 'missing_fn' not found in AOT library .*libleaky_relu_ext.so"):
         om.Primitive(op, (True,), ())
