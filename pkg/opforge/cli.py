@@ -8,41 +8,170 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 
-def _check(args: argparse.Namespace) -> int:
-    from opforge.codegen import SpecError, SpecErrors, load_specs
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EPILOG = "Exit status: 0 success, 1 invalid specs (or a failed step), 2 bad usage (path, op, backend)."
 
-    paths = args.paths or [Path(__file__).parent / "op_specs"]
+
+class _Usage(Exception):
+    """A usage error: printed, exit status 2."""
+
+
+def _spec_paths(paths: Sequence[Path]) -> list[Path]:
+    paths = list(paths) or [Path(__file__).parent / "op_specs"]
     missing = [p for p in paths if not Path(p).exists()]
     if missing:
-        for p in missing:
-            print(f"{p}: no such file or directory", file=sys.stderr)
-        return 2
-    try:
-        ops = load_specs(paths, kernel_root=args.kernel_root)
-    except SpecErrors as exc:
-        print(exc, file=sys.stderr)
-        print(f"{len(exc.errors)} error{'s' if len(exc.errors) != 1 else ''}", file=sys.stderr)
-        return 1
-    except SpecError as exc:
-        print(exc, file=sys.stderr)
-        return 1
+        raise _Usage("\n".join(f"{p}: no such file or directory" for p in missing))
+    return paths
+
+
+def _load(paths: Sequence[Path], kernel_root: Optional[Path] = None) -> list:
+    """The specs under paths (SpecErrors propagate: main prints them, exit status 1)."""
+    from opforge.codegen import load_specs
+
+    return load_specs(_spec_paths(paths), kernel_root=kernel_root)
+
+
+def _check(args: argparse.Namespace) -> int:
+    ops = _load(args.paths, args.kernel_root)
     print(f"{len(ops)} op spec{'s' if len(ops) != 1 else ''} OK")
-    return 0
+    return EXIT_OK
+
+
+def _find(ops: list, name: str):
+    for op in ops:
+        if op.name == name:
+            return op
+    import difflib
+
+    close = difflib.get_close_matches(name, [o.name for o in ops], n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    raise _Usage(f"unknown op '{name}'{hint}; `opforge list` shows the {len(ops)} ops")
+
+
+def _list(args: argparse.Namespace) -> int:
+    ops = _load(args.specs)
+    width = max(len(o.name) for o in ops)
+    for op in ops:
+        ins = ", ".join(i.name + ("?" if i.optional else "") for i in op.inputs)
+        outs = ", ".join(o.name for o in op.outputs)
+        print(f"{op.name:<{width}}  {op.impl.kind:<9}  ({ins}) -> ({outs})")
+    return EXIT_OK
+
+
+def _info(args: argparse.Namespace) -> int:
+    from opforge.codegen.emit import docstring
+
+    op = _find(_load(args.specs), args.op)
+    print(docstring(op))
+    impl = op.impl.kind + (f" (function {op.impl.aot[1]} of {op.impl.aot[0]})" if op.impl.aot else "")
+    print(f"Impl: {impl}")
+    diff = [i.name for i in op.inputs if i.differentiable]
+    print(f"Differentiable inputs: {', '.join(diff) or 'none'}")
+    print("Registration table (dtype x format per target):")
+    tvars = [v for v, _ in op.typevars]
+    for t in op.targets:
+        for binding, fmt in t.rows():
+            cols = [f"{i.name}={binding.get(i.dtype, i.dtype)}" for i in op.inputs]
+            cols += [f"{o.name}={binding.get(o.dtype, o.dtype)}" for o in op.outputs]
+            print(f"    {t.name:<5} {fmt:<13} {' '.join(cols)}")
+    if not tvars:
+        print("    (concrete dtypes only)")
+    return EXIT_OK
+
+
+def _backend(name: str) -> None:
+    if name == "cuda":
+        raise _Usage("backend cuda is not available yet (the CUDA backend has its own issue); use --backend cpu")
+
+
+def _gen(args: argparse.Namespace) -> int:
+    from opforge.codegen.emit import render_all, write_if_changed
+
+    _backend(args.backend)
+    specs = _spec_paths([args.specs])[0]
+    ops = _load([specs], args.kernel_root)
+    sources = {op.name: f"{Path(specs).resolve().name}/{op.name}.yaml" for op in ops}
+    args.out.mkdir(parents=True, exist_ok=True)
+    files = render_all(ops, sources)
+    changed = sum(write_if_changed(args.out / r.name, r.text) for r in files)
+    print(f"{len(files)} files for {len(ops)} ops in {args.out} ({changed} written, {len(files) - changed} unchanged)")
+    return EXIT_OK
+
+
+def _docs(args: argparse.Namespace) -> int:
+    from opforge.codegen.docs import render_docs
+    from opforge.codegen.emit import write_if_changed
+
+    specs = _spec_paths([args.specs])[0]
+    ops = _load([specs])
+    sources = {op.name: f"{Path(specs).resolve().name}/{op.name}.yaml" for op in ops}
+    args.out.mkdir(parents=True, exist_ok=True)
+    pages = render_docs(ops, sources)
+    for r in pages:
+        write_if_changed(args.out / r.name, r.text)
+    print(f"{len(pages) - 1} op pages and index.md in {args.out}")
+    return EXIT_OK
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="opforge", description="Build tensor ops from YAML specs.")
+    parser = argparse.ArgumentParser(prog="opforge", description="Build tensor ops from YAML specs.", epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("check", help="validate op specs",
+    installed = "(default: the installed specs)"
+
+    p = sub.add_parser("check", help="validate op specs", epilog=EPILOG,
                        description="Validate op specs (files or directories of *.yaml); "
-                                   "errors are printed as path:line:col: key: message. "
-                                   "Exit status: 0 valid, 1 invalid specs, 2 bad usage.")
-    p.add_argument("paths", nargs="*", type=Path, help="spec files or directories (default: the installed specs)")
+                                   "errors are printed as path:line:col: key: message.")
+    p.add_argument("paths", nargs="*", type=Path, help=f"spec files or directories {installed}")
     p.add_argument("--kernel-root", type=Path, default=None,
                    help="project root holding src/kernels/<target>/<op>.cpp for cpp ops (checked when given)")
     p.set_defaults(func=_check)
+
+    p = sub.add_parser("list", help="list the ops of a spec directory", epilog=EPILOG,
+                       description="One line per op: name, impl kind, (inputs; ? = optional) -> (outputs).")
+    p.add_argument("--specs", type=Path, action="append", default=[], help=f"spec file or directory {installed}")
+    p.set_defaults(func=_list)
+
+    p = sub.add_parser("info", help="print an op's registration table", epilog=EPILOG,
+                       description="An op's signature, inputs, attrs with defaults, outputs, dtypes per target, "
+                                   "gradient formulas, impl kind, differentiable inputs and every registration "
+                                   "row (dtype x format per target).")
+    p.add_argument("op", help="the op's name")
+    p.add_argument("--specs", type=Path, action="append", default=[], help=f"spec file or directory {installed}")
+    p.set_defaults(func=_info)
+
+    p = sub.add_parser("gen", help="run codegen only", epilog=EPILOG,
+                       description="Generate the C++ sources, registry, stubs and op table of a spec directory "
+                                   "(files are rewritten only when their text changes).")
+    p.add_argument("--specs", type=Path, required=True, help="spec directory")
+    p.add_argument("--backend", choices=["cpu", "cuda"], default="cpu", help="backend to generate for")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--kernel-root", type=Path, default=None,
+                   help="project root holding src/kernels/<target>/<op>.cpp (checked when given)")
+    p.set_defaults(func=_gen)
+
+    p = sub.add_parser("docs", help="write the op reference", epilog=EPILOG,
+                       description="One Markdown page per op (signature, attrs, dtypes per target, gradient "
+                                   "formulas, an example) and an index, from the specs.")
+    p.add_argument("--specs", type=Path, default=Path(__file__).parent / "op_specs",
+                   help=f"spec directory {installed}")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.set_defaults(func=_docs)
+
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    from opforge.codegen import SpecError, SpecErrors
+
+    try:
+        return int(args.func(args))
+    except _Usage as exc:
+        print(f"opforge {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SpecErrors as exc:
+        print(exc, file=sys.stderr)
+        print(f"{len(exc.errors)} error{'s' if len(exc.errors) != 1 else ''}", file=sys.stderr)
+        return EXIT_FAILED
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

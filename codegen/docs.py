@@ -1,0 +1,92 @@
+"""The op reference: one Markdown page per op (signature, attrs, dtypes per target, gradient
+formulas, an example), from the specs alone, plus an index."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from . import api
+from .emit import _ENV, _py_sig, Rendered, banner
+from .model import OpSpec
+
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _allowed(a) -> str:
+    parts = []
+    if a.choices:
+        parts.append("one of " + ", ".join(f"`{c}`" for c in a.choices))
+    if a.min is not None:
+        parts.append(f"≥ {a.min}")
+    if a.max is not None:
+        parts.append(f"≤ {a.max}")
+    return "; ".join(parts)
+
+
+def example(op: OpSpec) -> list[str]:
+    """Python lines calling the op on random inputs of its first test case's shapes (NumPy)."""
+    shapes = list(op.tests.shapes[0]) if op.tests and op.tests.shapes else [(3, 4)] * len(op.inputs)
+    # defaults, unless the op has a required attr: then the first attr set of its tests
+    required = any(a.required for a in op.attrs)
+    attrs = dict(op.tests.attrs[0]) if required and op.tests and op.tests.attrs else {}
+    dtypes = dict(op.typevars)
+    lines = ["import numpy as np", "import opforge", "", "rng = np.random.default_rng(0)"]
+    args = []
+    for i, shape in zip(op.inputs, shapes):
+        if shape is None:
+            continue
+        d = dtypes[i.dtype][-1] if i.dtype in dtypes else i.dtype
+        if d in ("float16", "bfloat16"):
+            d = "float32"
+        shape = tuple(shape)
+        if d == "bool":
+            value = f"rng.random({shape}) > 0.5"
+        elif d in _FLOATS:
+            lo, hi = dict(op.tests.domain).get(i.name, (-2.0, 2.0)) if op.tests else (-2.0, 2.0)
+            value = f"rng.uniform({lo}, {hi}, {shape}).astype(np.{d})"
+        else:
+            value = f"rng.integers(0, 2, {shape}).astype(np.{d})"
+        lines.append(f"{i.name} = {value}")
+        args.append(f"{i.name}={i.name}" if i.optional else i.name)
+    args += [f"{k}={v!r}" for k, v in attrs.items()]
+    lines.append(f"out = opforge.ops.{op.name}({', '.join(args)})")
+    lines.append("print(out)")
+    return lines
+
+
+def render_op_page(op: OpSpec, source: str) -> Rendered:
+    grads = [f"let {n} = {f.text}" for n, f in op.bprop.lets] + [f"d{n} = {f.text}" for n, f in op.bprop.grads] \
+        if op.bprop is not None else []
+    targets = []
+    for t in op.targets:
+        dts = "; ".join(f"{v}: {', '.join(ds)}" for v, ds in t.dtypes) or "concrete dtypes only"
+        targets.append({"name": t.name, "dtypes": dts, "formats": ", ".join(t.formats), "rows": len(t.rows())})
+    text = _ENV.get_template("op.md.j2").render(
+        banner=banner("", source, "op.md.j2").strip(),
+        name=op.name, sig=_py_sig(op), doc=op.doc, impl=op.impl.kind, aot=op.impl.aot, spec=source,
+        inputs=[{"name": i.name, "dtype": i.dtype, "optional": i.optional, "differentiable": i.differentiable,
+                 "doc": _cell(i.doc)} for i in op.inputs],
+        attrs=[{"name": a.name, "type": a.type,
+                "default": "required" if a.required else ("`None`" if a.optional_value
+                                                          else f"`{api.py_literal(a.default)}`"),
+                "allowed": _allowed(a), "doc": _cell(a.doc)} for a in op.attrs],
+        outputs=[{"name": o.name, "dtype": o.dtype, "shape": o.shape.text, "differentiable": o.differentiable,
+                  "doc": _cell(o.doc)} for o in op.outputs],
+        targets=targets, grads=grads,
+        composite=op.impl.formula.text if op.impl.kind == "composite" and op.impl.formula else None,
+        example=example(op))
+    return Rendered(f"{op.name}.md", text)
+
+
+def render_docs(ops: Sequence[OpSpec], sources: dict[str, str]) -> list[Rendered]:
+    pages = [render_op_page(op, sources[op.name]) for op in ops]
+    index = ["# opforge op reference", "", f"{len(ops)} ops, generated from their specs by `opforge docs`.", "",
+             "| op | impl | summary |", "|---|---|---|"]
+    for op in ops:
+        first = op.doc.split(". ")[0].rstrip(".") + "." if op.doc else ""
+        index.append(f"| [`{op.name}`]({op.name}.md) | {op.impl.kind} | {_cell(first)} |")
+    return pages + [Rendered("index.md", "\n".join(index) + "\n")]
