@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from conftest import SPEC_DIR
 
@@ -127,3 +130,51 @@ def test_docs_pages_and_their_examples_run(tmp_path: Path) -> None:
                     + f"example_{p.stem}()\n")
     r = subprocess.run([sys.executable, "-c", "\n".join(code)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def _project_copy(dst: Path) -> Path:
+    """A copy of this source tree (no build directory, no git metadata) to add ops to."""
+    ignore = shutil.ignore_patterns("build", ".git", "__pycache__", "rank_0", "*.egg-info", ".pytest_cache")
+    shutil.copytree(SPEC_DIR.parent, dst, ignore=ignore)
+    return dst
+
+
+def test_new_writes_specs_that_check(tmp_path: Path) -> None:
+    specs = tmp_path / "op_specs"
+    for kind in ("expr", "composite", "cpp"):
+        r = subprocess.run([sys.executable, "-m", "opforge", "new", f"my_{kind}", "--kind", kind, "--dir", "op_specs"],
+                           capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert f"wrote op_specs/my_{kind}.yaml" in r.stdout
+    kernel = tmp_path / "src" / "kernels" / "cpu" / "my_cpp.cpp"
+    assert "void my_cpp(const TensorPtr& x, const TensorPtr& out, const MyCppAttrs& attrs)" in kernel.read_text()
+    # their formulas use other ops (mul, add, where, ...): check them together with the real specs
+    r = run("check", str(specs), str(SPEC_DIR))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"{len(list(SPEC_DIR.glob('*.yaml'))) + 3} op specs OK"
+    before = (specs / "my_expr.yaml").read_text()
+    r = subprocess.run([sys.executable, "-m", "opforge", "new", "my_expr", "--dir", "op_specs"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and "my_expr.yaml already exists; nothing written" in r.stderr
+    assert (specs / "my_expr.yaml").read_text() == before
+    r = run("new", "Bad-Name", "--dir", str(specs))
+    assert r.returncode == 2 and "'Bad-Name' is not an op name" in r.stderr
+    r = run("new", "x", "--kind", "fortran")
+    assert r.returncode == 2 and "invalid choice: 'fortran'" in r.stderr
+
+
+@pytest.mark.slow
+def test_new_ops_build_and_pass_their_generated_tests(tmp_path: Path) -> None:
+    """The scaffolded specs, as written, build into the package and pass the spec-driven tests."""
+    project = _project_copy(tmp_path / "project")
+    for kind in ("expr", "composite", "cpp"):
+        r = subprocess.run([sys.executable, "-m", "opforge", "new", f"scaffold_{kind}", "--kind", kind],
+                           capture_output=True, text=True, cwd=project)
+        assert r.returncode == 0, r.stderr
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run(["bash", "tools/dev.sh", "pytest", "-q", "tests/ops", "-k", "scaffold_"],
+                       capture_output=True, text=True, cwd=project, env=env, timeout=1800)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    passed = int(r.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
+    assert passed >= 30, r.stdout[-2000:]  # forward, gradient and bad-input cases of the three ops

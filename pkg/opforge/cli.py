@@ -113,6 +113,20 @@ def _docs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _new(args: argparse.Namespace) -> int:
+    from opforge._scaffold import ScaffoldError, new_op
+
+    try:
+        files = new_op(args.name, args.kind, args.dir)
+    except ScaffoldError as exc:
+        raise _Usage(str(exc)) from exc
+    for f in files:
+        print(f"wrote {f}")
+    print(f"next: opforge check {args.dir}" + (f" --kernel-root {args.dir.resolve().parent}" if args.kind == "cpp"
+                                               else "") + ", then rebuild")
+    return EXIT_OK
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="opforge", description="Build tensor ops from YAML specs.", epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -125,6 +139,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--kernel-root", type=Path, default=None,
                    help="project root holding src/kernels/<target>/<op>.cpp for cpp ops (checked when given)")
     p.set_defaults(func=_check)
+
+    p = sub.add_parser("new", help="write a commented starting spec", epilog=EPILOG,
+                       description="Write DIR/NAME.yaml, a commented spec of the given kind that checks, builds "
+                                   "and passes its generated tests as written; for --kind cpp also the kernel "
+                                   "DIR/../src/kernels/cpu/NAME.cpp with the generated signature. Never "
+                                   "overwrites a file.")
+    p.add_argument("name", help="the op's name (lowercase, digits, _)")
+    p.add_argument("--kind", choices=["expr", "cpp", "composite"], default="expr", help="how it is computed")
+    p.add_argument("--dir", type=Path, default=Path("op_specs"), help="spec directory (default: ./op_specs)")
+    p.set_defaults(func=_new)
 
     p = sub.add_parser("list", help="list the ops of a spec directory", epilog=EPILOG,
                        description="One line per op: name, impl kind, (inputs; ? = optional) -> (outputs).")

@@ -1,0 +1,134 @@
+"""``opforge new``: a commented starting spec (and, for cpp ops, a kernel file with the generated
+signature) that checks, builds and passes its generated tests as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+KINDS = ("expr", "cpp", "composite")
+NAME = re.compile(r"[a-z_][a-z0-9_]*\Z")
+
+_HEAD = """\
+# {name}: {what}
+# Edit the doc, inputs, attrs, implementation, gradient and NumPy reference, then run
+#   opforge check {spec_dir}     (mistakes are reported as file:line:col: key: message)
+# and rebuild (pip install .). Every key is described in op_specs/README.md of opforge.
+"""
+
+_EXPR = _HEAD + """\
+{name}:
+  doc: "alpha * x where x > 0, else x (a starting point: edit me)."
+  inputs:
+    x: T                                  # a tensor whose dtype is the type variable T
+  attrs:
+    alpha: {{type: float, default: 2.0, doc: scale of the positive part}}
+  outputs:
+    out: {{dtype: T, shape: same(x)}}       # same(x) or broadcast(x, y) for an expr op
+  dtypes:
+    T: [float32, float64]                 # the dtypes T may take
+  targets:
+    cpu: {{}}                               # every dtype of T, formats DefaultFormat/NCHW/NHWC
+  impl:
+    expr: where(x > 0, alpha * x, x)      # elementwise expression (op_specs/README.md, 4.2)
+  bprop:
+    x: where(x > 0, alpha * dout, dout)   # dL/dx from dout, built from ops (so twice differentiable)
+  tests:
+    reference: np.where(x > 0, alpha * x, x)  # the NumPy oracle of the generated tests
+    attrs: [{{}}, {{alpha: 0.5}}]               # every case runs with each attr set
+"""
+
+_COMPOSITE = _HEAD + """\
+{name}:
+  doc: "x * x + y, composed of existing ops (a starting point: edit me)."
+  inputs:
+    x: T
+    y: T
+  outputs:
+    out: {{dtype: T, shape: "broadcast(x, y)"}}  # quoted: a comma would split the {{...}}
+  dtypes:
+    T: [float32, float64]
+  targets:
+    cpu: {{}}
+  impl:
+    composite: add(mul(x, x), y)          # a formula over other ops (op_specs/README.md, 4.3)
+  # no bprop: the gradient is composed from those of mul and add
+  tests:
+    reference: x * x + y
+    shapes: [[[3, 4], [3, 4]], [[2, 3], [3]]]   # one list of input shapes per case
+"""
+
+_CPP = _HEAD + """\
+{name}:
+  doc: "scale * x, computed by a hand-written kernel (a starting point: edit me)."
+  inputs:
+    x: T
+  attrs:
+    scale: {{type: float, default: 1.0, doc: the factor}}
+  outputs:
+    out: {{dtype: T, shape: same(x)}}       # preallocated before the kernel runs
+  dtypes:
+    T: [float32, float64]
+  targets:
+    cpu: {{}}
+  impl:
+    cpp: {{}}                               # kernel: {kernel}
+  bprop:
+    x: scale * dout
+  tests:
+    reference: scale * x
+    attrs: [{{}}, {{scale: -0.5}}]
+"""
+
+_KERNEL = """\
+// Kernel of op `{name}` on cpu: out = scale * x (a starting point: edit me).
+// The signature is the one opforge generates in {name}.h from the spec: every input, then every
+// output, then the attrs; one template argument per type variable (T: float or double here).
+#include "{name}.h"
+
+namespace opforge::kernels::cpu {{
+
+template <typename T>
+void {name}(const TensorPtr& x, const TensorPtr& out, const {cls}Attrs& attrs) {{
+  const T* in = x->data<T>();  // inputs are contiguous
+  T* o = out->data<T>();       // outputs have the spec's shape and dtype, uninitialized
+  for (int64_t i = 0, n = x->numel(); i < n; ++i) o[i] = static_cast<T>(attrs.scale * in[i]);
+}}
+
+}}  // namespace opforge::kernels::cpu
+
+OPFORGE_INSTANTIATE_{upper}_CPU  // instantiates {name}<T> for every dtype of T
+"""
+
+_WHAT = {"expr": "an elementwise op written as one expression (impl: expr)",
+         "composite": "an op composed of other ops (impl: composite)",
+         "cpp": "an op with a hand-written C++ kernel (impl: cpp)"}
+
+
+class ScaffoldError(Exception):
+    """A name, kind or path that cannot be scaffolded (nothing was written)."""
+
+
+def new_op(name: str, kind: str, spec_dir: Path) -> list[Path]:
+    """Writes the spec (and the kernel of a cpp op, at <spec_dir>/../src/kernels/cpu/<name>.cpp);
+    returns the files written. Refuses to overwrite anything."""
+    if not NAME.match(name):
+        raise ScaffoldError(f"'{name}' is not an op name: lowercase letters, digits and _, not starting with a digit")
+    if kind not in KINDS:
+        raise ScaffoldError(f"unknown kind '{kind}'; kinds: {', '.join(KINDS)}")
+    spec = spec_dir / f"{name}.yaml"
+    kernel = spec_dir.resolve().parent / "src" / "kernels" / "cpu" / f"{name}.cpp"
+    files = [spec] + ([kernel] if kind == "cpp" else [])
+    existing = [str(f) for f in files if f.exists()]
+    if existing:
+        raise ScaffoldError(f"{', '.join(existing)} already exists; nothing written")
+    text = {"expr": _EXPR, "composite": _COMPOSITE, "cpp": _CPP}[kind].format(
+        name=name, what=_WHAT[kind], spec_dir=spec_dir, kernel=f"src/kernels/cpu/{name}.cpp")
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    spec.write_text(text)
+    if kind == "cpp":
+        from opforge.codegen.model import class_name
+
+        kernel.parent.mkdir(parents=True, exist_ok=True)
+        kernel.write_text(_KERNEL.format(name=name, cls=class_name(name), upper=name.upper()))
+    return files
