@@ -63,6 +63,22 @@ def fmt_time(us: float | None) -> str:
     return f"{us:.2f} µs"
 
 
+def _framework_table(rows: list[dict], title: str, intro: str, heads: tuple[str, str, str, str]) -> list[str]:
+    """An opforge-inside-a-framework table: ours, the hand-written peer, the built-in."""
+    if not rows:
+        return []
+    ours, peer, builtin, short = heads
+    lines = ["", title, "", intro, "",
+             f"| benchmark | {ours} | {peer} | {builtin} | opforge/{short} | opforge/built-in | target | met |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        o, c, b = r["opforge"], r["custom_op"], r["builtin"]
+        met = "" if r.get("met") is None else ("yes" if r["met"] else "**no**")
+        lines.append(f"| {r['name']} | {fmt_time(o)} | {fmt_time(c)} | {fmt_time(b)} | {o / c:.2f} | "
+                     f"{o / b:.2f} | {r['target']} | {met} |")
+    return lines
+
+
 def render(rows: list[dict], threads: int) -> str:
     lines = ["# opforge benchmarks (cpu)", "",
              f"Run {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} with `python benchmarks/run.py` "
@@ -93,31 +109,19 @@ def render(rows: list[dict], threads: int) -> str:
             notes.append(f"- {r['name']}: {r['note']}")
     if notes:
         lines += ["", "Notes:", ""] + notes
-    if torch_rows:
-        lines += ["", "## opforge ops inside PyTorch (opforge.torch)", "",
-                  "opforge.torch's `torch.ops.opforge.*` against a hand-written `torch.library.custom_op` + "
-                  "`register_fake` + `register_autograd` running the same opforge kernels through DLPack "
-                  "(`benchmarks/torch_peers.py`), and against torch's built-in op; same process.", "",
-                  "| benchmark | opforge.torch | custom_op by hand | torch built-in | opforge/custom_op | "
-                  "opforge/built-in | target | met |", "|---|---|---|---|---|---|---|---|"]
-        for r in torch_rows:
-            o, c, b = r["opforge"], r["custom_op"], r["builtin"]
-            met = "" if r.get("met") is None else ("yes" if r["met"] else "**no**")
-            lines.append(f"| {r['name']} | {fmt_time(o)} | {fmt_time(c)} | {fmt_time(b)} | {o / c:.2f} | "
-                         f"{o / b:.2f} | {r['target']} | {met} |")
-    if ms_rows:
-        lines += ["", "## opforge ops inside MindSpore (opforge.mindspore)", "",
-                  "opforge.mindspore's primitives (aot `ops.Custom` on the wheel's entry points, reg_info, "
-                  "infer and bprop generated) against a hand-written aot `ops.Custom` with its own reg_info, "
-                  "bprop and float32-only kernel (`benchmarks/ms_peers.py`), and against MindSpore's built-in "
-                  "op; PyNative mode with `ms.runtime.launch_blocking()`, same process.", "",
-                  "| benchmark | opforge.mindspore | aot Custom by hand | MindSpore built-in | "
-                  "opforge/aot Custom | opforge/built-in | target | met |", "|---|---|---|---|---|---|---|---|"]
-        for r in ms_rows:
-            o, c, b = r["opforge"], r["custom_op"], r["builtin"]
-            met = "yes" if r["met"] else "**no**"
-            lines.append(f"| {r['name']} | {fmt_time(o)} | {fmt_time(c)} | {fmt_time(b)} | {o / c:.2f} | "
-                         f"{o / b:.2f} | {r['target']} | {met} |")
+    lines += _framework_table(
+        torch_rows, "## opforge ops inside PyTorch (opforge.torch)",
+        "opforge.torch's `torch.ops.opforge.*` against a hand-written `torch.library.custom_op` + "
+        "`register_fake` + `register_autograd` running the same opforge kernels through DLPack "
+        "(`benchmarks/torch_peers.py`), and against torch's built-in op; same process.",
+        ("opforge.torch", "custom_op by hand", "torch built-in", "custom_op"))
+    lines += _framework_table(
+        ms_rows, "## opforge ops inside MindSpore (opforge.mindspore)",
+        "opforge.mindspore's primitives (aot `ops.Custom` on the wheel's entry points, reg_info, "
+        "infer and bprop generated) against a hand-written aot `ops.Custom` with its own reg_info, "
+        "bprop and float32-only kernel (`benchmarks/ms_peers.py`), and against MindSpore's built-in "
+        "op; PyNative mode with `ms.runtime.launch_blocking()`, same process.",
+        ("opforge.mindspore", "aot Custom by hand", "MindSpore built-in", "aot Custom"))
     return "\n".join(lines) + "\n"
 
 

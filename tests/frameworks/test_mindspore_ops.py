@@ -19,11 +19,12 @@ import pytest
 
 ms = pytest.importorskip("mindspore", reason='MindSpore is not installed (pip install mindspore==2.10.0 "numpy<2")')
 
-from mindspore import Parameter, Tensor, nn  # noqa: E402
+from mindspore import Tensor, nn  # noqa: E402
 
 import opforge  # noqa: E402
 import opforge.mindspore as om  # noqa: E402
-from cases import Case, cases, make_data, reference, to_inputs, tolerance  # noqa: E402
+from mindspore_seeds import LeakyReluNet, MyNet, SquareNet  # noqa: E402  (examples/)
+from cases import Case, make_data, reference, to_inputs, tolerance, widest_cases  # noqa: E402
 
 ms.set_device(device_target="CPU")
 ms.runtime.launch_blocking()  # synchronous PyNative: errors surface at the call that made them
@@ -49,20 +50,7 @@ def pynative() -> Any:
     ms.set_context(mode=old)
 
 
-def _ms_cases() -> list[Case]:
-    """Per op, its float64 cases, or its cases in the widest dtype it has when float64 is not one."""
-    by_op: dict[str, list[Case]] = {}
-    for c in cases():
-        by_op.setdefault(c.op.name, []).append(c)
-    out = []
-    for name, cs in by_op.items():
-        dtypes = [c.dtype for c in cs]
-        pick = "float64" if "float64" in dtypes else dtypes[-1]
-        out += [c for c in cs if c.dtype == pick]
-    return out
-
-
-CASES = _ms_cases()
+CASES = widest_cases()
 GRAD_CASES = [c for c in CASES if c.dtype == "float64" and any(i.differentiable for i in c.op.inputs)
               and (c.op.bprop is not None or c.op.impl.kind == "composite")]
 # one case per op for Graph mode (each compiles a graph)
@@ -212,19 +200,6 @@ def test_graph_mode_forward_and_gradients(case: Case, rng) -> None:
 # ---------------------------------------------------------------------------- the seeds' examples
 
 
-class MyNet(nn.Cell):
-    """Seed 000's network, with opforge's mul."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.p = Parameter(2.0, requires_grad=True)
-        self.my_ops = om.ops
-
-    def construct(self, x: Any, y: Any) -> Any:
-        z = self.my_ops.mul(x, y)
-        return self.my_ops.mul(z, self.p)
-
-
 def test_seed_000_value_and_grad(mode) -> None:
     x = Tensor(1.0, ms.float32) * 2
     y = Tensor(1.0, ms.float32) * 3
@@ -235,37 +210,17 @@ def test_seed_000_value_and_grad(mode) -> None:
     assert [float(g.asnumpy()) for g in grads[1]] == [6.0]
 
 
-class SquareNet(nn.Cell):
-    def __init__(self) -> None:
-        super().__init__()
-        self.square = om.ops.square
-
-    def construct(self, x: Any) -> Any:
-        return self.square(x)
-
-
 def test_seed_002_square_bprop(mode) -> None:
     x = Tensor(np.array([1.0, 4.0, 9.0], np.float32))
     dx = ms.grad(SquareNet())(x)
     np.testing.assert_array_equal(dx.asnumpy(), [2.0, 8.0, 18.0])
 
 
-class LeakyReluNet(nn.Cell):
-    """Seed 004's network, with opforge's leaky_relu (its kernel from the spec's expression)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.leaky_relu = om.ops.leaky_relu
-
-    def construct(self, x: Any) -> Any:
-        return self.leaky_relu(x)
-
-
 def test_seed_004_leaky_relu(mode) -> None:
     x0 = np.array([[0.0, -0.1], [-0.2, 1.0]]).astype(np.float32)
-    out = LeakyReluNet()(Tensor(x0))
+    out = LeakyReluNet("leaky_relu")(Tensor(x0))
     np.testing.assert_allclose(out.asnumpy(), [[0.0, -0.001], [-0.002, 1.0]], rtol=1e-6)
-    dx = ms.grad(LeakyReluNet())(Tensor(x0))
+    dx = ms.grad(LeakyReluNet("leaky_relu"))(Tensor(x0))
     np.testing.assert_allclose(dx.asnumpy(), [[0.01, 0.01], [0.01, 1.0]], rtol=1e-6)
 
 

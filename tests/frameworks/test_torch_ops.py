@@ -17,25 +17,12 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip insta
 
 import opforge  # noqa: E402
 import opforge.torch as ot  # noqa: E402
-from cases import Case, cases, make_data, reference, tolerance  # noqa: E402
+from cases import Case, make_data, reference, tolerance, widest_cases  # noqa: E402
 
 OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
 
-def _torch_cases() -> list[Case]:
-    """Per op, its float64 cases, or its cases in the widest dtype it has when float64 is not one."""
-    by_op: dict[str, list[Case]] = {}
-    for c in cases():
-        by_op.setdefault(c.op.name, []).append(c)
-    out = []
-    for name, cs in by_op.items():
-        dtypes = [c.dtype for c in cs]
-        pick = "float64" if "float64" in dtypes else dtypes[-1]
-        out += [c for c in cs if c.dtype == pick]
-    return out
-
-
-CASES = _torch_cases()
+CASES = widest_cases()
 GRAD_CASES = [c for c in CASES if c.dtype == "float64" and any(i.differentiable for i in c.op.inputs)]
 
 

@@ -158,6 +158,20 @@ def cases() -> list[Case]:
     return out
 
 
+def widest_cases() -> list[Case]:
+    """Per op, its float64 cases, or its cases in the widest dtype it has when float64 is not one:
+    what the framework integration tests run."""
+    by_op: dict[str, list[Case]] = {}
+    for c in cases():
+        by_op.setdefault(c.op.name, []).append(c)
+    out = []
+    for cs in by_op.values():
+        dtypes = [c.dtype for c in cs]
+        pick = "float64" if "float64" in dtypes else dtypes[-1]
+        out += [c for c in cs if c.dtype == pick]
+    return out
+
+
 def grad_cases() -> list[Case]:
     """float64 cases of ops with a differentiable input."""
     return [c for c in cases() if c.dtype == "float64" and any(i.differentiable for i in c.op.inputs)]
