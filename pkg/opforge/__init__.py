@@ -40,6 +40,10 @@ __all__ = [
 #: The target this wheel was built for ("cpu"); its ops run there.
 backend: str = _C.backend
 
+#: libopforge.so: the runtime and every op, shared by opforge._C and by op modules built against
+#: it (``opforge.load``, packages made with ``opforge init``); it exports the ops' AOT entry points.
+LIBRARY: str = str(Path(_C.__file__).with_name("libopforge.so"))
+
 DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 
 

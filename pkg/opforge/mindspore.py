@@ -47,13 +47,14 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess
         "opforge.mindspore needs MindSpore: pip install mindspore==2.10.0 \"numpy<2\" "
         f"(import failed: {e})") from e
 
+import opforge
 from opforge import _C, _formulas
 from opforge._opdef import OpDef
 
 __all__ = ["ops", "functional", "primitive", "LIBRARY", "F", "H"]
 
-#: The shared library holding every op's AOT entry point.
-LIBRARY: str = _C.__file__
+#: The shared library holding every op's AOT entry point (libopforge.so, beside opforge._C).
+LIBRARY: str = opforge.LIBRARY
 
 _DTYPES = {
     "bool": ms.bool_, "uint8": ms.uint8, "int8": ms.int8, "int16": ms.int16, "int32": ms.int32,

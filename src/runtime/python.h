@@ -12,19 +12,27 @@
 #include "runtime/registry.h"
 #include "runtime/tensor.h"
 
+// pybind11 declares its types hidden, and GCC gives anything whose signature names them hidden
+// visibility too; these are libopforge.so's Python API, used by _C and by op modules built
+// against it, so they say default visibility explicitly (and their hidden-typed fields are fine:
+// pybind11's objects are plain PyObject pointers in every module).
+#define OPFORGE_PY_API __attribute__((visibility("default")))
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wattributes"
+
 namespace opforge::python {
 
 namespace py = pybind11;
 
 // An opforge Tensor, a buffer-protocol object (NumPy array) or a DLPack producer, zero copy.
-TensorPtr to_tensor(py::handle obj, const char* op, const char* arg);
+OPFORGE_PY_API TensorPtr to_tensor(py::handle obj, const char* op, const char* arg);
 
 constexpr size_t kMaxParams = 16;  // inputs + attrs of one op
 constexpr size_t kMaxInputs = 8;
 
 // Converts the inputs of one call; Python scalars take the dtype their type variable is bound to.
 // Allocation-free for up to kMaxInputs inputs (the common case on the per-call hot path).
-class InputConverter {
+class OPFORGE_PY_API InputConverter {
  public:
   explicit InputConverter(const OpInfo& info) : info_(info) {}
   // Converts the next input (None allowed only for optional inputs).
@@ -49,22 +57,22 @@ class InputConverter {
 // One op's Python entry point: a METH_FASTCALL function binding arguments without building
 // tuples or dicts. Errors name the op: "[op] unexpected keyword 'alhpa' (did you mean 'alpha'?)",
 // "[op] missing required attr 'axis'". `impl` receives every parameter (inputs, then attrs), defaults filled in.
-struct OpCaller {
+struct OPFORGE_PY_API OpCaller {
   const OpInfo* info;
   std::vector<py::object> defaults;  // null object: required parameter
   py::object (*impl)(const py::handle* params);
 };
 
 // Adds `name` to module m as a fast builtin calling caller (which must outlive the module).
-void def_op(py::module_& m, const char* name, const char* doc, OpCaller* caller);
+OPFORGE_PY_API void def_op(py::module_& m, const char* name, const char* doc, OpCaller* caller);
 
 // Attr conversion with "[op] attr 'name' must be ..." errors.
-bool attr_bool(const char* op, const char* name, py::handle v);
-int64_t attr_int(const char* op, const char* name, py::handle v);
-double attr_float(const char* op, const char* name, py::handle v);
-std::string attr_str(const char* op, const char* name, py::handle v);
-std::vector<int64_t> attr_int_list(const char* op, const char* name, py::handle v);
-std::vector<double> attr_float_list(const char* op, const char* name, py::handle v);
+OPFORGE_PY_API bool attr_bool(const char* op, const char* name, py::handle v);
+OPFORGE_PY_API int64_t attr_int(const char* op, const char* name, py::handle v);
+OPFORGE_PY_API double attr_float(const char* op, const char* name, py::handle v);
+OPFORGE_PY_API std::string attr_str(const char* op, const char* name, py::handle v);
+OPFORGE_PY_API std::vector<int64_t> attr_int_list(const char* op, const char* name, py::handle v);
+OPFORGE_PY_API std::vector<double> attr_float_list(const char* op, const char* name, py::handle v);
 
 template <typename F>
 auto attr_optional(py::handle v, F convert) -> std::optional<decltype(convert(v))> {
@@ -72,11 +80,13 @@ auto attr_optional(py::handle v, F convert) -> std::optional<decltype(convert(v)
   return convert(v);
 }
 
-py::object wrap(TensorPtr t);
-py::object wrap(const TensorList& ts);
+OPFORGE_PY_API py::object wrap(TensorPtr t);
+OPFORGE_PY_API py::object wrap(const TensorList& ts);
 // [(shape tuple, dtype name), ...]: what opforge._C._meta.<op> returns.
-py::object metas(const std::vector<TensorMeta>& ms);
+OPFORGE_PY_API py::object metas(const std::vector<TensorMeta>& ms);
 
-void bind_runtime(py::module_& m);
+OPFORGE_PY_API void bind_runtime(py::module_& m);
 
 }  // namespace opforge::python
+
+#pragma GCC diagnostic pop

@@ -20,7 +20,7 @@ import pytest
 import opforge
 from opforge import _C, _formulas
 
-LIB = ctypes.CDLL(_C.__file__)
+LIB = ctypes.CDLL(opforge.LIBRARY)
 X0 = np.array([[0.0, -0.1], [-0.2, 1.0]], np.float32)
 EXPECTED = [[0.0, -0.001], [-0.002, 1.0]]
 
