@@ -446,12 +446,12 @@ def render_registry(ops: Sequence[OpSpec], sources: Sequence[str]) -> Rendered:
     return Rendered("ops_registry.cpp", text)
 
 
-def render_stub(ops: Sequence[OpSpec], sources: Sequence[str]) -> Rendered:
+def render_stub(ops: Sequence[OpSpec], sources: Sequence[str], module: str = "opforge.ops") -> Rendered:
     stubs = []
     for op in ops:
         stubs.append({"sig": _py_sig(op), "doc": op.doc.replace('"""', "'''")})
     text = _ENV.get_template("ops.pyi.j2").render(
-        banner=banner("#", f"{len(sources)} specs", "ops.pyi.j2"), ops=stubs)
+        banner=banner("#", f"{len(sources)} specs", "ops.pyi.j2"), ops=stubs, module=module)
     return Rendered("ops.pyi", text)
 
 
@@ -518,6 +518,26 @@ def render_all(ops: Sequence[OpSpec], sources: Mapping[str, str]) -> list[Render
     out.append(render_registry(ops, names))
     out.append(render_stub(ops, names))
     out.append(render_formulas(ops, names))
+    return out
+
+
+def render_module(ops: Sequence[OpSpec], sources: Mapping[str, str], module: str,
+                  known: Sequence[OpSpec] = ()) -> list[Rendered]:
+    """Every generated file of an op module built against an installed opforge (``opforge.load``,
+    ``opforge init`` packages): per-op header/TU, ``<module>.cpp`` (its PYBIND11_MODULE) and
+    ``ops.pyi``. Formulas may call ``known`` ops (opforge's own), whose headers opforge ships."""
+    table = {o.name: o for o in known}
+    table.update({o.name: o for o in ops})
+    out: list[Rendered] = []
+    for op in ops:
+        out.extend(render_op(op, table, sources[op.name]))
+    names = [sources[o.name] for o in ops]
+    shown = ", ".join(names) if len(names) < 4 else f"{len(names)} specs"
+    text = _ENV.get_template("module.cpp.j2").render(
+        banner=banner("//", shown, "module.cpp.j2"), module=module, names=[o.name for o in ops],
+        doc=_cpp_str(f"Ops generated from {shown}."))
+    out.append(Rendered(f"{module}.cpp", text))
+    out.append(render_stub(ops, names, module))
     return out
 
 

@@ -33,12 +33,17 @@ class SpecError(Exception):
         return f"{self.loc.path}:{self.loc.line}:{self.loc.col}: {key}{self.message}"
 
 
-class SpecErrors(Exception):
-    """Every mistake found in a set of specs, in file order."""
+class SpecErrors(SpecError):
+    """Every mistake found in a set of specs, in file order (a SpecError located at the first)."""
 
     def __init__(self, errors: Sequence[SpecError]):
         self.errors = sorted(errors, key=lambda e: (e.loc.path, e.loc.line, e.loc.col, e.key))
-        super().__init__("\n".join(str(e) for e in self.errors))
+        first = self.errors[0]
+        self.loc, self.key, self.message = first.loc, first.key, first.message
+        Exception.__init__(self, str(self))
+
+    def __str__(self) -> str:
+        return "\n".join(str(e) for e in self.errors)
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:

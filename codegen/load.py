@@ -361,6 +361,7 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
             errors.extend(exc.errors if isinstance(exc, SpecErrors) else [exc])
             broken.add(Path(path).stem)
     ops: list[OpSpec] = []
+    known_names = {k.name: k.loc.path for k in known}
     seen: dict[str, OpSpec] = {}
     classes: dict[str, OpSpec] = {}
     for name, doc in docs:
@@ -373,6 +374,10 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
         if name in seen:
             errors.append(SpecError(op.loc, name,
                                     f"two ops named '{name}' (also {seen[name].loc.path})"))
+            continue
+        if name in known_names:
+            errors.append(SpecError(op.loc, name, f"'{name}' is already an op of opforge "
+                                    f"({known_names[name]}): an op module cannot redefine it; pick another name"))
             continue
         if op.class_name in classes:
             errors.append(SpecError(op.loc, name, f"generates class {op.class_name}, as op "

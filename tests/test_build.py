@@ -21,8 +21,12 @@ def test_wheel_name_says_its_backend(tmp_path: Path) -> None:
     wheels = [p.name for p in tmp_path.glob("*.whl")]
     assert len(wheels) == 1 and wheels[0].startswith("opforge-0.1.0+cpu-cp311"), wheels
     names = set(zipfile.ZipFile(tmp_path / wheels[0]).namelist())
-    package = {f"opforge/{p.name}" for p in (ROOT / "pkg" / "opforge").iterdir()}
-    generated = {"opforge/ops.pyi", "opforge/_formulas.py"}
+    package = {f"opforge/{p.name.removesuffix('.in')}" for p in (ROOT / "pkg" / "opforge").iterdir()}
+    generated = {"opforge/ops.pyi", "opforge/_formulas.py", "opforge/libopforge.so", "opforge/_build_info.py"}
+    # what op modules compile against: the runtime's headers and every op's generated header
+    generated |= {f"opforge/include/runtime/{p.name}" for p in (ROOT / "src" / "runtime").glob("*.h")}
+    generated |= {f"opforge/include/ops/{p.stem}.h" for p in (ROOT / "op_specs").glob("*.yaml")}
+    generated |= {f"opforge/codegen/templates/{p.name}" for p in (ROOT / "codegen" / "templates").iterdir()}
     # aot ops' external libraries, built from src/kernels/aot/<op>.cpp
     generated |= {f"opforge/lib{p.stem}.so" for p in (ROOT / "src" / "kernels" / "aot").glob("*.cpp")}
     assert package | generated <= names, sorted((package | generated) - names)

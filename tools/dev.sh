@@ -27,10 +27,15 @@ ninja -C "$build" >/dev/null || ninja -C "$build"
 pkg="$build/python/opforge"
 rm -rf "$pkg"
 mkdir -p "$pkg"
-for f in "$root"/pkg/opforge/*; do ln -s "$f" "$pkg/"; done
-for f in "$build"/_C*.so "$build"/lib*.so "$build"/op_specs/ops.pyi "$build"/op_specs/_formulas.py; do ln -s "$f" "$pkg/"; done
+for f in "$root"/pkg/opforge/*; do case "$f" in *.in) ;; *) ln -s "$f" "$pkg/" ;; esac; done
+for f in "$build"/_C*.so "$build"/lib*.so "$build"/_build_info.py "$build"/op_specs/ops.pyi "$build"/op_specs/_formulas.py; do
+  ln -s "$f" "$pkg/"
+done
 ln -s "$root/codegen" "$pkg/codegen"
 ln -s "$root/op_specs" "$pkg/op_specs"
+mkdir -p "$pkg/include"
+ln -s "$root/src/runtime" "$pkg/include/runtime"
+ln -s "$build/op_specs" "$pkg/include/ops"
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
 
 case "$cmd" in

@@ -30,11 +30,13 @@ from opforge import _C
 from opforge._C import Tensor, from_dlpack, from_numpy, is_grad_enabled, list_ops, set_grad_enabled
 from opforge import ops
 from opforge._autograd import enable_grad, grad, gradients, no_grad, value_and_grad
+from opforge._build_info import VERSION as __version__
+from opforge.jit import load
 
 __all__ = [
     "Tensor", "tensor", "from_numpy", "from_dlpack", "ops", "op_info", "list_ops", "spec", "backend",
     "no_grad", "enable_grad", "grad", "value_and_grad", "gradients", "is_grad_enabled", "set_grad_enabled",
-    "DTYPES",
+    "DTYPES", "load", "LIBRARY",
 ]
 
 #: The target this wheel was built for ("cpu"); its ops run there.

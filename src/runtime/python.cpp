@@ -922,4 +922,22 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
   m.attr("backend") = built_target();
 }
 
+PyObject* create_op_module(PyModuleDef* def, const char* name, const char* doc, const RegisterOp* ops,
+                           size_t n) {
+  try {
+    py::module_::import("opforge");  // opforge's Python types (Tensor) are registered first
+    auto m = py::module_::create_extension_module(name, doc, def);
+    py::options options;
+    options.disable_function_signatures();  // each op's docstring starts with its typed signature
+    auto meta = m.def_submodule("_meta", "Output shapes and dtypes of each op's call, computed without running it.");
+    for (size_t i = 0; i < n; ++i) ops[i](m, meta);
+    return m.release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_ImportError, e.what());
+  }
+  return nullptr;
+}
+
 }  // namespace opforge::python

@@ -85,6 +85,13 @@ OPFORGE_PY_API py::object wrap(const TensorList& ts);
 // [(shape tuple, dtype name), ...]: what opforge._C._meta.<op> returns.
 OPFORGE_PY_API py::object metas(const std::vector<TensorMeta>& ms);
 
+// PyInit_<module> of an op module (codegen's module.cpp.j2, which declares this itself so that
+// it compiles without pybind11): the module `name` with each op's register function called on it
+// and on its `_meta` submodule. `def` must outlive the module.
+using RegisterOp = void (*)(py::module_& m, py::module_& meta);
+OPFORGE_PY_API PyObject* create_op_module(PyModuleDef* def, const char* name, const char* doc,
+                                          const RegisterOp* ops, size_t n);
+
 OPFORGE_PY_API void bind_runtime(py::module_& m);
 
 }  // namespace opforge::python

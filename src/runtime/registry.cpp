@@ -20,6 +20,13 @@ void register_op(OpInfo& info) {
   for (const auto& t : info.targets) {
     if (std::strcmp(t.name, built_target()) == 0) info.built = &t;
   }
+  // An op module loaded again after its spec changed (opforge.load) registers its new version
+  for (const OpInfo*& op : registry()) {
+    if (std::strcmp(op->name, info.name) == 0) {
+      op = &info;
+      return;
+    }
+  }
   registry().push_back(&info);
 }
 

@@ -69,6 +69,7 @@ CallInfo check_call(const OpInfo& info, std::initializer_list<const Tensor*> inp
 
 // Global table of every registered op (for op_info / list_ops).
 std::vector<const OpInfo*>& registry();
+// Adds info to the table, replacing an op of the same name (a reloaded op module's new version).
 void register_op(OpInfo& info);
 const OpInfo* find_op(const std::string& name);
 

@@ -1,0 +1,105 @@
+"""How an op module is compiled against this opforge: include paths, flags and the check that
+the compiler and pybind11 are the ones libopforge.so was built with.
+
+An op module (``opforge.load``, a package made by ``opforge init``) is a Python extension that
+links libopforge.so and includes its headers (``opforge/include``): its ops share opforge's
+Tensor, registry and autograd. C++ has no stable ABI, so the module must be compiled by the same
+compiler family with the same standard, and against the pybind11 opforge used.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import subprocess
+import sysconfig
+from pathlib import Path
+
+from opforge import _build_info
+
+PACKAGE_DIR = Path(__file__).absolute().parent  # (not resolved: a dev tree links files into it)
+
+#: Compile flags of every op module TU (those of opforge's own ops: -O3, OpenMP, no errno).
+CXXFLAGS = (
+    f"-std={_build_info.CXX_STD}", "-O3", "-fPIC", "-fopenmp", "-fno-math-errno", "-DNDEBUG",
+    "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-Wall", "-Wno-unused-parameter", "-Wno-attributes",
+)
+
+
+class BuildError(RuntimeError):
+    """Compiling or linking an op module failed (the compiler's output is in the message)."""
+
+
+def compiler() -> list[str]:
+    """The C++ compiler command: $CXX, else c++."""
+    return shlex.split(os.environ.get("CXX", "c++"))
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version(cxx: tuple[str, ...]) -> str:
+    """The compiler's ``--version`` banner (part of every cache key); BuildError if it won't run."""
+    try:
+        r = subprocess.run([*cxx, "--version"], capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise BuildError(f"cannot run the C++ compiler '{' '.join(cxx)}': {exc.strerror}; "
+                         "install g++ or set CXX") from None
+    if r.returncode != 0:
+        raise BuildError(f"'{' '.join(cxx)} --version' failed: {r.stderr.strip()}")
+    return r.stdout.strip()
+
+
+def check_toolchain(cxx: tuple[str, ...]) -> None:
+    """BuildError unless cxx and pybind11 match what libopforge.so was built with."""
+    import pybind11
+
+    if pybind11.__version__ != _build_info.PYBIND11_VERSION:
+        raise BuildError(f"opforge was built with pybind11 {_build_info.PYBIND11_VERSION}, but pybind11 "
+                         f"{pybind11.__version__} is installed: op modules must use the same one "
+                         f"(pip install pybind11=={_build_info.PYBIND11_VERSION})")
+    banner = compiler_version(cxx).lower()
+    family = {"gcc": ("g++", "gcc"), "clang": ("clang",)}.get(_build_info.CXX_ID, (_build_info.CXX_ID,))
+    if not any(f in banner for f in family) and not (
+            _build_info.CXX_ID == "gcc" and "free software foundation" in banner):
+        raise BuildError(f"opforge was built with {_build_info.CXX_ID} {_build_info.CXX_VERSION}; "
+                         f"'{' '.join(cxx)}' is another compiler ({banner.splitlines()[0]}): set CXX to a "
+                         f"{_build_info.CXX_ID} C++ compiler")
+
+
+def include_dirs() -> list[str]:
+    """Where an op module's headers come from: the runtime's and opforge's generated op headers
+    (formulas may call any of opforge's ops), pybind11's and Python's."""
+    import pybind11
+
+    inc = PACKAGE_DIR / "include"
+    return [str(inc), str(inc / "ops"), pybind11.get_include(), sysconfig.get_paths()["include"]]
+
+
+def library_dir() -> str:
+    return str(PACKAGE_DIR)
+
+
+def ldflags() -> list[str]:
+    """Link flags of an op module: libopforge.so (found by its soname once opforge is imported,
+    and by rpath otherwise), OpenMP, and the module's own calls bound inside it."""
+    lib = library_dir()
+    return ["-shared", "-fopenmp", f"-L{lib}", "-l:libopforge.so", f"-Wl,-rpath,{lib}", "-Wl,-Bsymbolic-functions"]
+
+
+def cflags() -> list[str]:
+    return [*CXXFLAGS, *(f"-I{d}" for d in include_dirs())]
+
+
+def extension_suffix() -> str:
+    return sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+
+
+#: The precompiled header of op module TUs: what every generated op TU includes.
+PCH_TEXT = """// Precompiled header of op modules built against opforge (see opforge/_native.py).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "runtime/runtime.h"
+#include "runtime/aot.h"
+#include "runtime/python.h"
+"""

@@ -1,0 +1,246 @@
+"""opforge.load: JIT-built op modules, their cache (hit, invalidation, failed builds, concurrent
+processes) and their errors. Builds compile C++ (seconds each): those tests are marked slow."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import opforge
+from opforge.codegen import SpecError
+from opforge.jit import BuildError
+
+SOFTPLUS = """\
+{name}:
+  doc: Softplus log(1 + exp(x)) elementwise{extra}.
+  inputs:
+    x: T
+  outputs:
+    out: {{dtype: T, shape: same(x)}}
+  dtypes:
+    T: [float32, float64]
+  targets:
+    cpu: {{}}
+  impl:
+    expr: log(1 + exp(x))
+  bprop:
+    x: dout * sigmoid(x)
+"""
+
+SCALE_ROWS = """\
+scale_rows:
+  doc: Each row of x times its weight w[i] (a cpp kernel).
+  inputs:
+    x: T
+    w: T
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float32, float64]
+  targets:
+    cpu: {}
+  impl:
+    cpp: {}
+  bprop:
+    x: scale_rows(dout, w)
+    w: sum(dout * x, axis=[1])
+"""
+
+SCALE_ROWS_KERNEL = """\
+#include "scale_rows.h"
+
+namespace opforge::kernels::cpu {
+
+template <typename T>
+void scale_rows(const TensorPtr& x, const TensorPtr& w, const TensorPtr& out, const ScaleRowsAttrs& attrs) {
+  if (x->dim() != 2 || w->dim() != 1 || w->shape()[0] != x->shape()[0])
+    fail<ValueError>("scale_rows", "x must be 2-D and w 1-D with one weight per row");
+  const int64_t rows = x->shape()[0], cols = x->shape()[1];
+  const T* px = x->data<T>();
+  const T* pw = w->data<T>();
+  T* po = out->data<T>();
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) po[i * cols + j] = px[i * cols + j] * pw[i];
+}
+
+}  // namespace opforge::kernels::cpu
+
+OPFORGE_INSTANTIATE_SCALE_ROWS_CPU
+"""
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache root for the module's builds (they share the precompiled header)."""
+    return tmp_path_factory.mktemp("jit-cache")
+
+
+def write_spec(d: Path, name: str, extra: str = "") -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / f"{name}.yaml"
+    p.write_text(SOFTPLUS.format(name=name, extra=extra))
+    return p
+
+
+def softplus_ref(x: np.ndarray) -> np.ndarray:
+    return np.log1p(np.exp(x))
+
+
+# ---------------------------------------------------------------------------- errors (no compiler)
+
+
+def test_spec_mistake_is_a_spec_error_before_compiling(tmp_path: Path) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text(SOFTPLUS.format(name="bad", extra="").replace("log(1 + exp(x))", "log(1 + exq(x))"))
+    with pytest.raises(SpecError, match=r"bad\.yaml:12:\d+: impl\.expr: .*exq"):
+        opforge.load("badmod", specs=[p], build_dir=tmp_path / "cache")
+    assert not list((tmp_path / "cache").glob("badmod/*/*.so"))
+    assert not (tmp_path / "cache" / "badmod" / "build" / "build.ninja").exists()  # nothing compiled
+
+
+def test_op_name_of_opforge_is_refused(tmp_path: Path) -> None:
+    p = write_spec(tmp_path, "exp")
+    with pytest.raises(SpecError, match=r"exp\.yaml:1:1: exp: 'exp' is already an op of opforge"):
+        opforge.load("clash", specs=[p], build_dir=tmp_path / "cache")
+
+
+def test_cpp_op_without_its_kernel(tmp_path: Path) -> None:
+    (tmp_path / "scale_rows.yaml").write_text(SCALE_ROWS)
+    with pytest.raises(SpecError, match=r"scale_rows\.yaml:\d+:\d+: impl: op 'scale_rows' has a cpp impl: pass its "
+                                        r"kernel file scale_rows\.cpp in sources"):
+        opforge.load("nokernel", specs=[tmp_path / "scale_rows.yaml"], build_dir=tmp_path / "cache")
+
+
+@pytest.mark.parametrize("kwargs, exc, message", [
+    ({"name": "my-ops"}, ValueError, r"\[load\] name must be a Python identifier"),
+    ({"name": "class"}, ValueError, r"\[load\] name must be a Python identifier"),
+    ({"backend": "cuda"}, ValueError, r"\[load\] backend 'cuda' is not available: this opforge was built for 'cpu'"),
+    ({"backend": "tpu"}, ValueError, r"\[load\] unknown backend 'tpu'; one of: cpu, cuda"),
+    ({"specs": ["/nonexistent/x.yaml"]}, FileNotFoundError, r"\[load\] specs: /nonexistent/x\.yaml: no such file"),
+    ({"sources": ["/nonexistent/k.cpp"]}, FileNotFoundError, r"\[load\] sources: /nonexistent/k\.cpp: no such file"),
+    ({"specs": []}, ValueError, r"\[load\] no spec files"),
+])
+def test_bad_arguments(tmp_path: Path, kwargs: dict, exc: type, message: str) -> None:
+    args = {"name": "m", "specs": [write_spec(tmp_path, "softplus")], "build_dir": tmp_path / "cache"}
+    args.update(kwargs)
+    with pytest.raises(exc, match=message):
+        opforge.load(**args)
+
+
+def test_source_must_be_cpp(tmp_path: Path) -> None:
+    src = tmp_path / "k.py"
+    src.write_text("")
+    with pytest.raises(ValueError, match=r"a source must be C\+\+"):
+        opforge.load("m", specs=[write_spec(tmp_path, "softplus")], sources=[src], build_dir=tmp_path / "c")
+
+
+# ---------------------------------------------------------------------------- builds
+
+
+@pytest.mark.slow
+def test_load_build_then_cache_hit_in_a_new_process(tmp_path: Path, cache: Path) -> None:
+    spec = write_spec(tmp_path, "softplus")
+    m = opforge.load("jit_softplus", specs=[spec], build_dir=cache)
+    info = m.__opforge_build__
+    assert info["built"] and any(c.endswith("softplus.cpp") for c in info["compiled"])
+    x = np.array([-3.0, -0.5, 0.0, 2.0, 30.0])
+    np.testing.assert_allclose(m.softplus(x).numpy(), softplus_ref(x), rtol=1e-12)
+    assert m.softplus(x.astype(np.float32)).dtype == "float32"
+    with pytest.raises(TypeError, match=r"\[softplus\] dtype int64 is not supported on target cpu; supported"):
+        m.softplus(np.arange(3))
+    assert "Softplus log(1 + exp(x))" in m.softplus.__doc__
+    assert (Path(info["path"]).parent / "jit_softplus.pyi").read_text().count("def softplus(") == 1
+    # mixed with opforge's ops in one graph, gradients through opforge's autograd
+    t = opforge.tensor(x, requires_grad=True)
+    opforge.ops.sum(opforge.ops.mul(m.softplus(t), 2.0)).backward()
+    np.testing.assert_allclose(t.grad.numpy(), 2 / (1 + np.exp(-x)), rtol=1e-12)
+    assert opforge.op_info("softplus")[0]["op_name"] == "softplus"
+    # the same load again: this process's module; another process: the cache, no compiler
+    assert opforge.load("jit_softplus", specs=[spec], build_dir=cache) is m
+    code = (f"import opforge; m = opforge.load('jit_softplus', specs=[{str(spec)!r}], build_dir={str(cache)!r}); "
+            f"print(m.__opforge_build__['built'], m.softplus(__import__('numpy').array(1.0)).item())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", repr(float(np.log1p(np.e)))]
+
+
+@pytest.mark.slow
+def test_changed_spec_rebuilds_only_what_changed(tmp_path: Path, cache: Path) -> None:
+    d = tmp_path / "specs"
+    write_spec(d, "sp_a")
+    write_spec(d, "sp_b")
+    first = opforge.load("jit_two", specs=[d], build_dir=cache).__opforge_build__
+    assert sorted(Path(c).name for c in first["compiled"]) == ["jit_two.cpp", "sp_a.cpp", "sp_b.cpp"]
+    write_spec(d, "sp_b", extra=" (edited)")
+    m = opforge.load("jit_two", specs=[d], build_dir=cache)
+    second = m.__opforge_build__
+    assert second["built"] and second["key"] != first["key"]
+    assert [Path(c).name for c in second["compiled"]] == ["sp_b.cpp"]
+    assert "(edited)" in m.sp_b.__doc__
+    assert Path(first["path"]).is_file()  # the old version stays for processes that use it
+
+
+@pytest.mark.slow
+def test_failed_build_is_not_cached(tmp_path: Path, cache: Path) -> None:
+    # a compiler that fails while FAIL_CXX is set; the same inputs (and cache key) both times
+    wrapper = tmp_path / "cxx"
+    wrapper.write_text(f'#!/bin/sh\nif [ -n "$FAIL_CXX" ] && [ "$1" != "--version" ]; then echo "cc1plus: out of '
+                       f'memory" >&2; exit 1; fi\nexec c++ "$@"\n')
+    wrapper.chmod(0o755)
+    spec = write_spec(tmp_path, "sp_retry")
+    env = {**os.environ, "CXX": str(wrapper)}
+    code = (f"import opforge; m = opforge.load('jit_retry', specs=[{str(spec)!r}], build_dir={str(cache)!r}); "
+            f"print(m.__opforge_build__['built'], m.sp_retry(__import__('numpy').array(0.0)).item())")
+    bad = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, "FAIL_CXX": "1"})
+    assert bad.returncode == 1
+    assert "BuildError: [load] building module 'jit_retry' failed (nothing was cached" in bad.stderr
+    assert "cc1plus: out of memory" in bad.stderr
+    good = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert good.stdout.split() == ["True", repr(float(np.log(2.0)))]
+
+
+@pytest.mark.slow
+def test_two_processes_at_once(tmp_path: Path, cache: Path) -> None:
+    spec = write_spec(tmp_path, "sp_race")
+    code = textwrap.dedent(f"""
+        import opforge
+        m = opforge.load('jit_race', specs=[{str(spec)!r}], build_dir={str(cache)!r})
+        print(m.__opforge_build__['built'], m.sp_race(__import__('numpy').array(0.0)).item())
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [p.communicate() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results
+    outs = sorted(out.split()[0] for out, _ in results)
+    assert outs == ["False", "True"]  # one built it, the other waited and loaded it
+    assert all(out.split()[1] == repr(float(np.log(2.0))) for out, _ in results)
+    assert len(list((cache / "jit_race").glob("????????????????/*.so"))) == 1
+
+
+@pytest.mark.slow
+def test_cpp_op_with_kernel_source_and_formula_calling_opforge_ops(tmp_path: Path, cache: Path) -> None:
+    spec = tmp_path / "scale_rows.yaml"
+    spec.write_text(SCALE_ROWS)
+    kernel = tmp_path / "scale_rows.cpp"
+    kernel.write_text(SCALE_ROWS_KERNEL)
+    m = opforge.load("jit_cpp", specs=[spec], sources=[kernel], build_dir=cache)
+    x = np.arange(6.0).reshape(2, 3)
+    w = np.array([2.0, -1.0])
+    np.testing.assert_array_equal(m.scale_rows(x, w).numpy(), x * w[:, None])
+    tx, tw = opforge.tensor(x, requires_grad=True), opforge.tensor(w, requires_grad=True)
+    opforge.ops.sum(opforge.ops.square(m.scale_rows(tx, tw))).backward()
+    dout = 2 * x * w[:, None]
+    np.testing.assert_allclose(tx.grad.numpy(), dout * w[:, None])
+    np.testing.assert_allclose(tw.grad.numpy(), (dout * x).sum(axis=1))
+    with pytest.raises(ValueError, match=r"\[scale_rows\] x must be 2-D and w 1-D"):
+        m.scale_rows(x, np.ones(3))
+    # a C++ mistake in the kernel is the compiler's message, and nothing is cached
+    kernel.write_text(SCALE_ROWS_KERNEL.replace("po[i * cols + j] =", "po[i * cols + j] = undefined_name +"))
+    with pytest.raises(BuildError, match=r"(?s)building module 'jit_cpp_bad' failed.*undefined_name"):
+        opforge.load("jit_cpp_bad", specs=[spec], sources=[kernel], build_dir=cache)
+    assert not list((cache / "jit_cpp_bad").glob("????????????????/*.so"))
