@@ -3,6 +3,10 @@
     python -m codegen outputs --specs DIR            # generated file names, one per line
     python -m codegen kernels --specs DIR            # hand-written kernel sources, one per line
     python -m codegen generate --specs DIR --out DIR # write generated sources (if changed)
+
+With --module NAME [--qualname PKG.NAME] (outputs, generate): an op module built against an
+installed opforge (a package made by `opforge init`): its ops' files, NAME.cpp and ops.pyi;
+formulas may call opforge's own ops, whose names it may not reuse.
     python -m codegen check PATHS...                 # validate specs
 """
 
@@ -12,13 +16,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from .emit import BUILT_TARGETS, output_names, render_all, write_if_changed
+from .emit import BUILT_TARGETS, module_output_names, output_names, render_all, render_module, write_if_changed
 from .errors import SpecError, SpecErrors
 from .load import load_specs, spec_paths
 
 
-def _load(specs: Path):
-    return load_specs([specs], kernel_root=specs.resolve().parent)
+def _load(specs: Path, module: str | None = None):
+    """The specs; those of an op module (``module``) may call opforge's own ops, not redefine them."""
+    known = load_specs([Path(__file__).resolve().parent.parent / "op_specs"]) if module else ()
+    return load_specs([specs], kernel_root=specs.resolve().parent, known=known)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,19 +36,30 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--specs", type=Path, required=True)
         if name == "generate":
             p.add_argument("--out", type=Path, required=True)
+        p.add_argument("--module", default=None)
+        p.add_argument("--qualname", default="")
     p = sub.add_parser("check")
     p.add_argument("paths", nargs="+", type=Path)
     args = parser.parse_args(argv)
     try:
-        if args.cmd == "outputs":
+        if args.cmd == "outputs" and args.module:
+            print("\n".join(module_output_names([p.stem for p in spec_paths([args.specs])], args.module)))
+        elif args.cmd == "outputs":
             print("\n".join(output_names([p.stem for p in spec_paths([args.specs])])))
         elif args.cmd == "kernels":
             root = args.specs.resolve().parent
-            for op in _load(args.specs):
+            for op in _load(args.specs, args.module):
                 if op.impl.kind == "cpp":
                     for t in BUILT_TARGETS:
                         if op.target(t) is not None:
                             print((root / "src" / "kernels" / t / f"{op.name}.cpp").as_posix())
+        elif args.cmd == "generate" and args.module:
+            known = load_specs([Path(__file__).resolve().parent.parent / "op_specs"])  # opforge's own
+            ops = _load(args.specs, args.module)
+            args.out.mkdir(parents=True, exist_ok=True)
+            sources = {op.name: f"{args.specs.resolve().name}/{op.name}.yaml" for op in ops}
+            for r in render_module(ops, sources, args.module, known, args.qualname):
+                write_if_changed(args.out / r.name, r.text)
         elif args.cmd == "generate":
             ops = _load(args.specs)
             args.out.mkdir(parents=True, exist_ok=True)

@@ -522,7 +522,7 @@ def render_all(ops: Sequence[OpSpec], sources: Mapping[str, str]) -> list[Render
 
 
 def render_module(ops: Sequence[OpSpec], sources: Mapping[str, str], module: str,
-                  known: Sequence[OpSpec] = ()) -> list[Rendered]:
+                  known: Sequence[OpSpec] = (), qualname: str = "") -> list[Rendered]:
     """Every generated file of an op module built against an installed opforge (``opforge.load``,
     ``opforge init`` packages): per-op header/TU, ``<module>.cpp`` (its PYBIND11_MODULE) and
     ``ops.pyi``. Formulas may call ``known`` ops (opforge's own), whose headers opforge ships."""
@@ -534,11 +534,20 @@ def render_module(ops: Sequence[OpSpec], sources: Mapping[str, str], module: str
     names = [sources[o.name] for o in ops]
     shown = ", ".join(names) if len(names) < 4 else f"{len(names)} specs"
     text = _ENV.get_template("module.cpp.j2").render(
-        banner=banner("//", shown, "module.cpp.j2"), module=module, names=[o.name for o in ops],
+        banner=banner("//", shown, "module.cpp.j2"), module=module, qualname=qualname or module,
+        names=[o.name for o in ops],
         doc=_cpp_str(f"Ops generated from {shown}."))
     out.append(Rendered(f"{module}.cpp", text))
-    out.append(render_stub(ops, names, module))
+    out.append(render_stub(ops, names, qualname or module))
     return out
+
+
+def module_output_names(op_names: Sequence[str], module: str) -> list[str]:
+    """render_module's file names, known before generation."""
+    names = []
+    for n in sorted(op_names):
+        names += [f"{n}.h", f"{n}.cpp"]
+    return names + [f"{module}.cpp", "ops.pyi"]
 
 
 def output_names(op_names: Sequence[str]) -> list[str]:

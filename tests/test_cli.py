@@ -50,7 +50,7 @@ def test_check_bad_path_and_usage(tmp_path: Path) -> None:
 
 
 def test_every_command_has_help() -> None:
-    for cmd in ("check", "list", "info", "gen", "docs"):
+    for cmd in ("check", "new", "list", "info", "gen", "docs", "build", "init", "config"):
         r = run(cmd, "--help")
         assert r.returncode == 0 and "Exit status: 0 success" in r.stdout, cmd
 
@@ -178,3 +178,78 @@ def test_new_ops_build_and_pass_their_generated_tests(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     passed = int(r.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
     assert passed >= 30, r.stdout[-2000:]  # forward, gradient and bad-input cases of the three ops
+
+
+def test_config_prints_flags() -> None:
+    r = run("config", "--cflags")
+    assert r.returncode == 0, r.stderr
+    flags = r.stdout.splitlines()
+    assert "-std=c++17" in flags and any(f.endswith("/include") and f.startswith("-I") for f in flags)
+    both = run("config", "--cflags", "--ldflags").stdout.splitlines()
+    assert "ldflag -l:libopforge.so" in both and "cflag -std=c++17" in both
+    r = run("config", "--backend", "cuda")
+    assert r.returncode == 2 and "backend cuda is not available yet" in r.stderr
+
+
+def test_init_errors(tmp_path: Path) -> None:
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    r = run("init", str(tmp_path / "full"), "--name", "pkg")
+    assert r.returncode == 2 and "exists and is not an empty directory; nothing written" in r.stderr
+    r = run("init", str(tmp_path / "p"), "--name", "My-Pkg")
+    assert r.returncode == 2 and "'My-Pkg' is not a package name" in r.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_build_errors(tmp_path: Path) -> None:
+    r = run("build", "--specs", str(tmp_path / "nope"), "--backend", "cpu")
+    assert r.returncode == 2 and "no such file or directory" in r.stderr
+    (tmp_path / "op_specs").mkdir()
+    r = run("build", "--specs", str(tmp_path / "op_specs"), "--backend", "cpu")
+    assert r.returncode == 2 and "pyproject.toml: no such file" in r.stderr
+    r = run("build", "--specs", str(tmp_path / "op_specs"), "--backend", "cuda")
+    assert r.returncode == 2 and "backend cuda is not available yet" in r.stderr
+    r = run("build", "--specs", str(tmp_path / "op_specs"))
+    assert r.returncode == 2 and "--backend" in r.stderr
+    # a spec mistake is reported before anything is compiled
+    assert run("init", str(tmp_path / "pk"), "--name", "pk").returncode == 0
+    spec = tmp_path / "pk" / "op_specs" / "pk_half_square.yaml"
+    spec.write_text(spec.read_text().replace("dout * x", "dout * y"))
+    r = subprocess.run([sys.executable, "-m", "opforge", "build", "--specs", "op_specs", "--backend", "cpu"],
+                       capture_output=True, text=True, cwd=tmp_path / "pk")
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == ["op_specs/pk_half_square.yaml:15:15: bprop.x: unknown name 'y'", "1 error"]
+    assert not (tmp_path / "pk" / "dist").exists()
+
+
+@pytest.mark.slow
+def test_init_package_builds_installs_and_passes_its_tests(tmp_path: Path) -> None:
+    project = tmp_path / "mypkg"
+    r = run("init", str(project), "--name", "mypkg")
+    assert r.returncode == 0, r.stderr
+    # one more op with a hand-written kernel, as `opforge new` writes it
+    r = subprocess.run([sys.executable, "-m", "opforge", "new", "mypkg_cube", "--kind", "cpp", "--dir", "op_specs"],
+                       capture_output=True, text=True, cwd=project)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "opforge", "build", "--specs", "op_specs", "--backend", "cpu",
+                        "--out", str(tmp_path / "dist")], capture_output=True, text=True, cwd=project, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "] Linking target _ops" in r.stdout  # the compiler's progress was shown
+    wheels = list((tmp_path / "dist").glob("mypkg-0.1.0-*.whl"))
+    assert len(wheels) == 1, r.stdout
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheels[0])],
+                   check=True, capture_output=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], capture_output=True,
+                       text=True, cwd=project, env=env)
+    assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout + r.stderr
+    code = ("import numpy as np, opforge, mypkg; x = opforge.tensor(np.array([2.0]), requires_grad=True); "
+            "y = opforge.ops.mul(mypkg.ops.mypkg_half_square(x), mypkg.ops.mypkg_cube(x)); y.backward(); "
+            "print(sorted(mypkg.ops.__all__), opforge.op_info('mypkg_cube')[0]['op_name'], y.item(), x.grad.item())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    names, info, value, grad = r.stdout.rsplit(" ", 3)
+    assert names == "['mypkg_cube', 'mypkg_half_square']" and info == "mypkg_cube"
+    assert (float(value), float(grad)) == (4.0, 6.0)  # 0.5 x^2 * x at 2, and its derivative 1.5 x^2
+    assert (site / "mypkg" / "ops.pyi").read_text().count("def mypkg_half_square(") == 1

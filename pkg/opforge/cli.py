@@ -24,11 +24,12 @@ def _spec_paths(paths: Sequence[Path]) -> list[Path]:
     return paths
 
 
-def _load(paths: Sequence[Path], kernel_root: Optional[Path] = None) -> list:
-    """The specs under paths (SpecErrors propagate: main prints them, exit status 1)."""
+def _load(paths: Sequence[Path], kernel_root: Optional[Path] = None, known: Sequence = ()) -> list:
+    """The specs under paths (SpecErrors propagate: main prints them, exit status 1); formulas may
+    call the ``known`` ops too (opforge's own, for an op package)."""
     from opforge.codegen import load_specs
 
-    return load_specs(_spec_paths(paths), kernel_root=kernel_root)
+    return load_specs(_spec_paths(paths), kernel_root=kernel_root, known=known)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -127,6 +128,83 @@ def _new(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _config(args: argparse.Namespace) -> int:
+    from opforge import _native
+
+    _backend(args.backend)
+    try:
+        _native.check_toolchain(tuple(_native.compiler()))
+    except _native.BuildError as exc:
+        print(f"opforge config: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    kinds = [k for k in ("includes", "cflags", "ldflags") if getattr(args, k)] or ["cflags", "ldflags"]
+    flags = {"includes": [f"-I{d}" for d in _native.include_dirs()], "cflags": _native.cflags(),
+             "ldflags": _native.ldflags()}
+    for k in kinds:
+        for f in flags[k]:
+            print(f"{k[:-1]} {f}" if len(kinds) > 1 else f)
+    return EXIT_OK
+
+
+def _init(args: argparse.Namespace) -> int:
+    from opforge._package import ScaffoldError, init_package
+
+    name = args.name or args.dir.resolve().name
+    try:
+        files = init_package(args.dir, name)
+    except ScaffoldError as exc:
+        raise _Usage(str(exc)) from exc
+    for f in files:
+        print(f"wrote {f}")
+    print(f"next: cd {args.dir} && opforge build --specs op_specs --backend cpu --out dist "
+          f"(or pip install --no-build-isolation .), then pytest")
+    return EXIT_OK
+
+
+def _build(args: argparse.Namespace) -> int:
+    import re
+    import subprocess
+    import tomllib
+
+    import opforge
+
+    _backend(args.backend)
+    specs = _spec_paths([args.specs])[0]
+    if not Path(specs).is_dir():
+        raise _Usage(f"{specs}: --specs must be a project's spec directory (its parent holds pyproject.toml)")
+    root = Path(specs).resolve().parent
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file():
+        raise _Usage(f"{pyproject}: no such file; --specs must be the op_specs/ of a project (opforge init makes one)")
+    project = tomllib.loads(pyproject.read_text()).get("project", {}).get("name", "")
+    if project == "opforge" and Path(specs).resolve() != root / "op_specs":
+        raise _Usage("opforge's own build takes its specs from its op_specs/")
+    # spec mistakes are reported here, before any compiler runs
+    _load([specs], root, known=list(opforge._specs().values()) if project != "opforge" else ())
+    out = (args.out or root / "dist").resolve()
+    cmd = [sys.executable, "-m", "pip", "wheel", str(root), "--no-deps", "-w", str(out), "-v",
+           f"-Csetup-args=-Dops_backend={args.backend}"]
+    if project != "opforge":
+        # an op package links this opforge's libopforge.so: build it here, not in a fresh environment
+        cmd.append("--no-build-isolation")
+    print(f"building the {args.backend} wheel of {project or root.name} ({root}) into {out}", flush=True)
+    progress = re.compile(r"^\[\d+/\d+\] ")
+    log: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.append(line)
+            if progress.match(line.strip()):
+                print("  " + line.strip()[:160], flush=True)
+    if proc.returncode != 0:
+        print("".join(log[-60:]), file=sys.stderr, end="")
+        print(f"opforge build: building {project or root.name} failed", file=sys.stderr)
+        return EXIT_FAILED
+    wheels = sorted(out.glob("*.whl"), key=lambda p: p.stat().st_mtime)
+    print(f"built {wheels[-1] if wheels else out} (opforge {opforge.__version__})")
+    return EXIT_OK
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="opforge", description="Build tensor ops from YAML specs.", epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -180,6 +258,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help=f"spec directory {installed}")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.set_defaults(func=_docs)
+
+    p = sub.add_parser("build", help="build a project's wheel for a backend", epilog=EPILOG,
+                       description="Build the wheel of the project whose spec directory is --specs (opforge "
+                                   "itself, or a package made by `opforge init`, built against this opforge "
+                                   "without build isolation), showing the compiler's progress.")
+    p.add_argument("--specs", type=Path, default=Path("op_specs"), help="the project's spec directory (default: "
+                   "./op_specs)")
+    p.add_argument("--backend", choices=["cpu", "cuda"], required=True, help="backend to build for")
+    p.add_argument("--out", type=Path, default=None, help="where the wheel goes (default: <project>/dist)")
+    p.set_defaults(func=_build)
+
+    p = sub.add_parser("init", help="start an op package of your own", epilog=EPILOG,
+                       description="Write a separate op package into DIR (missing or empty): pyproject.toml, "
+                                   "meson.build, op_specs/ with one op, the Python package and its tests. It "
+                                   "builds against the installed opforge; its ops import as NAME.ops.<op> and "
+                                   "share opforge's Tensor and autograd.")
+    p.add_argument("dir", type=Path, help="the new project's directory")
+    p.add_argument("--name", default=None, help="the Python package's name (default: DIR's name)")
+    p.set_defaults(func=_init)
+
+    p = sub.add_parser("config", help="compiler flags for code built against opforge", epilog=EPILOG,
+                       description="Print the include paths, compile flags or link flags that an op module "
+                                   "needs, one per line (prefixed by its kind when several are asked for), "
+                                   "after checking the compiler and pybind11 against opforge's own build.")
+    p.add_argument("--backend", choices=["cpu", "cuda"], default="cpu", help="backend to build for")
+    p.add_argument("--includes", action="store_true", help="-I paths")
+    p.add_argument("--cflags", action="store_true", help="compile flags (with the -I paths)")
+    p.add_argument("--ldflags", action="store_true", help="link flags")
+    p.set_defaults(func=_config)
 
     args = parser.parse_args(argv)
     from opforge.codegen import SpecError, SpecErrors
