@@ -429,8 +429,12 @@ def _op_context(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str) -> di
     }
 
 
-def render_op(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str) -> list[Rendered]:
+def render_op(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str,
+              aot_entry_points: bool = True) -> list[Rendered]:
+    """The op's header and TU; ``aot_entry_points``: with the exported C ABI entry points
+    (MindSpore's ``ops.Custom(func_type="aot")`` calls them)."""
     ctx = _op_context(op, table, spec_source)
+    ctx["aot_entry_points"] = aot_entry_points
     out = []
     for tmpl, suffix, comment in (("op.h.j2", ".h", "//"), ("op.cpp.j2", ".cpp", "//")):
         ctx["banner"] = banner(comment, spec_source, tmpl)
@@ -522,7 +526,8 @@ def render_all(ops: Sequence[OpSpec], sources: Mapping[str, str]) -> list[Render
 
 
 def render_module(ops: Sequence[OpSpec], sources: Mapping[str, str], module: str,
-                  known: Sequence[OpSpec] = (), qualname: str = "") -> list[Rendered]:
+                  known: Sequence[OpSpec] = (), qualname: str = "",
+                  aot_entry_points: bool = True) -> list[Rendered]:
     """Every generated file of an op module built against an installed opforge (``opforge.load``,
     ``opforge init`` packages): per-op header/TU, ``<module>.cpp`` (its PYBIND11_MODULE) and
     ``ops.pyi``. Formulas may call ``known`` ops (opforge's own), whose headers opforge ships."""
@@ -530,7 +535,7 @@ def render_module(ops: Sequence[OpSpec], sources: Mapping[str, str], module: str
     table.update({o.name: o for o in ops})
     out: list[Rendered] = []
     for op in ops:
-        out.extend(render_op(op, table, sources[op.name]))
+        out.extend(render_op(op, table, sources[op.name], aot_entry_points))
     names = [sources[o.name] for o in ops]
     shown = ", ".join(names) if len(names) < 4 else f"{len(names)} specs"
     text = _ENV.get_template("module.cpp.j2").render(

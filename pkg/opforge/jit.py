@@ -227,7 +227,8 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
     build = home / "build"
     gen = build / "gen"
     gen.mkdir(parents=True, exist_ok=True)
-    rendered = render_module(ops, {o.name: f"{o.name}.yaml" for o in ops}, name, known)
+    # (no AOT entry points: MindSpore's ops.Custom is served by opforge's own library and packages)
+    rendered = render_module(ops, {o.name: f"{o.name}.yaml" for o in ops}, name, known, aot_entry_points=False)
     for r in rendered:
         write_if_changed(gen / r.name, r.text)
     keep = {r.name for r in rendered}
