@@ -382,6 +382,8 @@ def _import(name: str, path: Path) -> ModuleType:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    sys.modules[name] = module
+    previous = sys.modules.get(name)
+    if previous is None or previous in _loaded.values():  # never shadows an unrelated module
+        sys.modules[name] = module
     _loaded[path] = module
     return module
