@@ -529,8 +529,8 @@ def render_module(ops: Sequence[OpSpec], sources: Mapping[str, str], module: str
                   known: Sequence[OpSpec] = (), qualname: str = "",
                   aot_entry_points: bool = True) -> list[Rendered]:
     """Every generated file of an op module built against an installed opforge (``opforge.load``,
-    ``opforge init`` packages): per-op header/TU, ``<module>.cpp`` (its PYBIND11_MODULE) and
-    ``ops.pyi``. Formulas may call ``known`` ops (opforge's own), whose headers opforge ships."""
+    ``opforge init`` packages): per-op header/TU, ``<module>.cpp`` (its PyInit), ``ops.pyi`` and
+    ``_formulas.py`` (its op table, which ``opforge.torch.register_module`` reads). Formulas may call ``known`` ops (opforge's own), whose headers opforge ships."""
     table = {o.name: o for o in known}
     table.update({o.name: o for o in ops})
     out: list[Rendered] = []
@@ -544,6 +544,7 @@ def render_module(ops: Sequence[OpSpec], sources: Mapping[str, str], module: str
         doc=_cpp_str(f"Ops generated from {shown}."))
     out.append(Rendered(f"{module}.cpp", text))
     out.append(render_stub(ops, names, qualname or module))
+    out.append(render_formulas(ops, names, table))  # for framework adapters (opforge.torch)
     return out
 
 
@@ -552,7 +553,7 @@ def module_output_names(op_names: Sequence[str], module: str) -> list[str]:
     names = []
     for n in sorted(op_names):
         names += [f"{n}.h", f"{n}.cpp"]
-    return names + [f"{module}.cpp", "ops.pyi"]
+    return names + [f"{module}.cpp", "ops.pyi", "_formulas.py"]
 
 
 def output_names(op_names: Sequence[str]) -> list[str]:

@@ -253,3 +253,8 @@ def test_init_package_builds_installs_and_passes_its_tests(tmp_path: Path) -> No
     assert names == "['mypkg_cube', 'mypkg_half_square']" and info == "mypkg_cube"
     assert (float(value), float(grad)) == (4.0, 6.0)  # 0.5 x^2 * x at 2, and its derivative 1.5 x^2
     assert (site / "mypkg" / "ops.pyi").read_text().count("def mypkg_half_square(") == 1
+    # its op table, which opforge.torch.register_module(mypkg._ops) reads
+    r = subprocess.run([sys.executable, "-c", "import mypkg; t = mypkg._ops.__opforge_formulas__; "
+                        "print(sorted(t), t['mypkg_half_square'].bprop is not None)"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.stdout.split("] ") == ["['mypkg_cube', 'mypkg_half_square'", "True\n"], r.stderr

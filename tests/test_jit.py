@@ -244,3 +244,26 @@ def test_cpp_op_with_kernel_source_and_formula_calling_opforge_ops(tmp_path: Pat
     with pytest.raises(BuildError, match=r"(?s)building module 'jit_cpp_bad' failed.*undefined_name"):
         opforge.load("jit_cpp_bad", specs=[spec], sources=[kernel], build_dir=cache)
     assert not list((cache / "jit_cpp_bad").glob("????????????????/*.so"))
+
+
+@pytest.mark.slow
+def test_module_ops_as_torch_operators(tmp_path: Path, cache: Path) -> None:
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch==2.13.0)")
+    import opforge.torch as otorch
+
+    m = opforge.load("jit_torch", specs=[write_spec(tmp_path, "sp_torch")], build_dir=cache)
+    tops = otorch.register_module(m)
+    assert tops is torch.ops.jit_torch and otorch.register_module(m) is tops
+    x = torch.tensor([-3.0, -0.5, 0.0, 2.0], dtype=torch.float64, requires_grad=True)
+    y = tops.sp_torch(x)
+    torch.testing.assert_close(y, torch.nn.functional.softplus(x))
+    (y * torch.ops.opforge.exp(x)).sum().backward()  # mixed with opforge's torch operators
+    e = torch.exp(x.detach())
+    torch.testing.assert_close(x.grad, torch.sigmoid(x.detach()) * e + torch.nn.functional.softplus(x.detach()) * e)
+    # its bprop calls opforge's sigmoid and mul: the fake kernel, schema and autograd registrations check out
+    torch.library.opcheck(tops.sp_torch.default, (torch.randn(5, dtype=torch.float64, requires_grad=True),))
+    assert torch.autograd.gradgradcheck(tops.sp_torch, (torch.randn(3, dtype=torch.float64, requires_grad=True),))
+    with pytest.raises(ValueError, match=r"namespace 'opforge' holds opforge's own ops"):
+        otorch.register_module(m, namespace="opforge")
+    with pytest.raises(TypeError, match=r"is not an opforge op module"):
+        otorch.register_module(np)

@@ -91,7 +91,7 @@ spec_files = run_command(py, '-c', 'import glob,sys; print("\\\\n".join(sorted(g
 
 gen_install_dirs = []
 foreach f : gen_outputs
-  gen_install_dirs += f.endswith('.pyi') ? py.get_install_dir() / '{name}' : false
+  gen_install_dirs += (f.endswith('.pyi') or f.endswith('.py')) ? py.get_install_dir() / '{name}' : false
 endforeach
 generated = custom_target(
   'generated-ops',
@@ -104,7 +104,7 @@ generated = custom_target(
 )
 gen_sources = []  # headers too: the kernels include them, so they are generated first
 foreach i : range(gen_outputs.length())
-  if not gen_outputs[i].endswith('.pyi')
+  if not (gen_outputs[i].endswith('.pyi') or gen_outputs[i].endswith('.py'))
     gen_sources += generated[i]
   endif
 endforeach
@@ -132,11 +132,15 @@ _INIT = '''\
 
     import numpy as np, opforge, {name}
     y = {name}.ops.{op}(np.array([1.0, 2.0]))
+
+In PyTorch: ``tops = opforge.torch.register_module({name}._ops)``, then ``tops.{op}(t)``.
 """
 
 import opforge  # noqa: F401  (libopforge.so and opforge's Tensor first)
 
-from {name} import ops
+from {name} import _formulas, _ops, ops
+
+_ops.__opforge_formulas__ = _formulas.OPS  # the op table: opforge.torch.register_module({name}._ops)
 
 __all__ = ["ops"]
 '''

@@ -74,7 +74,8 @@ def load(name: str, specs: Sequence[PathLike], sources: Sequence[PathLike] = (),
         verbose: print what is done, and the compiler's output as it runs.
         extra_cflags, extra_ldflags: more compiler and linker flags (part of the cache key).
 
-    The module's ``__opforge_build__`` says how it was obtained: ``key``, ``path``, ``built``
+    ``opforge.torch.register_module(module)`` makes its ops torch operators. The module's
+    ``__opforge_formulas__`` is its op table; ``__opforge_build__`` says how it was obtained: ``key``, ``path``, ``built``
     (False: from the cache), ``compiled`` (the translation units compiled) and ``seconds``.
     """
     start = time.perf_counter()
@@ -290,6 +291,7 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     shutil.copyfile(lib, tmp)
     shutil.copyfile(gen / "ops.pyi", target.parent / f"{name}.pyi")
+    shutil.copyfile(gen / "_formulas.py", target.parent / f"{name}_formulas.py")
     os.replace(tmp, target)
     return compiled
 
@@ -382,6 +384,12 @@ def _import(name: str, path: Path) -> ModuleType:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    # its op table, for framework adapters (opforge.torch.register_module)
+    fspec = importlib.util.spec_from_file_location(f"{name}_formulas", path.with_name(f"{name}_formulas.py"))
+    assert fspec is not None and fspec.loader is not None
+    formulas = importlib.util.module_from_spec(fspec)
+    fspec.loader.exec_module(formulas)
+    module.__opforge_formulas__ = formulas.OPS  # type: ignore[attr-defined]
     previous = sys.modules.get(name)
     if previous is None or previous in _loaded.values():  # never shadows an unrelated module
         sys.modules[name] = module

@@ -29,7 +29,7 @@ as ``DefaultFormat``.
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 try:
     import torch
@@ -42,7 +42,7 @@ from torch._C import _from_dlpack, _to_dlpack
 from opforge import _C, _formulas
 from opforge._opdef import OpDef
 
-__all__ = ["ops", "NAMESPACE", "schema", "register_ops", "TORCH_DTYPES"]
+__all__ = ["ops", "NAMESPACE", "schema", "register_ops", "register_module", "TORCH_DTYPES"]
 
 NAMESPACE = "opforge"
 
@@ -307,14 +307,17 @@ def _autograd_kernel(op: OpDef, overload: Any, F: Any) -> Callable:
 # ---------------------------------------------------------------------------- registration
 
 
-def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: str) -> Any:
+def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: str,
+                 extern: Optional[dict[str, Any]] = None) -> Any:
     """Define every op of ``table`` in the torch namespace ``namespace`` and register its kernels;
-    ``kernels``/``metas`` hold the package's runtime entry points (``_C.ops``, ``_C._meta``).
+    ``kernels``/``metas`` hold the package's runtime entry points (``_C.ops``, ``_C._meta``);
+    formulas may also call the ``extern`` operators (opforge's, for an op module).
     Returns the library (keep it alive: dropping it unregisters the ops)."""
     lib = torch.library.Library(namespace, "DEF")
     for op in table.values():
         lib.define(schema(op))
-    F = SimpleNamespace(**{name: getattr(getattr(torch.ops, namespace), name).default for name in table})
+    F = SimpleNamespace(**(extern or {}),
+                        **{name: getattr(getattr(torch.ops, namespace), name).default for name in table})
     for op in table.values():
         overload = getattr(F, op.name)
         if op.composite is not None and op.bprop is None:
@@ -337,3 +340,30 @@ _LIB = register_ops(_formulas.OPS, _C.ops, _C._meta, NAMESPACE)
 
 #: The ops as torch operators: ``ops.<name>`` is ``torch.ops.opforge.<name>``.
 ops = getattr(torch.ops, NAMESPACE)
+
+_MODULES: dict[str, tuple[Any, Any]] = {}  # namespace -> (op module, its torch library)
+
+
+def register_module(module: Any, namespace: Optional[str] = None) -> Any:
+    """Make every op of an op module (``opforge.load``'s result, a package's ``<pkg>._ops``) a
+    torch operator ``torch.ops.<namespace>.<op>``, as opforge's own are (fake kernel, autograd
+    from its bprop, formulas calling opforge's ops too); returns ``torch.ops.<namespace>``.
+
+    ``namespace`` defaults to the module's top-level name. torch cannot redefine operators, so a
+    namespace holds one module per process: register a reloaded module under another name."""
+    table = getattr(module, "__opforge_formulas__", None)
+    if table is None:
+        raise TypeError(f"[opforge.torch] {module!r} is not an opforge op module (no __opforge_formulas__): "
+                        "pass what opforge.load returns or a package's <pkg>._ops")
+    namespace = namespace or module.__name__.split(".")[0]
+    if namespace == NAMESPACE:
+        raise ValueError(f"[opforge.torch] namespace '{NAMESPACE}' holds opforge's own ops; pick another")
+    if namespace in _MODULES:
+        if _MODULES[namespace][0] is module:
+            return getattr(torch.ops, namespace)
+        raise ValueError(f"[opforge.torch] namespace '{namespace}' already holds the ops of another module "
+                         f"({_MODULES[namespace][0].__name__}); torch cannot redefine operators: pass "
+                         "namespace='...'")
+    base = {name: getattr(ops, name).default for name in _formulas.OPS}
+    _MODULES[namespace] = (module, register_ops(table, module, module._meta, namespace, extern=base))
+    return getattr(torch.ops, namespace)
