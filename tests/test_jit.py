@@ -189,8 +189,8 @@ def test_changed_spec_rebuilds_only_what_changed(tmp_path: Path, cache: Path) ->
 def test_failed_build_is_not_cached(tmp_path: Path, cache: Path) -> None:
     # a compiler that fails while FAIL_CXX is set; the same inputs (and cache key) both times
     wrapper = tmp_path / "cxx"
-    wrapper.write_text(f'#!/bin/sh\nif [ -n "$FAIL_CXX" ] && [ "$1" != "--version" ]; then echo "cc1plus: out of '
-                       f'memory" >&2; exit 1; fi\nexec c++ "$@"\n')
+    wrapper.write_text('#!/bin/sh\nif [ -n "$FAIL_CXX" ] && [ "$1" != "--version" ]; then echo "cc1plus: out of '
+                       'memory" >&2; exit 1; fi\nexec c++ "$@"\n')
     wrapper.chmod(0o755)
     spec = write_spec(tmp_path, "sp_retry")
     env = {**os.environ, "CXX": str(wrapper)}

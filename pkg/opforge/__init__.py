@@ -30,7 +30,7 @@ from opforge import _C
 from opforge._C import Tensor, from_dlpack, from_numpy, is_grad_enabled, list_ops, set_grad_enabled
 from opforge import ops
 from opforge._autograd import enable_grad, grad, gradients, no_grad, value_and_grad
-from opforge._build_info import VERSION as __version__
+from opforge._build_info import VERSION as __version__  # noqa: F401
 from opforge.jit import load
 
 __all__ = [
