@@ -21,10 +21,13 @@ from .errors import SpecError, SpecErrors
 from .load import load_specs, spec_paths
 
 
-def _load(specs: Path, module: str | None = None):
-    """The specs; those of an op module (``module``) may call opforge's own ops, not redefine them."""
-    known = load_specs([Path(__file__).resolve().parent.parent / "op_specs"]) if module else ()
-    return load_specs([specs], kernel_root=specs.resolve().parent, known=known)
+def _known(module: str | None) -> list:
+    """opforge's own specs, which an op module's (``module``) formulas may call, not redefine."""
+    return load_specs([Path(__file__).resolve().parent.parent / "op_specs"]) if module else []
+
+
+def _load(specs: Path, known: list | None = None):
+    return load_specs([specs], kernel_root=specs.resolve().parent, known=known or ())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,14 +51,14 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(output_names([p.stem for p in spec_paths([args.specs])])))
         elif args.cmd == "kernels":
             root = args.specs.resolve().parent
-            for op in _load(args.specs, args.module):
+            for op in _load(args.specs, _known(args.module)):
                 if op.impl.kind == "cpp":
                     for t in BUILT_TARGETS:
                         if op.target(t) is not None:
                             print((root / "src" / "kernels" / t / f"{op.name}.cpp").as_posix())
         elif args.cmd == "generate" and args.module:
-            known = load_specs([Path(__file__).resolve().parent.parent / "op_specs"])  # opforge's own
-            ops = _load(args.specs, args.module)
+            known = _known(args.module)
+            ops = _load(args.specs, known)
             args.out.mkdir(parents=True, exist_ok=True)
             sources = {op.name: f"{args.specs.resolve().name}/{op.name}.yaml" for op in ops}
             for r in render_module(ops, sources, args.module, known, args.qualname):

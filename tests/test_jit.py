@@ -267,3 +267,25 @@ def test_module_ops_as_torch_operators(tmp_path: Path, cache: Path) -> None:
         otorch.register_module(m, namespace="opforge")
     with pytest.raises(TypeError, match=r"is not an opforge op module"):
         otorch.register_module(np)
+
+
+def test_toolchain_must_match_opforge_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opforge import _build_info
+
+    spec = write_spec(tmp_path, "softplus")
+    monkeypatch.setattr(_build_info, "PYBIND11_VERSION", "0.0.1")
+    with pytest.raises(BuildError, match=r"opforge was built with pybind11 0\.0\.1, but pybind11 .* is installed: "
+                                         r"op modules must use the same one \(pip install pybind11==0\.0\.1\)"):
+        opforge.load("tc_pybind", specs=[spec], build_dir=tmp_path / "cache")
+    monkeypatch.undo()
+    other = tmp_path / "clang++"
+    other.write_text('#!/bin/sh\necho "Ubuntu clang version 15.0.7"\n')
+    other.chmod(0o755)
+    monkeypatch.setenv("CXX", str(other))
+    with pytest.raises(BuildError, match=r"opforge was built with gcc .*; '.*clang\+\+' is another compiler "
+                                         r"\(ubuntu clang version 15\.0\.7\): set CXX to a gcc C\+\+ compiler"):
+        opforge.load("tc_cxx", specs=[spec], build_dir=tmp_path / "cache")
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(BuildError, match=r"cannot run the C\+\+ compiler '.*no-such-compiler'.*install g\+\+ or set CXX"):
+        opforge.load("tc_none", specs=[spec], build_dir=tmp_path / "cache")
+    assert not list((tmp_path / "cache").glob("*/????????????????/*.so"))

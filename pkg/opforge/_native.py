@@ -58,9 +58,9 @@ def check_toolchain(cxx: tuple[str, ...]) -> None:
                          f"{pybind11.__version__} is installed: op modules must use the same one "
                          f"(pip install pybind11=={_build_info.PYBIND11_VERSION})")
     banner = compiler_version(cxx).lower()
-    family = {"gcc": ("g++", "gcc"), "clang": ("clang",)}.get(_build_info.CXX_ID, (_build_info.CXX_ID,))
-    if not any(f in banner for f in family) and not (
-            _build_info.CXX_ID == "gcc" and "free software foundation" in banner):
+    # how each family's --version banner names it (GCC's may say only "c++ (Debian 12.2.0...)")
+    marks = {"gcc": ("g++", "gcc", "free software foundation"), "clang": ("clang",)}
+    if not any(m in banner for m in marks.get(_build_info.CXX_ID, (_build_info.CXX_ID,))):
         raise BuildError(f"opforge was built with {_build_info.CXX_ID} {_build_info.CXX_VERSION}; "
                          f"'{' '.join(cxx)}' is another compiler ({banner.splitlines()[0]}): set CXX to a "
                          f"{_build_info.CXX_ID} C++ compiler")

@@ -150,11 +150,16 @@ def _codegen_digest() -> str:
     return h.hexdigest()
 
 
+def _library_id() -> str:
+    """libopforge.so's identity (size and mtime): a rebuilt opforge invalidates what was built on it."""
+    st = (_native.PACKAGE_DIR / "libopforge.so").stat()
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
 def _cache_key(name: str, backend: str, spec_files: list[Path], source_files: list[Path],
                cxx: tuple[str, ...], cflags: list[str], ldflags: list[str]) -> str:
-    lib = Path(_native.PACKAGE_DIR / "libopforge.so").stat()
     h = hashlib.sha256()
-    for part in (name, backend, _build_info.VERSION, f"{lib.st_size}:{lib.st_mtime_ns}", _codegen_digest(),
+    for part in (name, backend, _build_info.VERSION, _library_id(), _codegen_digest(),
                  " ".join(cxx), _native.compiler_version(cxx), "\0".join(cflags), "\0".join(ldflags)):
         h.update(part.encode() + b"\0\0")
     for kind, files in (("spec", spec_files), ("source", source_files)):
@@ -301,8 +306,7 @@ def _pch_paths(root: Path, cxx: tuple[str, ...], cflags: list[str]) -> tuple[Pat
     shared by every module; it saves the parsing of each op TU. Returns (header, its .gch); the
     header's text is always there (the .gch may not be yet)."""
     h = hashlib.sha256()
-    lib = Path(_native.PACKAGE_DIR / "libopforge.so").stat()
-    for part in (_native.PCH_TEXT, _build_info.VERSION, f"{lib.st_size}:{lib.st_mtime_ns}",
+    for part in (_native.PCH_TEXT, _build_info.VERSION, _library_id(),
                  _native.compiler_version(cxx), "\0".join(cflags)):
         h.update(part.encode() + b"\0\0")
     d = root / "_pch" / h.hexdigest()[:16]
