@@ -19,23 +19,38 @@ the specs, the sources, opforge's version and library, the codegen, the compiler
   any compiler runs.
 
 The cache root is ``build_dir``, else ``$OPFORGE_CACHE_DIR``, else ``~/.cache/opforge/jit``.
+
+Whoever can write the cache can run code in every process that loads from it, so the cache is
+trusted only when it is private: each of its directories must belong to this user and be
+writable by nobody else (new ones are made with mode 0o700), else ``PermissionError`` names the
+directory and the fix. Each entry carries a manifest of its files' sizes and SHA-256 digests,
+checked before anything is imported: an entry that does not match (a truncated or overwritten
+module) or does not import is removed and built once more, with a ``RuntimeWarning``; if the new
+one fails too, ``ImportError`` names it. Paths go into ``build.ninja`` escaped for ninja and, in
+commands, quoted for the shell; a path with a line break is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
 import fcntl
 import hashlib
 import importlib.util
+import json
 import keyword
 import os
+import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 from opforge import _build_info, _native
 from opforge._native import BuildError
@@ -100,20 +115,22 @@ def load(name: str, specs: Sequence[PathLike], sources: Sequence[PathLike] = (),
     includes = sorted({str(s.parent) for s in source_files})
     cflags = [*_native.cflags(), *(f"-I{d}" for d in includes), *extra_cflags]
     ldflags = [*_native.ldflags(), *extra_ldflags]
+    root = Path(build_dir) if build_dir is not None else default_cache_dir()
+    for text in (str(root), *map(str, source_files), *cxx, *cflags, *ldflags):
+        if "\n" in text or "\r" in text:
+            raise ValueError(f"[load] {text!r} holds a line break: it cannot go into build.ninja (rename it)")
     key = _cache_key(name, backend, spec_files, source_files, cxx, cflags, ldflags)
 
-    root = Path(build_dir) if build_dir is not None else default_cache_dir()
     home = root / name
-    target = home / key / (name + _native.extension_suffix())
+    entry = home / key
+    target = entry / (name + _native.extension_suffix())
     info = {"key": key, "path": str(target), "built": False, "compiled": [], "seconds": 0.0}
-    if not target.is_file():
-        home.mkdir(parents=True, exist_ok=True)
-        with _locked(home / ".lock", f"module '{name}'", verbose):
-            if not target.is_file():  # another process may have built it while we waited
-                info["compiled"] = _build(name, spec_files, source_files, cxx, cflags, ldflags, root, home,
-                                          target, verbose)
-                info["built"] = True
-    module = _import(name, target)
+    module = _loaded.get(target)
+    if module is None:
+        _private_dir(root)
+        _private_dir(home)
+        module = _cached_module(name, home, entry, target, info, verbose, lambda: _build(
+            name, spec_files, source_files, cxx, cflags, ldflags, root, home, entry, target, verbose))
     info["seconds"] = time.perf_counter() - start
     module.__opforge_build__ = info  # type: ignore[attr-defined]
     if verbose:
@@ -159,7 +176,7 @@ def _library_id() -> str:
 def _cache_key(name: str, backend: str, spec_files: list[Path], source_files: list[Path],
                cxx: tuple[str, ...], cflags: list[str], ldflags: list[str]) -> str:
     h = hashlib.sha256()
-    for part in (name, backend, _build_info.VERSION, _library_id(), _codegen_digest(),
+    for part in (_FORMAT, name, backend, _build_info.VERSION, _library_id(), _codegen_digest(),
                  " ".join(cxx), _native.compiler_version(cxx), "\0".join(cflags), "\0".join(ldflags)):
         h.update(part.encode() + b"\0\0")
     for kind, files in (("spec", spec_files), ("source", source_files)):
@@ -168,53 +185,290 @@ def _cache_key(name: str, backend: str, spec_files: list[Path], source_files: li
     return h.hexdigest()[:16]
 
 
+# ---------------------------------------------------------------------------- the cache: trust and integrity
+
+_MISSING = "not built yet"
+_MANIFEST = "manifest.json"  # an entry's files with their sizes and SHA-256 digests, written last
+_FORMAT = "2"  # of the cache's layout (part of every key: entries of another layout are never read)
+
+
+def _cached_module(name: str, home: Path, entry: Path, target: Path, info: dict, verbose: bool,
+                   build: Callable[[], list[str]]) -> ModuleType:
+    """The module of the cache entry: built (under home's lock) if the entry is missing or
+    damaged, and once more if the one found in the cache does not import. ImportError if the
+    module built does not import either (it is removed: nothing that fails to import stays)."""
+    broken: Optional[tuple[tuple[int, int], str]] = None  # the cached module that did not import, and why
+    while True:
+        if broken is not None or _entry_problem(entry, target) is not None:
+            with _locked(home / ".lock", f"module '{name}'", verbose):
+                problem = _entry_problem(entry, target)  # another process may have built it meanwhile
+                if problem is None and broken is not None and _entry_id(target) == broken[0]:
+                    problem = broken[1]  # (unless another process replaced it since)
+                if problem is not None:
+                    _clean(home)
+                    if problem != _MISSING:
+                        message = f"[opforge.load] {entry}: cache entry damaged ({problem}): removed; building it again"
+                        if verbose:
+                            print(message, flush=True)
+                        warnings.warn(message, RuntimeWarning, stacklevel=3)
+                        _remove(home, entry)
+                    info["compiled"] = build()
+                    info["built"] = True
+        ident = _entry_id(target)
+        try:
+            return _import(name, target)
+        except Exception as exc:  # dlopen's ImportError, or an error raised while the module initializes
+            if not info["built"] and broken is None:
+                broken = (ident, f"it does not import ({type(exc).__name__}: {exc})")
+                continue
+            with _locked(home / ".lock", f"module '{name}'", verbose):
+                if _entry_id(target) == ident:
+                    _remove(home, entry)
+            how = "built just now" if broken is None else "built again"
+            raise ImportError(f"[load] {target}: the module {how} does not import: {type(exc).__name__}: {exc}",
+                              name=name, path=str(target)) from exc
+
+
+def _private_dir(d: Path) -> Path:
+    """d (made with mode 0o700 if missing) once it is known that only this user can write it:
+    PermissionError, naming it and the fix, if it belongs to another user or group or others
+    may write it (they could replace what this process then compiles or imports)."""
+    try:
+        d.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        pass
+    _check_dir(d)
+    return d
+
+
+def _check_dir(d: Path) -> None:
+    st = d.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"[load] cache directory {d} is not a directory")
+    _check_owner(d, st, "cache directory")
+
+
+def _check_owner(p: Path, st: os.stat_result, what: str) -> None:
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"[load] {what} {p} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}): "
+                              f"the cache must be your own; use another build_dir= (or $OPFORGE_CACHE_DIR)")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionError(f"[load] {what} {p} is writable by other users (mode {stat.S_IMODE(st.st_mode):#o}): "
+                              f"anyone who can write the cache can run code in this process; make it private "
+                              f"(chmod go-w {shlex.quote(str(p))}) or use another build_dir=")
+
+
+def _trusted_file(p: Path) -> os.stat_result:
+    """p's lstat once it is known to be a regular file that only this user can write."""
+    st = p.lstat()
+    if not stat.S_ISREG(st.st_mode):
+        raise PermissionError(f"[load] cache file {p} is not a regular file (a link or a device?); remove it")
+    _check_owner(p, st, "cache file")
+    return st
+
+
+def _sha256(p: Path) -> str:
+    with open(p, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _entry_files(target: Path) -> list[str]:
+    name = target.name[: -len(_native.extension_suffix())]
+    return [target.name, f"{name}_formulas.py", f"{name}.pyi"]
+
+
+def _entry_problem(entry: Path, target: Path) -> Optional[str]:
+    """None if the cache entry is complete and intact (its files are those its manifest lists,
+    byte for byte), _MISSING if there is none, else what is wrong with it."""
+    try:
+        _check_dir(entry)
+    except FileNotFoundError:
+        return _MISSING
+    return _manifest_problem(entry / _MANIFEST, _entry_files(target))
+
+
+def _manifest_problem(manifest: Path, names: list[str]) -> Optional[str]:
+    """None if the files named (beside manifest) are those it lists, byte for byte."""
+    try:
+        _trusted_file(manifest)
+    except FileNotFoundError:
+        return f"its {manifest.name} is missing"
+    try:
+        files = json.loads(manifest.read_bytes())["files"]
+        if sorted(files) != sorted(names) or not all(isinstance(w, dict) for w in files.values()):
+            raise ValueError("not the files expected")
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its {manifest.name} is unreadable"
+    for fname, want in files.items():
+        p = manifest.with_name(fname)
+        try:
+            size = _trusted_file(p).st_size
+            if size != want.get("size"):
+                return f"{fname} has {size} bytes, not {want.get('size')}"
+            if _sha256(p) != want.get("sha256"):
+                return f"{fname}'s content changed (its SHA-256 is not the manifest's)"
+        except FileNotFoundError:  # (also while another process replaces the entry)
+            return f"{fname} is missing"
+    return None
+
+
+def _write_manifest(manifest: Path, files: dict[str, Path]) -> None:
+    """Writes manifest: each name with the size and digest of its file (the file, or the one that
+    is about to be renamed to it)."""
+    listed = {fname: {"size": p.stat().st_size, "sha256": _sha256(p)} for fname, p in files.items()}
+    tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"format": _FORMAT, "files": listed}, indent=1, sort_keys=True) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, manifest)
+
+
+def _entry_id(target: Path) -> tuple[int, int]:
+    try:
+        st = target.stat()
+    except OSError:
+        return (-1, -1)
+    return (st.st_dev, st.st_ino)
+
+
+def _write_entry(entry: Path, files: dict[str, Path]) -> None:
+    """Puts files (their names in the entry: their sources) into the cache entry, whole at once:
+    a directory written beside it, with its manifest, then renamed into place."""
+    tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(mode=0o700)
+    for fname, src in files.items():
+        shutil.copyfile(src, tmp / fname)
+        os.chmod(tmp / fname, 0o644)
+    _write_manifest(tmp / _MANIFEST, {fname: tmp / fname for fname in files})
+    os.rename(tmp, entry)
+
+
+def _remove(home: Path, entry: Path) -> None:
+    """Removes an entry (renamed away first: processes that use its module keep it) and the
+    module's intermediate files, which may be damaged the same way (called with home's lock held)."""
+    trash = entry.with_name(f".{entry.name}.{os.getpid()}.trash")
+    os.rename(entry, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+    shutil.rmtree(home / "build", ignore_errors=True)
+
+
+def _clean(home: Path) -> None:
+    """Removes what processes that died while building left (called with home's lock held:
+    no other process is writing there)."""
+    for p in [*home.glob(".*.tmp"), *home.glob(".*.trash")]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _lock_file(path: Path) -> Iterator[int]:
+    """A lock file's descriptor (never through a link; it must be this user's)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise PermissionError(f"[load] lock file {path} is a symbolic link; remove it") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PermissionError(f"[load] lock file {path} is not a regular file; remove it")
+        _check_owner(path, st, "lock file")
+        yield fd
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def _locked(path: Path, what: str, verbose: bool) -> Iterator[None]:
     """An exclusive lock between processes (released if the holder dies)."""
-    with open(path, "a+b") as f:
+    with _lock_file(path) as fd:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             if verbose:
                 print(f"[opforge.load] waiting for another process building {what}", flush=True)
-            fcntl.flock(f, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 # ---------------------------------------------------------------------------- build
 
 
 def _known_specs(root: Path) -> list:
-    """opforge's own specs (formulas may call those ops), parsed once per cache root: a pickle
-    keyed by the specs' and the codegen's content."""
-    import pickle
-
+    """opforge's own specs (formulas may call those ops), parsed once per cache root (parsing
+    them takes about 0.5 s) and kept as JSON data keyed by the specs' and the codegen's content
+    (never a pickle: reading it runs no code and can make nothing but the codegen's model)."""
     import opforge
 
     spec_dir = _native.PACKAGE_DIR / "op_specs"
     h = hashlib.sha256(_codegen_digest().encode())
     for p in sorted(spec_dir.glob("*.yaml")):
         h.update(p.name.encode() + b"\0" + p.read_bytes())
-    path = root / "_known" / f"{h.hexdigest()[:16]}.pickle"
+    path = _private_dir(root / "_known") / f"{h.hexdigest()[:16]}.json"
     try:
-        return pickle.loads(path.read_bytes())
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+        _trusted_file(path)
+        return list(_from_data(json.loads(path.read_bytes())))
+    except FileNotFoundError:
         pass
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        pass  # damaged (or not written by this opforge): parsed again and rewritten
     known = list(opforge._specs().values())
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        text = json.dumps(_to_data(tuple(known)))
+        if _from_data(json.loads(text)) != tuple(known):
+            raise TypeError("not the same specs once read back")
+    except (TypeError, ValueError):  # (a model this codec cannot say: no cache, the specs parsed each time)
+        return known
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(pickle.dumps(known))
+    tmp.write_text(text)
     os.replace(tmp, path)
     return known
 
 
+def _to_data(obj: object) -> object:
+    """JSON data of parsed specs: the codegen's dataclasses (tagged with their class), tuples,
+    lists and JSON's scalars; TypeError for anything else."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, (tuple, list)):
+        return {type(obj).__name__: [_to_data(x) for x in obj]}
+    cls = type(obj)
+    if dataclasses.is_dataclass(obj) and cls.__module__.startswith("opforge.codegen."):
+        return {"class": f"{cls.__module__}:{cls.__qualname__}",
+                "fields": {f.name: _to_data(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
+    raise TypeError(f"{cls.__name__} is not a spec's data")
+
+
+def _from_data(data: object) -> object:
+    """The inverse of _to_data: makes nothing but tuples, lists, scalars and dataclasses of the
+    codegen's modules already imported (no code of the data's choosing runs); ValueError else."""
+    if data is None or isinstance(data, (bool, int, float, str)):
+        return data
+    if not isinstance(data, dict):
+        raise ValueError(f"unexpected {type(data).__name__}")
+    if data.keys() == {"tuple"} or data.keys() == {"list"}:
+        items = [_from_data(x) for x in data.get("tuple", data.get("list"))]
+        return tuple(items) if "tuple" in data else items
+    module, _, qualname = data["class"].partition(":")
+    cls = getattr(sys.modules.get(module), qualname, None) if module.startswith("opforge.codegen.") else None
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == module):
+        raise ValueError(f"{data['class']} is not a class of the codegen's model")
+    fields = data["fields"]
+    if set(fields) != {f.name for f in dataclasses.fields(cls)}:
+        raise ValueError(f"{data['class']}: other fields")
+    obj = object.__new__(cls)
+    for k, v in fields.items():
+        object.__setattr__(obj, k, _from_data(v))  # (frozen dataclasses: as their __init__ does)
+    return obj
+
+
 def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tuple[str, ...],
-           cflags: list[str], ldflags: list[str], root: Path, home: Path, target: Path,
+           cflags: list[str], ldflags: list[str], root: Path, home: Path, entry: Path, target: Path,
            verbose: bool) -> list[str]:
-    """Generate, compile and link the module into target; returns the TUs compiled."""
+    """Generate, compile and link the module into the cache entry; returns the TUs compiled."""
     from opforge.codegen import SpecError, load_specs
     from opforge.codegen.emit import render_module, write_if_changed
 
@@ -227,12 +481,11 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
                             f"{op.name}.cpp in sources=[...]")
     _native.check_toolchain(cxx)
     if verbose:
-        print(f"[opforge.load] {name}: building {len(ops)} op{'s' if len(ops) != 1 else ''} into {target.parent}",
+        print(f"[opforge.load] {name}: building {len(ops)} op{'s' if len(ops) != 1 else ''} into {entry}",
               flush=True)
 
-    build = home / "build"
-    gen = build / "gen"
-    gen.mkdir(parents=True, exist_ok=True)
+    build = _private_dir(home / "build")
+    gen = _private_dir(build / "gen")
     # (no AOT entry points: MindSpore's ops.Custom is served by opforge's own library and packages)
     rendered = render_module(ops, {o.name: f"{o.name}.yaml" for o in ops}, name, known, aot_entry_points=False)
     for r in rendered:
@@ -241,18 +494,22 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
     for stale in gen.iterdir():
         if stale.name not in keep:
             stale.unlink()
-    tus = [gen / f"{o.name}.cpp" for o in ops]
+    # ninja runs in build/: the cache's own paths are relative to it (the cache root, which may be
+    # any directory, appears neither in build.ninja nor in the compiler's dependency files)
+    tus = [Path("gen", f"{o.name}.cpp") for o in ops]
     tus += [p.resolve() for p in source_files if p.suffix in CPP_SUFFIXES]
-    lib = build / (name + _native.extension_suffix())
+    lib = name + _native.extension_suffix()
     header, gch = _pch_paths(root, cxx, cflags)
     lines = [
         "ninja_required_version = 1.3",
-        f"cxx = {_ninja_cmd(cxx)}",
-        f"cflags = -I{_q(gen)} {_ninja_cmd(cflags)}",
-        f"ldflags = {_ninja_cmd(ldflags)}",
+        "pipe = |",  # (no $-escape writes | in a path: _ninja_path writes it as $pipe)
+        f"cxx = {_ninja_text(_shell(cxx))}",
+        f"cflags = {_ninja_text(_shell(['-Igen', *cflags]))}",
+        f"ldflags = {_ninja_text(_shell(ldflags))}",
+        f"pch = {_ninja_text(_shell([os.path.relpath(header, build)]))}",
         "rule cxx",  # op TUs and kernels: with the precompiled header when there is one (gcc
         # reads <header>.gch if it is valid, else the header's text: the same command either way)
-        f"  command = $cxx -MMD -MF $out.d $cflags -include {_q(header)} -Winvalid-pch -c $in -o $out",
+        "  command = $cxx -MMD -MF $out.d $cflags -include $pch -Winvalid-pch -c $in -o $out",
         "  depfile = $out.d",
         "  deps = gcc",
         "  description = compile $in",
@@ -266,14 +523,13 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
         "  description = link $out",
     ]
     objects = []
-    for tu in tus:
-        obj = f"obj/{'gen' if tu.parent == gen else 'src'}/{tu.stem}.o"
-        objects.append(obj)
-        lines.append(f"build {obj}: cxx {_q(tu)}")
-    objects.append(f"obj/gen/{name}.module.o")
-    lines.append(f"build {objects[-1]}: cxx_module {_q(gen / f'{name}.cpp')}")
-    lines.append(f"build {_q(lib.name)}: link {' '.join(objects)}")
-    lines.append(f"default {_q(lib.name)}")
+    for tu in tus:  # ($in and $out: ninja quotes them for the shell)
+        objects.append(_ninja_path(f"obj/{'src' if tu.is_absolute() else 'gen'}/{tu.stem}.o"))
+        lines.append(f"build {objects[-1]}: cxx {_ninja_path(tu)}")
+    objects.append(_ninja_path(f"obj/gen/{name}.module.o"))
+    lines.append(f"build {objects[-1]}: cxx_module {_ninja_path(Path('gen', f'{name}.cpp'))}")
+    lines.append(f"build {_ninja_path(lib)}: link {' '.join(objects)}")
+    lines.append(f"default {_ninja_path(lib)}")
     write_if_changed(build / "build.ninja", "\n".join(lines) + "\n")
 
     with _precompiling(header, gch, cxx, cflags, verbose):
@@ -289,15 +545,12 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
             tail = "".join(output[-60:])
             raise BuildError(f"[load] building module '{name}' failed (nothing was cached; the next load "
                              f"builds again):\n{tail}")
-    compiled = [line.split("compile ", 1)[1].strip() for line in output if "] compile " in line]
-
-    # into the cache: a finished module appears at once, or not at all
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    shutil.copyfile(lib, tmp)
-    shutil.copyfile(gen / "ops.pyi", target.parent / f"{name}.pyi")
-    shutil.copyfile(gen / "_formulas.py", target.parent / f"{name}_formulas.py")
-    os.replace(tmp, target)
+    # (ninja quotes $in for the shell in descriptions too, when it must)
+    compiled = [line.split("] compile ", 1)[1].strip() for line in output if "] compile " in line]
+    compiled = [shlex.split(c)[0] if c.startswith("'") else c for c in compiled]
+    # into the cache: a finished entry appears at once, or not at all
+    _write_entry(entry, {target.name: build / lib, f"{name}.pyi": gen / "ops.pyi",
+                         f"{name}_formulas.py": gen / "_formulas.py"})
     return compiled
 
 
@@ -309,10 +562,15 @@ def _pch_paths(root: Path, cxx: tuple[str, ...], cflags: list[str]) -> tuple[Pat
     for part in (_native.PCH_TEXT, _build_info.VERSION, _library_id(),
                  _native.compiler_version(cxx), "\0".join(cflags)):
         h.update(part.encode() + b"\0\0")
-    d = root / "_pch" / h.hexdigest()[:16]
+    _private_dir(root / "_pch")
+    d = _private_dir(root / "_pch" / h.hexdigest()[:16])
     header = d / "opforge_module_pch.h"
-    if not header.is_file():
-        d.mkdir(parents=True, exist_ok=True)
+    try:
+        _trusted_file(header)
+        intact = header.read_bytes() == _native.PCH_TEXT.encode()
+    except FileNotFoundError:
+        intact = False
+    if not intact:
         tmp = d / f".{header.name}.{os.getpid()}.tmp"
         tmp.write_text(_native.PCH_TEXT)
         os.replace(tmp, header)
@@ -323,32 +581,49 @@ def _pch_paths(root: Path, cxx: tuple[str, ...], cflags: list[str]) -> tuple[Pat
 def _precompiling(header: Path, gch: Path, cxx: tuple[str, ...], cflags: list[str],
                   verbose: bool) -> Iterator[None]:
     """Builds the .gch beside the module's TUs (which parse the header's text meanwhile) when it
-    is missing and no other process is building it; it is in place for the next build."""
-    if gch.is_file():
+    is missing (or damaged: it does not match its manifest) and no other process is building it;
+    it is in place for the next build."""
+    manifest = gch.with_name("pch.json")
+    if gch.exists() and _manifest_problem(manifest, [gch.name]) is None:
         yield
         return
-    with open(header.parent / ".lock", "a+b") as lock:
+    with _lock_file(header.parent / ".lock") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # another process is on it
             yield
             return
-        tmp = gch.with_name(f".{gch.name}.{os.getpid()}.tmp")
-        if verbose:
-            print(f"[opforge.load] precompiling the runtime header into {gch.parent}", flush=True)
-        proc = subprocess.Popen([*cxx, *cflags, "-x", "c++-header", str(header), "-o", str(tmp)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
-            yield
+            if gch.exists():  # (the manifest is written first, then the .gch renamed into place)
+                problem = _manifest_problem(manifest, [gch.name])
+                if problem is None:  # another process has just made it
+                    yield
+                    return
+                message = (f"[opforge.load] {gch}: precompiled header damaged ({problem}): removed; precompiling "
+                           "it again")
+                if verbose:
+                    print(message, flush=True)
+                warnings.warn(message, RuntimeWarning, stacklevel=5)
+                gch.unlink()
+            tmp = gch.with_name(f".{gch.name}.{os.getpid()}.tmp")
+            if verbose:
+                print(f"[opforge.load] precompiling the runtime header into {gch.parent}", flush=True)
+            proc = subprocess.Popen([*cxx, *cflags, "-x", "c++-header", str(header), "-o", str(tmp)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            try:
+                yield
+            finally:
+                _, err = proc.communicate()
+                if proc.returncode == 0 and not gch.exists():
+                    os.chmod(tmp, 0o644)
+                    _write_manifest(manifest, {gch.name: tmp})  # first: a .gch in place is one it lists
+                    os.replace(tmp, gch)
+                else:
+                    tmp.unlink(missing_ok=True)
+                    if proc.returncode != 0 and verbose:
+                        print(f"[opforge.load] precompiling failed (builds go on without it):\n"
+                              f"{err.decode(errors='replace')[-2000:]}", flush=True)
         finally:
-            _, err = proc.communicate()
-            if proc.returncode == 0 and not gch.is_file():
-                os.replace(tmp, gch)
-            else:
-                tmp.unlink(missing_ok=True)
-                if proc.returncode != 0 and verbose:
-                    print(f"[opforge.load] precompiling failed (builds go on without it):\n"
-                          f"{err.decode(errors='replace')[-2000:]}", flush=True)
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
@@ -364,15 +639,23 @@ def _ninja() -> str:
         raise BuildError("[load] ninja is not installed: pip install ninja") from None
 
 
-def _q(p: PathLike) -> str:
-    """A path for build.ninja ($ and spaces escaped)."""
-    return str(p).replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
+def _ninja_text(text: str) -> str:
+    """Text for build.ninja (a variable's value, a command): $ written $$. A line break would end
+    the statement whatever precedes it: load refuses paths and flags that hold one."""
+    if "\n" in text or "\r" in text:
+        raise ValueError(f"[load] {text!r} holds a line break: it cannot go into build.ninja")
+    return text.replace("$", "$$")
 
 
-def _ninja_cmd(args: Sequence[str]) -> str:
-    import shlex
+def _ninja_path(p: PathLike) -> str:
+    """A path in a build statement: ninja text with its separators escaped (space, colon) and |,
+    which has no $-escape, written as the variable $pipe (build.ninja sets it)."""
+    return _ninja_text(str(p)).replace(" ", "$ ").replace(":", "$:").replace("|", "${pipe}")
 
-    return " ".join(shlex.quote(a).replace("$", "$$") for a in args)
+
+def _shell(args: Sequence[str]) -> str:
+    """A command line for the shell ninja runs commands with: each argument quoted."""
+    return " ".join(shlex.quote(a) for a in args)
 
 
 # ---------------------------------------------------------------------------- import
