@@ -198,7 +198,15 @@ def test_init_errors(tmp_path: Path) -> None:
     assert r.returncode == 2 and "exists and is not an empty directory; nothing written" in r.stderr
     r = run("init", str(tmp_path / "p"), "--name", "My-Pkg")
     assert r.returncode == 2 and "'My-Pkg' is not a package name" in r.stderr
-    assert not (tmp_path / "p").exists()
+    # names whose package would not import or would shadow opforge, a path meson cannot build in
+    r = run("init", str(tmp_path / "p"), "--name", "class")
+    assert r.returncode == 2 and "'class' is not a package name: it is a Python keyword" in r.stderr
+    r = run("init", str(tmp_path / "p"), "--name", "opforge")
+    assert r.returncode == 2 and "'opforge' is not a package name: it is opforge's own" in r.stderr
+    odd = tmp_path / "p\nq"
+    r = run("init", str(odd), "--name", "pk")
+    assert r.returncode == 2 and f"{str(odd)!r}: a project path cannot hold a line break; nothing written" in r.stderr
+    assert not (tmp_path / "p").exists() and not odd.exists()
 
 
 def test_build_errors(tmp_path: Path) -> None:
@@ -224,7 +232,8 @@ def test_build_errors(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_init_package_builds_installs_and_passes_its_tests(tmp_path: Path) -> None:
-    project = tmp_path / "mypkg"
+    # (in a directory whose name means something to a shell or a glob: the build must not care)
+    project = tmp_path / "odd [1] $x it's" / "mypkg"
     r = run("init", str(project), "--name", "mypkg")
     assert r.returncode == 0, r.stderr
     # one more op with a hand-written kernel, as `opforge new` writes it

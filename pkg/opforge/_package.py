@@ -5,6 +5,7 @@ registry and autograd (the extension links libopforge.so)."""
 
 from __future__ import annotations
 
+import keyword
 import re
 from pathlib import Path
 
@@ -86,8 +87,10 @@ foreach k : run_command(codegen, 'kernels', '--specs', spec_dir, '--module', '_o
     kernel_sources += k
   endif
 endforeach
-spec_files = run_command(py, '-c', 'import glob,sys; print("\\\\n".join(sorted(glob.glob(sys.argv[1]))))',
-                         spec_dir / '*.yaml', check: true).stdout().strip().split('\\n')
+# (the directory is not a glob pattern: the project's path may hold [, * or ?)
+spec_files = run_command(py, '-c',
+                         'import pathlib,sys; print("\\\\n".join(sorted(map(str, pathlib.Path(sys.argv[1]).glob("*.yaml")))))',
+                         spec_dir, check: true).stdout().strip().split('\\n')
 
 gen_install_dirs = []
 foreach f : gen_outputs
@@ -215,6 +218,11 @@ def init_package(directory: Path, name: str) -> list[Path]:
     if not NAME.match(name):
         raise ScaffoldError(f"'{name}' is not a package name: lowercase letters, digits and _, not starting "
                             "with a digit")
+    if keyword.iskeyword(name) or name == "opforge":  # (its code would not import, or would shadow opforge)
+        raise ScaffoldError(f"'{name}' is not a package name: it is "
+                            + ("a Python keyword" if name != "opforge" else "opforge's own"))
+    if any(c in str(directory.absolute()) for c in "\n\r"):  # (meson and ninja cannot build there)
+        raise ScaffoldError(f"{str(directory)!r}: a project path cannot hold a line break; nothing written")
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise ScaffoldError(f"{directory} exists and is not an empty directory; nothing written")
     op = f"{name}_half_square"
