@@ -363,6 +363,8 @@ def test_damaged_precompiled_header_is_made_again(built: tuple[Path, Path], tmp_
     else:
         data[len(data) // 2: len(data) // 2 + 4096] = bytes(4096)
     gch.write_bytes(data)
+    stale = gch.with_name(f".{gch.name}.99999999.tmp")  # what a process killed while precompiling leaves
+    stale.write_bytes(b"partial")
     spec = write_spec(tmp_path / "specs", "sp_other")
     r = load_in_process("jit_other", spec, root)
     assert r.returncode == 0, r.stderr
@@ -373,3 +375,4 @@ def test_damaged_precompiled_header_is_made_again(built: tuple[Path, Path], tmp_
     assert re.fullmatch(re.escape(f"RuntimeWarning [opforge.load] {gch}: precompiled header damaged (") + reason
                         + re.escape("): removed; precompiling it again"), warning), warning
     assert jit._manifest_problem(gch.with_name("pch.json"), [gch.name]) is None  # made again, whole
+    assert not stale.exists()

@@ -594,6 +594,8 @@ def _precompiling(header: Path, gch: Path, cxx: tuple[str, ...], cflags: list[st
             yield
             return
         try:
+            for stale in gch.parent.glob(f".{gch.name}.*.tmp"):  # (of processes that died precompiling)
+                stale.unlink()
             if gch.exists():  # (the manifest is written first, then the .gch renamed into place)
                 problem = _manifest_problem(manifest, [gch.name])
                 if problem is None:  # another process has just made it
