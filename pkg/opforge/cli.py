@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -156,7 +157,7 @@ def _init(args: argparse.Namespace) -> int:
         raise _Usage(str(exc)) from exc
     for f in files:
         print(f"wrote {f}")
-    print(f"next: cd {args.dir} && opforge build --specs op_specs --backend cpu --out dist "
+    print(f"next: cd {shlex.quote(str(args.dir))} && opforge build --specs op_specs --backend cpu --out dist "
           f"(or pip install --no-build-isolation .), then pytest")
     return EXIT_OK
 
