@@ -462,6 +462,18 @@ class _Builder:
         for o in outputs:
             if o.shape.kind not in ("same", "broadcast"):
                 self.err(keys, f"an expr op's output shape is same() or broadcast(), not {o.shape.kind}()")
+                continue
+            # the kernel reads every input at the output's positions: an input the rule leaves out
+            # could be smaller than the output
+            # (skipped where the rule or an input is already reported wrong)
+            known = {i.name for i in inputs}
+            left = [i.name for i in inputs if i.name not in o.shape.inputs()]
+            if left and o.shape.args and set(o.shape.inputs()) <= known and not any(i.optional for i in inputs):
+                names = ", ".join(i.name for i in inputs)
+                self.err(("outputs", o.name, "shape"),
+                         f"an expr op reads every input at each output position, so its output shape must "
+                         f"cover all of them: {', '.join(repr(n) for n in left)} "
+                         f"{'is' if len(left) == 1 else 'are'} left out (use broadcast({names}))")
         if any(i.optional for i in inputs):
             self.err(keys, "an expr op cannot have optional inputs")
         scope = ExprScope([i.name for i in inputs], {a.name: a.type for a in attrs},

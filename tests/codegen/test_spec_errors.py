@@ -200,6 +200,7 @@ CASES = [
          leaky("    x: T\n", "    x: T\n    n: {dtype: int32, differentiable: true}\n"),
          """
          specs/leaky.yaml:5:39: inputs.n.differentiable: an input of dtype int32 cannot be differentiable
+         specs/leaky.yaml:9:28: outputs.out.shape: an expr op reads every input at each output position, so its output shape must cover all of them: 'n' is left out (use broadcast(x, n))
          specs/leaky.yaml:17:5: bprop: missing formula for differentiable input 'n' (or mark it differentiable: false)
          """),
     # ------------------------------------------------------------------ attrs
@@ -221,6 +222,7 @@ CASES = [
     case("reserved-input-name", "leaky", leaky("    x: T\n", "    x: T\n    class: T\n"),
          """
          specs/leaky.yaml:5:5: inputs.class: 'class' is a reserved word and cannot name an input
+         specs/leaky.yaml:9:28: outputs.out.shape: an expr op reads every input at each output position, so its output shape must cover all of them: 'class' is left out (use broadcast(x, class))
          specs/leaky.yaml:17:5: bprop: missing formula for differentiable input 'class' (or mark it differentiable: false)
          """),
     case("reserved-attr-name", "leaky", leaky("    alpha:", "    lambda: {type: int, default: 0}\n    alpha:"),
@@ -230,6 +232,7 @@ CASES = [
     case("output-gradient-name-clash", "leaky", leaky("    x: T\n", "    x: T\n    dout: T\n"),
          """
          specs/leaky.yaml:9:5: outputs.out: the gradient of output 'out' is named 'dout' in formulas, which clashes with an input or attr
+         specs/leaky.yaml:9:28: outputs.out.shape: an expr op reads every input at each output position, so its output shape must cover all of them: 'dout' is left out (use broadcast(x, dout))
          specs/leaky.yaml:17:5: bprop: missing formula for differentiable input 'dout' (or mark it differentiable: false)
          """),
     # ------------------------------------------------------------------ shape rules
@@ -260,6 +263,21 @@ CASES = [
          "(MindSpore's extra is not there when opforge calls the kernel)"),
     case("aot-op-without-symbol", "leaky", leaky("    expr: where(x > 0, x, alpha * x)", "    aot: {library: libx.so}"),
          "specs/leaky.yaml:14:10: impl.aot: missing required key 'symbol'"),
+    # the expr kernel reads every input at each output position: a rule leaving one out read past it
+    case("expr-shape-rule-leaves-an-input-out", "leaky",
+         leaky("    x: T\n  attrs", "    x: T\n    y: T\n  attrs").replace(
+             "expr: where(x > 0, x, alpha * x)", "expr: where(x > 0, x, alpha * y)").replace(
+             "    x: where(x > 0, dout, alpha * dout)", "    x: where(x > 0, dout, zeros_like(dout))\n    y: dout"),
+         "specs/leaky.yaml:9:28: outputs.out.shape: an expr op reads every input at each output position, so its "
+         "output shape must cover all of them: 'y' is left out (use broadcast(x, y))"),
+    case("expr-broadcast-rule-leaves-an-input-out", "leaky",
+         leaky("    x: T\n  attrs", "    x: T\n    y: T\n    z: T\n  attrs").replace(
+             "shape: same(x)", 'shape: "broadcast(x, y)"').replace(
+             "expr: where(x > 0, x, alpha * x)", "expr: where(x > 0, y, alpha * z)").replace(
+             "    x: where(x > 0, dout, alpha * dout)",
+             "    x: zeros_like(x)\n    y: where(x > 0, dout, zeros_like(dout))\n    z: where(x > 0, zeros_like(dout), alpha * dout)"),
+         "specs/leaky.yaml:10:28: outputs.out.shape: an expr op reads every input at each output position, so its "
+         "output shape must cover all of them: 'z' is left out (use broadcast(x, y, z))"),
     case("expr-op-with-reduce-shape", "leaky",
          leaky("shape: same(x)}", 'shape: "reduce(x, axis, true)"}').replace(
              "  outputs:", '    axis: {type: "list[int]", default: [0]}\n  outputs:'),
