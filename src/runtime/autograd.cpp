@@ -105,7 +105,15 @@ void AutogradContext::release() {
 TensorPtr AutogradContext::ReduceGrad(size_t i, TensorPtr grad) const {
   if (!grad) return grad;
   const TensorMeta& meta = input_meta_[i];
-  if (grad->shape() != meta.shape) grad = sum_to(grad, meta.shape);
+  if (grad->shape() != meta.shape) {
+    // a bprop formula may return a broadcast gradient (reduced here), never one of another shape
+    if (!broadcasts_to(meta.shape, grad->shape())) {
+      fail<RuntimeError>(op_, "the gradient for input ", i, " has shape ", shape_str(grad->shape()),
+                         ", which is not the input's shape ", shape_str(meta.shape), " nor a broadcast of it "
+                         "(check the op's bprop formula)");
+    }
+    grad = sum_to(grad, meta.shape);
+  }
   if (grad->dtype() != meta.dtype) grad = cast(grad, meta.dtype);
   return grad;
 }

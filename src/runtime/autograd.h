@@ -155,6 +155,7 @@ template <typename T>
 struct Function {
   template <typename... Args>
   static auto Apply(const Args&... args) {
+    CurrentOpScope running(T::kName);
     if (!GradMode::is_enabled() || !(detail::requires_grad(args) || ...)) {
       AutogradContext ctx;  // records nothing: no allocation on this path
       ctx.init_no_grad(T::kName);

@@ -84,9 +84,16 @@ namespace detail {
 template <typename In>
 OPFORGE_INLINE compute_t<In> load(const In* p) { return convert<compute_t<In>>(*p); }
 
+OPFORGE_INLINE void check_input(size_t index, const Tensor& in, const Shape& out_shape) {
+  if (in.shape() != out_shape) check_input_broadcasts(current_op(), index, in.shape(), out_shape);
+}
+
 template <typename Out, typename... In, typename F, size_t... I>
 void elementwise_impl(const Tensor& out, const F& f, const std::array<const Tensor*, sizeof...(In)>& ins,
                       std::index_sequence<I...>) {
+  // every input must broadcast to the output: the loops below read inputs through that assumption
+  // (a user kernel or an op whose shape rule left an input out must not read past its view)
+  (check_input(I, *ins[I], out.shape()), ...);
   const int64_t n = out.numel();
   if (n == 0) return;
   Out* o = out.data<Out>();

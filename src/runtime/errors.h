@@ -30,4 +30,18 @@ template <typename E, typename... Parts>
   throw E(message(op, std::forward<Parts>(parts)...));
 }
 
+// The op whose Forward runs on this thread (Function<T>::Apply sets it), so that checks deep in
+// the runtime (the broadcasting loop, broadcast_to) can name the op the user called.
+const char* current_op();
+class CurrentOpScope {
+ public:
+  explicit CurrentOpScope(const char* op);
+  ~CurrentOpScope();
+  CurrentOpScope(const CurrentOpScope&) = delete;
+  CurrentOpScope& operator=(const CurrentOpScope&) = delete;
+
+ private:
+  const char* previous_;
+};
+
 }  // namespace opforge

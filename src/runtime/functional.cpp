@@ -239,8 +239,9 @@ struct SumToFn : Function<SumToFn> {
   static constexpr const char* kName = "sum_to";
   static TensorPtr Forward(AutogradContext*, const TensorPtr& x, const Shape& shape) {
     const Shape& s = x->shape();
-    if (s.size() < shape.size()) {
-      fail<RuntimeError>("sum_to", "cannot reduce ", shape_str(s), " to ", shape_str(shape));
+    if (!broadcasts_to(shape, s)) {
+      fail<ValueError>("sum_to", "cannot reduce ", shape_str(s), " to ", shape_str(shape),
+                       " (the target shape must broadcast to the tensor's)");
     }
     const size_t lead = s.size() - shape.size();
     std::vector<int64_t> axes;

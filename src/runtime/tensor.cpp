@@ -3,6 +3,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
@@ -251,12 +252,48 @@ TensorPtr contiguous(const TensorPtr& t) {
 }
 
 TensorPtr reshape_data(const TensorPtr& t, const Shape& shape) {
+  if (shape_numel(shape) != t->numel() || std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) {
+    fail<ValueError>(current_op(), "cannot view ", shape_str(t->shape()), " (", t->numel(), " elements) as ",
+                     shape_str(shape));
+  }
   auto c = contiguous(t);
   return std::make_shared<Tensor>(c->storage(), c->dtype(), shape, contiguous_strides(shape), c->offset(),
                                   c->format());
 }
 
+bool broadcasts_to(const Shape& from, const Shape& to) {
+  if (from.size() > to.size()) return false;
+  const size_t lead = to.size() - from.size();
+  for (size_t i = 0; i < from.size(); ++i) {
+    if (from[i] != 1 && from[i] != to[lead + i]) return false;
+  }
+  return true;
+}
+
+void check_broadcasts_to(const char* op, const char* what, const Shape& shape, const Shape& out_shape) {
+  if (!broadcasts_to(shape, out_shape)) {
+    fail<ValueError>(op, what, " of shape ", shape_str(shape), " does not broadcast to the output shape ",
+                     shape_str(out_shape));
+  }
+}
+
+void check_input_broadcasts(const char* op, size_t index, const Shape& shape, const Shape& out_shape) {
+  if (!broadcasts_to(shape, out_shape)) {
+    fail<ValueError>(op, "input ", index, " of shape ", shape_str(shape), " does not broadcast to the output shape ",
+                     shape_str(out_shape));
+  }
+}
+
+namespace {
+thread_local const char* t_current_op = "opforge";
+}  // namespace
+
+const char* current_op() { return t_current_op; }
+CurrentOpScope::CurrentOpScope(const char* op) : previous_(t_current_op) { t_current_op = op; }
+CurrentOpScope::~CurrentOpScope() { t_current_op = previous_; }
+
 Shape broadcast_strides(const Tensor& t, const Shape& out_shape) {
+  check_broadcasts_to(current_op(), "an input", t.shape(), out_shape);
   const size_t nd = out_shape.size();
   const size_t td = t.shape().size();
   Shape st(nd, 0);

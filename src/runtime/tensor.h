@@ -139,5 +139,13 @@ TensorPtr contiguous(const TensorPtr& t);
 TensorPtr reshape_data(const TensorPtr& t, const Shape& shape);
 // Copies src into dst elementwise with conversion (same shapes; any strides).
 void copy_into(const TensorPtr& dst, const TensorPtr& src);
+// Whether `from` broadcasts to `to` (NumPy's rule, read from the trailing dimension; `to` keeps
+// its own shape: no dimension of `to` is stretched).
+bool broadcasts_to(const Shape& from, const Shape& to);
+// ValueError naming op and `what` unless shape broadcasts to out_shape (O(ndim)): every kernel
+// that reads an input through broadcast strides relies on it.
+void check_broadcasts_to(const char* op, const char* what, const Shape& shape, const Shape& out_shape);
+// The same for the elementwise loop's input number `index`.
+void check_input_broadcasts(const char* op, size_t index, const Shape& shape, const Shape& out_shape);
 
 }  // namespace opforge

@@ -24,8 +24,8 @@ void cross_entropy(const TensorPtr& logits, const TensorPtr& labels, const Tenso
   constexpr bool kConvert = !std::is_same_v<T, E>;
   smx::check_logits_labels("cross_entropy", logits, labels);
   const int64_t rows = logits->shape()[0], classes = logits->shape()[1];
-  const int64_t* lab = labels->data<int64_t>();
-  smx::check_label_values("cross_entropy", lab, rows, classes);
+  const std::vector<int64_t> owned = smx::checked_labels("cross_entropy", labels, classes);
+  const int64_t* lab = owned.data();
   const T* x = logits->data<T>();
   const smx::Prims<E>& P = smx::prims<E>();
   std::vector<double> loss(static_cast<size_t>(rows));

@@ -16,8 +16,8 @@ void cross_entropy_backward(const TensorPtr& dy, const TensorPtr& logits, const 
   smx::check_logits_labels(kOp, logits, labels);
   const int64_t rows = logits->shape()[0], classes = logits->shape()[1];
   smx::check_loss_grad(kOp, dy, rows);
-  const int64_t* lab = labels->data<int64_t>();
-  smx::check_label_values(kOp, lab, rows, classes);
+  const std::vector<int64_t> owned = smx::checked_labels(kOp, labels, classes);
+  const int64_t* lab = owned.data();
   const double scale = smx::reduction_scale(attrs.reduction, rows);
   const T* g = dy->data<T>();
   const bool one = dy->numel() == 1;

@@ -48,6 +48,17 @@ inline void check_indices(const char* op, const int64_t* idx, int64_t n, int64_t
   }
 }
 
+// Index tensors may be zero-copy views of arrays that another thread writes while a kernel runs
+// with the GIL released: a kernel whose memory safety rests on index values reads each value
+// once, into this private copy, checks the copy and indexes only through it.
+inline std::vector<int64_t> checked_indices(const char* op, const TensorPtr& indices, int64_t limit,
+                                            const std::string& what) {
+  const int64_t* src = indices->data<int64_t>();
+  std::vector<int64_t> idx(src, src + indices->numel());
+  check_indices(op, idx.data(), indices->numel(), limit, what);
+  return idx;
+}
+
 // Shape with the axis removed (keepdims false) or kept.
 inline Shape reduced_shape(const Shape& shape, int64_t axis, bool keepdims, int64_t kept = 1) {
   Shape s = shape;

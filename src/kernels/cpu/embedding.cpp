@@ -25,8 +25,9 @@ void embedding(const TensorPtr& indices, const TensorPtr& weight, const TensorPt
                const EmbeddingAttrs& /*attrs*/) {
   const int64_t rows = weight->shape()[0], dim = weight->shape()[1];
   const int64_t n = indices->numel();
-  const int64_t* idx = indices->data<int64_t>();
-  elem::check_indices("embedding", idx, n, rows, "weight with " + std::to_string(rows) + " rows");
+  const std::vector<int64_t> owned = elem::checked_indices("embedding", indices, rows,
+                                                           "weight with " + std::to_string(rows) + " rows");
+  const int64_t* idx = owned.data();
   if (dim == 0 || n == 0) return;
   const T* w = weight->data<T>();
   T* o = out->data<T>();

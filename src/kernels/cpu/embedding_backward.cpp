@@ -22,8 +22,8 @@ void embedding_backward(const TensorPtr& dout, const TensorPtr& indices, const T
                      shape_str(indices->shape()), " and embedding_dim ", dim, ": expected ", shape_str(expect));
   }
   const int64_t n = indices->numel();
-  const int64_t* idx = indices->data<int64_t>();
-  elem::check_indices(op, idx, n, rows, "weight with " + std::to_string(rows) + " rows");
+  const std::vector<int64_t> owned = elem::checked_indices(op, indices, rows, "weight with " + std::to_string(rows) + " rows");
+  const int64_t* idx = owned.data();
   if (rows == 0 || dim == 0) return;
 
   // start[r] .. start[r + 1]: the positions i with idx[i] == r, ascending

@@ -18,9 +18,9 @@ void scatter_add_along_axis(const TensorPtr& src, const TensorPtr& indices, cons
                      shape_str(indices->shape()));
   }
   const elem::AxisView v(x->shape(), axis);
-  const int64_t* idx = indices->data<int64_t>();
-  elem::check_indices(op, idx, indices->numel(), v.size,
-                      "axis " + std::to_string(attrs.axis) + " of size " + std::to_string(v.size));
+  const std::vector<int64_t> owned = elem::checked_indices(
+      op, indices, v.size, "axis " + std::to_string(attrs.axis) + " of size " + std::to_string(v.size));
+  const int64_t* idx = owned.data();
   using S = elem::sum_t<T>;
   const T* s = src->data<T>();
   T* o = out->data<T>();

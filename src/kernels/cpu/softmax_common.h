@@ -375,12 +375,15 @@ inline void check_logits_labels(const char* op, const TensorPtr& logits, const T
                      shape_str(logits->shape()), ", got ", shape_str(labels->shape()));
   }
 }
-inline void check_label_values(const char* op, const int64_t* labels, int64_t n, int64_t classes) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (labels[i] < 0 || labels[i] >= classes) {
-      fail<IndexError>(op, "label ", labels[i], " is out of range for ", classes, " classes");
-    }
+// The labels copied once into memory of this call and checked (another thread may write the
+// caller's array while the kernel runs with the GIL released: see elem::checked_indices).
+inline std::vector<int64_t> checked_labels(const char* op, const TensorPtr& labels, int64_t classes) {
+  const int64_t* src = labels->data<int64_t>();
+  std::vector<int64_t> lab(src, src + labels->numel());
+  for (const int64_t l : lab) {
+    if (l < 0 || l >= classes) fail<IndexError>(op, "label ", l, " is out of range for ", classes, " classes");
   }
+  return lab;
 }
 // dy of a cross-entropy gradient: shape () or (1,) (one value for all rows) or (N,).
 inline void check_loss_grad(const char* op, const TensorPtr& dy, int64_t rows) {

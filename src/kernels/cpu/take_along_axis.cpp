@@ -13,9 +13,9 @@ void take_along_axis(const TensorPtr& x, const TensorPtr& indices, const TensorP
   const int64_t axis = elem::single_axis(op, attrs.axis, x->dim());
   const int64_t k = elem::lanes_k(op, x->shape(), indices->shape(), axis, attrs.keepdims);
   const elem::AxisView v(x->shape(), axis);
-  const int64_t* idx = indices->data<int64_t>();
-  elem::check_indices(op, idx, indices->numel(), v.size,
-                      "axis " + std::to_string(attrs.axis) + " of size " + std::to_string(v.size));
+  const std::vector<int64_t> owned = elem::checked_indices(
+      op, indices, v.size, "axis " + std::to_string(attrs.axis) + " of size " + std::to_string(v.size));
+  const int64_t* idx = owned.data();
   const T* xp = x->data<T>();
   T* o = out->data<T>();
   const int64_t rows = v.outer * k, inner = v.inner;
