@@ -895,6 +895,12 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     } : nullptr;
     return out;
   }, py::arg("on"), "Start (True) or stop (False) tracing op calls; returns [(op, gil_held)] so far.");
+  // Test hook: the AOT entry points' reading of a float or int attr's text.
+  m.def("_aot_attr_value", [](const std::string& type, const std::string& text) -> py::object {
+    if (type == "float") return py::float_(aot::parse_float("aot", "attr", text));
+    if (type == "int") return py::int_(aot::parse_int("aot", "attr", text));
+    fail<ValueError>("_aot_attr_value", "type must be 'float' or 'int', got '", type, "'");
+  }, py::arg("type"), py::arg("text"));
   m.def("is_grad_enabled", &GradMode::is_enabled);
   m.def("set_grad_enabled", &GradMode::set_enabled, py::arg("enabled"));
   m.def("_run_backward", [](const TensorList& roots, std::vector<py::object> grads, bool retain_graph,
