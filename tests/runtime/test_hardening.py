@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import opforge
-from opforge import _C, ops
+from opforge import ops
 
 # ---------------------------------------------------------------------------- uninitialized Tensor
 
@@ -110,12 +110,12 @@ class DLManagedTensorVersioned(ctypes.Structure):
                 ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
 
 
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_capsule_name = ctypes.pythonapi.PyCapsule_GetName
-_capsule_name.restype = ctypes.c_char_p
-_capsule_name.argtypes = [ctypes.py_object]
+# private prototypes of the C API (setting restype on ctypes.pythonapi's would change it for all)
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
+    ("PyCapsule_New", ctypes.pythonapi))
+_capsule_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCapsule_GetName", ctypes.pythonapi))
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
 class Capsule:
@@ -231,13 +231,16 @@ class Producer:
     """A DLPack producer forwarding to a tensor's __dlpack__, recording what it was asked."""
 
     def __init__(self, t: Any, takes_max_version: bool = True) -> None:
-        self.t, self.takes_max_version, self.asked = t, takes_max_version, []
+        self.t, self.takes_max_version = t, takes_max_version
+        self.asked: list[dict] = []
+        self.capsules: list[Any] = []
 
     def __dlpack__(self, **kwargs: Any) -> Any:
         self.asked.append(kwargs)
         if not self.takes_max_version and kwargs:
             raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
-        return self.t.__dlpack__(**kwargs)
+        self.capsules.append(self.t.__dlpack__(**kwargs))
+        return self.capsules[-1]
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self.t.__dlpack_device__()
@@ -285,9 +288,7 @@ def test_dlpack_export_flags_and_arguments() -> None:
     # the flags as a consumer reads them
     for kwargs, flags in (({}, 1), ({"copy": True}, 2)):
         cap = t.__dlpack__(max_version=(1, 0), **kwargs)
-        ctypes.pythonapi.PyCapsule_GetPointer.restype = ctypes.c_void_p
-        ctypes.pythonapi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-        m = DLManagedTensorVersioned.from_address(ctypes.pythonapi.PyCapsule_GetPointer(cap, b"dltensor_versioned"))
+        m = DLManagedTensorVersioned.from_address(_capsule_pointer(cap, b"dltensor_versioned"))
         assert (m.version.major, m.version.minor, m.flags) == (1, 0, flags)
         u = opforge.from_dlpack(cap)
         assert u.numpy().flags.writeable == (flags == 2)
@@ -297,9 +298,12 @@ def test_dlpack_export_flags_and_arguments() -> None:
 def test_torch_tensors_come_through_the_versioned_protocol() -> None:
     torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch==2.13.0)")
     x = torch.arange(6.0).reshape(2, 3)[:, 1:]
-    t = opforge.from_dlpack(x)
+    p = Producer(x)
+    t = opforge.from_dlpack(p)
+    assert p.asked == [{"max_version": (1, 0)}] and _capsule_name(p.capsules[0]) == b"used_dltensor_versioned"
     x[0, 0] = 100.0
     assert t.shape == (2, 2) and t.numpy()[0, 0] == 100.0 and t.numpy().flags.writeable
+    assert np.shares_memory(t.numpy(), opforge.from_dlpack(x).numpy())
 
 
 # ---------------------------------------------------------------------------- create_graph cycle
