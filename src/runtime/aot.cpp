@@ -8,7 +8,7 @@
 #endif
 
 #include <algorithm>
-#include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -44,6 +44,14 @@ TensorPtr wrap_param(const char* op, const char* role, const char* arg, void* da
 }
 
 std::string join_ints(const Shape& s) { return shape_str(s); }
+
+// Whether two of the host's (contiguous) buffers share a byte.
+bool overlap(const TensorPtr& a, const TensorPtr& b) {
+  if (a->numel() == 0 || b->numel() == 0) return false;
+  const auto lo_a = reinterpret_cast<uintptr_t>(a->raw_data());
+  const auto lo_b = reinterpret_cast<uintptr_t>(b->raw_data());
+  return lo_a < lo_b + b->storage()->nbytes && lo_b < lo_a + a->storage()->nbytes;
+}
 
 }  // namespace
 
@@ -89,20 +97,23 @@ Call::Call(const OpInfo& info, uint32_t present, int nparam, void** params, int*
     inputs_.push_back(wrap_param(info.name, "input", info.inputs[k].name, params[p], ndims[p], shapes[p], dtypes[p]));
     ++p;
   }
-  for (const ArgInfo& out : info.outputs) {
+  for (size_t k = 0; k < info.outputs.size(); ++k) {
+    const ArgInfo& out = info.outputs[k];
     outputs_.push_back(wrap_param(info.name, "output", out.name, params[p], ndims[p], shapes[p], dtypes[p]));
     const TensorPtr& t = outputs_.back();
-    // offered unless it overlaps an input (a host computing in place): intermediates written
-    // there would clobber the input before it is read
-    const char* lo = static_cast<const char*>(t->raw_data());
-    const char* hi = lo + t->storage()->nbytes;
-    bool overlaps = false;
-    for (const TensorPtr& in : inputs_) {
-      if (!in) continue;
-      const char* a = static_cast<const char*>(in->raw_data());
-      overlaps = overlaps || (a < hi && lo < a + in->storage()->nbytes);
+    // two outputs in one buffer: whichever is written last would overwrite the other
+    for (size_t j = 0; j < k; ++j) {
+      if (overlap(outputs_[j], t)) {
+        fail<ValueError>(info.name, "AOT entry point: outputs '", info.outputs[j].name, "' and '", out.name,
+                         "' overlap in memory; give each output its own buffer");
+      }
     }
-    if (t->numel() > 0 && !overlaps) offers_.push_back(BufferOffer{t->raw_data(), t->dtype(), t->shape()});
+    // offered unless it overlaps an input (a host computing in place, which is allowed: the
+    // results are copied there at the end); intermediates written there would clobber the input
+    // before it is read
+    const bool on_input = std::any_of(inputs_.begin(), inputs_.end(),
+                                      [&](const TensorPtr& in) { return in && overlap(in, t); });
+    if (t->numel() > 0 && !on_input) offers_.push_back(BufferOffer{t->raw_data(), t->dtype(), t->shape()});
     ++p;
   }
 }
@@ -152,26 +163,35 @@ namespace {
   fail<TypeError>(op, "attr '", name, "': expected ", type, ", got the text '", text, "'");
 }
 
-double parse_float(const char* op, const char* name, const std::string& s) {
-  const char* b = s.c_str();
-  while (*b == ' ') ++b;
-  char* end = nullptr;
-  const double v = std::strtod(b, &end);
-  while (end && *end == ' ') ++end;
-  if (end == b || !end || *end != '\0') bad_attr(op, name, "float", s);
+// The number in s with the spaces around it trimmed, or nullopt when anything else is there.
+template <typename T>
+std::optional<T> parse_number(const std::string& s) {
+  const char* b = s.data();
+  const char* e = b + s.size();
+  while (b < e && *b == ' ') ++b;
+  while (e > b && e[-1] == ' ') --e;
+  if (b < e && *b == '+' && e - b > 1 && b[1] != '-') ++b;  // from_chars takes no '+'
+  T v{};
+  const auto [end, ec] = std::from_chars(b, e, v);  // never reads the locale
+  if (ec != std::errc() || end != e || b == e) return std::nullopt;
   return v;
 }
 
-int64_t parse_int(const char* op, const char* name, const std::string& s) {
-  const char* b = s.c_str();
-  while (*b == ' ') ++b;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(b, &end, 10);
-  while (end && *end == ' ') ++end;
-  if (end == b || !end || *end != '\0' || errno == ERANGE) bad_attr(op, name, "int", s);
-  return static_cast<int64_t>(v);
+}  // namespace
+
+double parse_float(const char* op, const char* name, const std::string& s) {
+  const std::optional<double> v = parse_number<double>(s);
+  if (!v) bad_attr(op, name, "float", s);
+  return *v;
 }
+
+int64_t parse_int(const char* op, const char* name, const std::string& s) {
+  const std::optional<int64_t> v = parse_number<int64_t>(s);
+  if (!v) bad_attr(op, name, "int", s);
+  return *v;
+}
+
+namespace {
 
 std::vector<std::string> split_items(const std::string& s) {
   std::vector<std::string> items;
@@ -256,26 +276,43 @@ const std::string& last_error() { return t_last_error; }
 
 namespace {
 
+bool is_absolute(const std::string& path) { return !path.empty() && path[0] == '/'; }
+
+// The directory of libopforge.so, made absolute while the process's directory is the one it
+// was loaded from (the dynamic loader may name it relatively); empty when unknown.
 std::string package_dir() {
-  Dl_info dl{};
-  if (dladdr(reinterpret_cast<void*>(&package_dir), &dl) && dl.dli_fname) {
+  static const std::string dir = [] {
+    Dl_info dl{};
+    if (!dladdr(reinterpret_cast<void*>(&package_dir), &dl) || !dl.dli_fname) return std::string();
     std::string path = dl.dli_fname;
-    const size_t slash = path.rfind('/');
-    if (slash != std::string::npos) return path.substr(0, slash);
-  }
-  return ".";
+    if (!is_absolute(path)) {
+      char* real = realpath(path.c_str(), nullptr);
+      if (!real) return std::string();
+      path = real;
+      std::free(real);
+    }
+    return path.substr(0, path.rfind('/'));
+  }();
+  return dir;
 }
 
-std::vector<std::string> search_dirs() {
+// Where a relative library path is looked up: $OPFORGE_AOT_PATH's directories (each must be
+// absolute: a relative one would depend on the current directory), then the package's.
+std::vector<std::string> search_dirs(const char* op) {
   std::vector<std::string> dirs;
   if (const char* env = std::getenv("OPFORGE_AOT_PATH")) {
     std::string cur;
     std::istringstream is(env);
     while (std::getline(is, cur, ':')) {
-      if (!cur.empty()) dirs.push_back(cur);
+      if (cur.empty()) continue;
+      if (!is_absolute(cur)) {
+        fail<RuntimeError>(op, "OPFORGE_AOT_PATH holds the relative directory '", cur,
+                           "'; give absolute directories (a relative one would depend on the current directory)");
+      }
+      dirs.push_back(cur);
     }
   }
-  dirs.push_back(package_dir());
+  if (std::string pkg = package_dir(); !pkg.empty()) dirs.push_back(pkg);
   return dirs;
 }
 
@@ -289,11 +326,17 @@ Resolved resolve(const char* op, const char* library, const char* symbol) {
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
 
+  const bool absolute = is_absolute(library);
+  if (!absolute && (!*library || std::strchr(library, '/'))) {
+    fail<RuntimeError>(op, "AOT library '", library, "' (symbol '", symbol, "') must be an absolute path or a "
+                       "file name looked up in OPFORGE_AOT_PATH and the package's directory; a relative path "
+                       "would depend on the current directory");
+  }
   std::vector<std::string> candidates;
-  if (std::strchr(library, '/')) {
+  if (absolute) {
     candidates.push_back(library);
   } else {
-    for (const std::string& d : search_dirs()) candidates.push_back(d + "/" + library);
+    for (const std::string& d : search_dirs(op)) candidates.push_back(d + "/" + library);
   }
   void* handle = nullptr;
   std::string path;
@@ -313,7 +356,7 @@ Resolved resolve(const char* op, const char* library, const char* symbol) {
     std::ostringstream tried;
     for (size_t i = 0; i < candidates.size(); ++i) tried << (i ? ", " : "") << candidates[i];
     fail<RuntimeError>(op, "AOT library '", library, "' not found (symbol '", symbol, "'); looked for ",
-                       tried.str(), std::strchr(library, '/') ? "" : " (add its directory to OPFORGE_AOT_PATH)");
+                       tried.str(), absolute ? "" : " (add its directory to OPFORGE_AOT_PATH)");
   }
   dlerror();
   void* fn = dlsym(handle, symbol);

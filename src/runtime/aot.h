@@ -79,6 +79,12 @@ int run(const OpInfo& info, uint32_t present, int nparam, void** params, int* nd
 int fail_status(const char* op, const std::exception* e) noexcept;
 const std::string& last_error();  // this thread's last failure message ("" if none)
 
+// The text form of a float or int attr: the whole text (spaces around it aside) must be the
+// number, read the same whatever the C locale (a host may run with LC_NUMERIC=de_DE, whose
+// strtod stops at the '.'); else TypeError "[op] attr 'name': expected float, got the text '...'".
+double parse_float(const char* op, const char* name, const std::string& text);
+int64_t parse_int(const char* op, const char* name, const std::string& text);
+
 // ---- attrs from MindSpore's AotExtra (aot_extra.cpp, compiled with the old std::string ABI)
 
 // Whether the host's extra holds attr `name`; if so, *out receives its str value (malloc'ed,
@@ -90,10 +96,12 @@ extern "C" bool opforge_aot_extra_str(void* extra, const char* name, char** out,
 
 using Kernel = int (*)(int, void**, int*, int64_t**, const char**, void*, void*);
 
-// The function `symbol` of library `library` (an absolute path, or a file name searched in
-// $OPFORGE_AOT_PATH's directories, then the opforge package's directory), loaded on first use
-// and kept; failures raise RuntimeError naming the paths tried and the symbol. Absent
-// (null) optional inputs are left out of params.
+// The function `symbol` of library `library` (an absolute path, or a file name looked up in
+// $OPFORGE_AOT_PATH's directories, then in the opforge package's directory; never against the
+// current directory: a relative path with a directory, or a relative directory in
+// $OPFORGE_AOT_PATH, is an error), loaded on first use and kept; failures raise RuntimeError
+// naming the paths tried and the symbol.
+// Absent (null) optional inputs are left out of params.
 struct Resolved {
   std::string path;
   Kernel kernel;

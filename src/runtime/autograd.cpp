@@ -76,11 +76,13 @@ void AutogradContext::finish(const TensorList& outputs, const std::shared_ptr<No
   non_differentiable_.clear();
 }
 
+void AutogradContext::fail_released() const {
+  fail<RuntimeError>(op_, "trying to backward through the graph a second time (or to read saved tensors "
+                          "after they were freed); pass retain_graph=True to the first backward");
+}
+
 TensorList AutogradContext::GetSavedTensors() const {
-  if (released_) {
-    fail<RuntimeError>(op_, "trying to backward through the graph a second time (or to read saved tensors "
-                            "after they were freed); pass retain_graph=True to the first backward");
-  }
+  if (released_) fail_released();
   TensorList out;
   out.reserve(saved_.size());
   auto node = node_.lock();
@@ -173,9 +175,14 @@ TensorList AccumulateGrad::apply(TensorList grads) {
   if (!g) return {};
   // Without create_graph the stored gradient has no history (and may be reused in place).
   if (!GradMode::is_enabled()) g = owned(g->grad_fn() ? detach(g) : std::move(g));
-  std::lock_guard<std::mutex> lock(variable->grad_mutex());
-  TensorPtr& slot = variable->grad_unlocked();
-  slot = slot ? add_grad(slot, g) : std::move(g);
+  TensorPtr previous;  // dies after the lock is let go: freeing a NumPy array's memory takes the
+                       // GIL, which a thread reading .grad holds while it waits for the lock
+  {
+    std::lock_guard<std::mutex> lock(variable->grad_mutex());
+    TensorPtr& slot = variable->grad_unlocked();
+    TensorPtr sum = slot ? add_grad(slot, g) : std::move(g);
+    previous = std::exchange(slot, std::move(sum));
+  }
   return {};
 }
 
@@ -271,13 +278,18 @@ TensorList run_backward(const TensorList& roots, const TensorList& grad_roots, b
     const bool any = std::any_of(grads.begin(), grads.end(), [](const TensorPtr& g) { return g != nullptr; });
     const bool is_leaf_acc = dynamic_cast<AccumulateGrad*>(node.get()) != nullptr;
     TensorList outs;
-    if (any && !(capture_mode && is_leaf_acc)) {
+    const bool run = any && !(capture_mode && is_leaf_acc);
+    if (run) {
       for (size_t k = 0; k < grads.size() && k < node->output_meta.size(); ++k) {
         if (!grads[k]) grads[k] = full(node->output_meta[k].dtype, node->output_meta[k].shape, 0.0);
       }
-      outs = node->apply(std::move(grads));
     }
-    if (!retain_graph) node->release();
+    {
+      // another thread's backward may be applying or releasing this node too (see Node)
+      std::lock_guard<std::mutex> lock(node->mutex());
+      if (run) outs = node->apply(std::move(grads));
+      if (!retain_graph) node->release();
+    }
     for (size_t k = 0; k < node->next_edges.size(); ++k) {
       const Edge& e = node->next_edges[k];
       if (!e.fn) continue;

@@ -3,6 +3,7 @@
 
 #include <any>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -44,14 +45,22 @@ struct TensorMeta {
 
 // A step of the recorded graph: takes the gradients of its forward outputs, returns those of
 // its forward inputs (nullptr where none), which flow along next_edges.
+//
+// Several threads may run backward over one graph at once (PyTorch allows it too): the engine
+// holds mutex() while it applies or releases a node, so a thread never reads what another frees
+// (and with retain_graph=False the second thread through a node gets a clean RuntimeError).
 class Node : public std::enable_shared_from_this<Node> {
  public:
   virtual ~Node() = default;
   virtual TensorList apply(TensorList grads) = 0;
   virtual std::string name() const = 0;
   virtual void release() {}
+  std::mutex& mutex() { return mutex_; }
   std::vector<Edge> next_edges;           // one per forward input
   std::vector<TensorMeta> output_meta;    // one per forward output (for zero-filling)
+
+ private:
+  std::mutex mutex_;
 };
 
 class AccumulateGrad : public Node {
@@ -75,7 +84,15 @@ class AutogradContext {
   void MarkNonDifferentiable(const TensorList& outputs);
 
   template <typename A> void SaveAttrs(const A& attrs) { attrs_ = attrs; }
-  template <typename A> const A& GetAttrs() const { return *std::any_cast<A>(&attrs_); }
+  // A copy of the saved attrs (nothing points into the context, which release() empties).
+  // Forward saves them only when an input that needs a gradient uses them; a generated Backward
+  // binds them whatever it computes but reads them only for such inputs, so when none were saved
+  // it gets default attrs, which it does not read.
+  template <typename A> A GetAttrs() const {
+    if (released_) fail_released();
+    const A* attrs = std::any_cast<A>(&attrs_);
+    return attrs ? *attrs : A{};
+  }
 
   // The op this context belongs to (for error messages).
   const char* op() const { return op_; }
@@ -92,6 +109,8 @@ class AutogradContext {
   bool is_non_differentiable(const TensorPtr& t) const;
 
  private:
+  // RuntimeError: what was asked for was freed by release().
+  [[noreturn]] void fail_released() const;
   struct Saved {
     TensorPtr tensor;         // inputs: as given; outputs: a detached alias
     int output_nr = -1;       // >= 0: an output of this node, re-attached on read

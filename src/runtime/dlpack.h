@@ -49,6 +49,7 @@ struct DLManagedTensorVersioned {
   DLTensor dl_tensor;
 };
 
-constexpr uint64_t kDLPackFlagReadOnly = 1ull << 0;
+constexpr uint64_t kDLPackFlagReadOnly = 1ull << 0;  // DLPACK_FLAG_BITMASK_READ_ONLY
+constexpr uint64_t kDLPackFlagIsCopied = 1ull << 1;  // DLPACK_FLAG_BITMASK_IS_COPIED
 
 }  // extern "C"

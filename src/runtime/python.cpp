@@ -195,8 +195,13 @@ DLDataType dl_from_dtype(DType d) {
   }
 }
 
-TensorPtr tensor_from_dl(const DLTensor& dl, std::shared_ptr<void> owner, const char* op, const char* arg,
-                         bool readonly) {
+constexpr int32_t kMaxDLDims = 64;        // NumPy 2's limit
+constexpr uint32_t kDLPackMajorVersion = 1;  // the DLPack ABI version this file speaks
+
+// A tensor over a producer's DLTensor, checked before anything reads through it: device, dtype,
+// rank, shape, strides (the span of the elements must fit the address space), data pointer and
+// alignment. The caller takes ownership of the memory once this returns.
+TensorPtr tensor_from_dl(const DLTensor& dl, const char* op, const char* arg, bool readonly) {
   if (dl.device.device_type != kDLCPU && dl.device.device_type != kDLCUDAHost) {
     fail<TypeError>(op, "input '", arg, "' lives on DLPack device type ", dl.device.device_type,
                     "; this build (target ", built_target(), ") only reads CPU memory");
@@ -204,42 +209,88 @@ TensorPtr tensor_from_dl(const DLTensor& dl, std::shared_ptr<void> owner, const 
   DType dtype;
   if (!dtype_from_dl(dl.dtype, &dtype)) {
     fail<TypeError>(op, "input '", arg, "' has an unsupported DLPack dtype (code ", int(dl.dtype.code), ", ",
-                    int(dl.dtype.bits), " bits); supported dtypes: ", supported_dtypes());
+                    int(dl.dtype.bits), " bits, ", int(dl.dtype.lanes), " lanes); supported dtypes: ",
+                    supported_dtypes());
   }
+  if (dl.ndim < 0 || dl.ndim > kMaxDLDims) {
+    fail<ValueError>(op, "input '", arg, "': the DLPack tensor has ndim ", dl.ndim, "; opforge takes 0 to ",
+                     kMaxDLDims);
+  }
+  if (dl.ndim > 0 && !dl.shape) fail<ValueError>(op, "input '", arg, "': the DLPack tensor has no shape");
   Shape shape(dl.shape, dl.shape + dl.ndim);
+  for (int64_t d : shape) {
+    if (d < 0) fail<ValueError>(op, "input '", arg, "': the DLPack shape ", shape_str(shape), " has a negative size");
+  }
+  const int64_t n = checked_numel(op, shape, dtype);
   Shape strides = dl.strides ? Shape(dl.strides, dl.strides + dl.ndim) : contiguous_strides(shape);
+  const auto item = static_cast<int64_t>(itemsize(dtype));
+  char* data = static_cast<char*>(dl.data);
+  if (n > 0) {
+    if (!data) fail<ValueError>(op, "input '", arg, "': the DLPack tensor has a null data pointer");
+    // bytes from the first element to the lowest and the highest element the strides reach
+    int64_t lo = 0, hi = 0;
+    bool overflow = false;
+    for (size_t i = 0; i < shape.size(); ++i) {
+      int64_t reach;
+      overflow = overflow || __builtin_mul_overflow(strides[i], shape[i] - 1, &reach) ||
+                 __builtin_mul_overflow(reach, item, &reach) ||
+                 __builtin_add_overflow(reach < 0 ? lo : hi, reach, reach < 0 ? &lo : &hi);
+    }
+    const auto base = reinterpret_cast<uintptr_t>(data);
+    const uintptr_t below = uintptr_t{0} - static_cast<uintptr_t>(lo);  // -lo, also for INT64_MIN
+    uintptr_t first = 0, last = 0;
+    overflow = overflow || __builtin_add_overflow(base, dl.byte_offset, &first) || first < below ||
+               __builtin_add_overflow(first, static_cast<uintptr_t>(hi), &last) ||
+               __builtin_add_overflow(last, static_cast<uintptr_t>(item), &last);
+    if (overflow) {
+      fail<ValueError>(op, "input '", arg, "': the DLPack strides ", shape_str(strides), " (byte offset ",
+                       dl.byte_offset, ") reach outside the address space for shape ", shape_str(shape));
+    }
+    if (first % static_cast<uintptr_t>(item) != 0) {
+      fail<ValueError>(op, "input '", arg, "': the DLPack data (byte offset ", dl.byte_offset,
+                       ") is not aligned to its ", item, "-byte elements");
+    }
+    data += dl.byte_offset;
+  }
   auto storage = std::make_shared<Storage>();
-  storage->data = static_cast<char*>(dl.data) + dl.byte_offset;
-  storage->nbytes = static_cast<size_t>(shape_numel(shape)) * itemsize(dtype);
-  storage->owner = std::move(owner);
+  storage->data = data;
+  storage->nbytes = static_cast<size_t>(n) * itemsize(dtype);
   storage->external = true;
   storage->readonly = readonly;
   return std::make_shared<Tensor>(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
 }
 
-// Takes ownership of the DLManagedTensor inside a DLPack capsule (renaming it "used_..." as the
-// protocol asks), so the producer's memory lives as long as the tensor.
+// Takes a DLPack capsule's tensor: checks it, then renames the capsule "used_..." (as the
+// protocol asks: consumed once) and keeps the producer's memory alive as long as the tensor.
+// A capsule that fails the checks is left as it was, for its producer to free.
 TensorPtr from_capsule(py::handle capsule, const char* op, const char* arg) {
   PyObject* cap = capsule.ptr();
-  if (PyCapsule_IsValid(cap, "dltensor")) {
-    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
-    PyCapsule_SetName(cap, "used_dltensor");
-    std::shared_ptr<void> owner(managed, [](void* p) {
-      auto* m = static_cast<DLManagedTensor*>(p);
-      py::gil_scoped_acquire gil;
-      if (m->deleter) m->deleter(m);
-    });
-    return tensor_from_dl(managed->dl_tensor, owner, op, arg, false);
-  }
   if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
     auto* managed = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, "dltensor_versioned"));
+    if (managed->version.major != kDLPackMajorVersion) {
+      fail<ValueError>(op, "input '", arg, "': DLPack version ", managed->version.major, ".",
+                       managed->version.minor, " is not supported (opforge reads version ", kDLPackMajorVersion,
+                       ".x)");
+    }
+    TensorPtr t = tensor_from_dl(managed->dl_tensor, op, arg, (managed->flags & kDLPackFlagReadOnly) != 0);
     PyCapsule_SetName(cap, "used_dltensor_versioned");
-    std::shared_ptr<void> owner(managed, [](void* p) {
+    t->storage()->owner = std::shared_ptr<void>(managed, [](void* p) {
       auto* m = static_cast<DLManagedTensorVersioned*>(p);
       py::gil_scoped_acquire gil;
       if (m->deleter) m->deleter(m);
     });
-    return tensor_from_dl(managed->dl_tensor, owner, op, arg, (managed->flags & kDLPackFlagReadOnly) != 0);
+    return t;
+  }
+  if (PyCapsule_IsValid(cap, "dltensor")) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+    TensorPtr t = tensor_from_dl(managed->dl_tensor, op, arg, false);
+    PyCapsule_SetName(cap, "used_dltensor");
+    t->storage()->owner = std::shared_ptr<void>(managed, [](void* p) {
+      auto* m = static_cast<DLManagedTensor*>(p);
+      py::gil_scoped_acquire gil;
+      if (m->deleter) m->deleter(m);
+    });
+    return t;
   }
   if (PyCapsule_IsValid(cap, "used_dltensor") || PyCapsule_IsValid(cap, "used_dltensor_versioned")) {
     fail<ValueError>(op, "input '", arg, "': this DLPack capsule was already consumed");
@@ -247,8 +298,17 @@ TensorPtr from_capsule(py::handle capsule, const char* op, const char* arg) {
   fail<TypeError>(op, "input '", arg, "': not a DLPack capsule");
 }
 
+// Asks a producer for a versioned capsule (DLPack 1.x, which can say "read-only"), and for the
+// unversioned one when its __dlpack__ takes no max_version (producers from before DLPack 1.0).
 TensorPtr from_dlpack_obj(py::handle obj, const char* op, const char* arg) {
-  py::object capsule = obj.attr("__dlpack__")();
+  py::object dlpack = obj.attr("__dlpack__");
+  py::object capsule;
+  try {
+    capsule = dlpack(py::arg("max_version") = py::make_tuple(kDLPackMajorVersion, 0));
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_TypeError)) throw;
+    capsule = dlpack();
+  }
   if (!PyCapsule_CheckExact(capsule.ptr())) {
     fail<TypeError>(op, "input '", arg, "': __dlpack__() did not return a DLPack capsule");
   }
@@ -281,28 +341,41 @@ Managed* make_managed(const TensorPtr& t) {
   return m;
 }
 
-py::capsule to_dlpack(const TensorPtr& t, py::object max_version) {
+// The capsule __dlpack__ returns: versioned (with the read-only and copied flags) when the
+// consumer's max_version allows DLPack 1.x, else the legacy struct, which cannot say "read-only":
+// then read-only memory is handed out as a copy, unless the consumer said copy=False.
+py::capsule to_dlpack(const TensorPtr& t, py::handle max_version, py::handle copy) {
   bool versioned = false;
   if (!max_version.is_none()) {
-    auto v = max_version.cast<std::pair<int, int>>();
-    versioned = v.first >= 1;
+    py::tuple v;
+    if (py::isinstance<py::tuple>(max_version)) v = max_version.cast<py::tuple>();
+    if (v.size() != 2 || !PyLong_Check(v[0].ptr()) || !PyLong_Check(v[1].ptr())) {
+      fail<TypeError>("__dlpack__", "max_version must be a tuple (major, minor) of ints, got ",
+                      py::repr(max_version).cast<std::string>());
+    }
+    versioned = py::object(v[0]) >= py::int_(kDLPackMajorVersion);
+  }
+  const bool must_copy = !copy.is_none() && copy.cast<bool>();
+  const bool no_copy = !copy.is_none() && !copy.cast<bool>();
+  TensorPtr src = t;
+  if (must_copy || (!versioned && t->storage()->readonly)) {
+    if (!must_copy && no_copy) {
+      throw py::buffer_error("[__dlpack__] a read-only tensor can be exported without a copy only as a versioned "
+                             "capsule (max_version >= (1, 0)), which can say read-only; copy=False forbids the copy");
+    }
+    src = empty(t->dtype(), t->shape(), t->format());
+    copy_into(src, t);
   }
   if (versioned) {
-    auto* m = make_managed<DLManagedTensorVersioned>(t);
-    m->version = DLPackVersion{1, 0};
-    m->flags = t->storage()->readonly ? kDLPackFlagReadOnly : 0;
+    auto* m = make_managed<DLManagedTensorVersioned>(src);
+    m->version = DLPackVersion{kDLPackMajorVersion, 0};
+    m->flags = (src->storage()->readonly ? kDLPackFlagReadOnly : 0) | (src != t ? kDLPackFlagIsCopied : 0);
     return py::capsule(m, "dltensor_versioned", [](PyObject* cap) {
       if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
         auto* p = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, "dltensor_versioned"));
         p->deleter(p);
       }
     });
-  }
-  // the legacy struct cannot say "read-only": hand out a copy of read-only memory instead
-  TensorPtr src = t;
-  if (t->storage()->readonly) {
-    src = empty(t->dtype(), t->shape(), t->format());
-    copy_into(src, t);
   }
   auto* m = make_managed<DLManagedTensor>(src);
   return py::capsule(m, "dltensor", [](PyObject* cap) {
@@ -314,6 +387,27 @@ py::capsule to_dlpack(const TensorPtr& t, py::object max_version) {
 }
 
 // ---------------------------------------------------------------------------- misc helpers
+
+// t.grad = g: None, or a tensor of t's shape, dtype and device (a wrong one would make backward
+// fail much later, or hand an optimizer a gradient it broadcasts silently).
+void set_grad(Tensor& t, py::handle g) {
+  if (g.is_none()) {
+    t.set_grad(nullptr);
+    return;
+  }
+  TensorPtr grad = to_tensor(g, "grad", "grad");
+  if (grad.get() == &t) fail<ValueError>("grad", "a tensor cannot be its own grad");
+  if (grad->shape() != t.shape()) {
+    fail<ValueError>("grad", "assigned grad has shape ", shape_str(grad->shape()), " but the tensor has shape ",
+                     shape_str(t.shape()));
+  }
+  if (grad->dtype() != t.dtype()) {
+    fail<TypeError>("grad", "assigned grad has dtype ", dtype_name(grad->dtype()), " but the tensor has dtype ",
+                    dtype_name(t.dtype()));
+  }
+  if (grad->device() != t.device()) fail<TypeError>("grad", "assigned grad is on another device than the tensor");
+  t.set_grad(std::move(grad));
+}
 
 DType parse_dtype(py::handle d, const char* op) {
   if (py::isinstance<py::str>(d)) {
@@ -360,8 +454,26 @@ py::object item(const TensorPtr& t) {
 
 // ---------------------------------------------------------------------------- public helpers
 
+namespace {
+
+PyTypeObject* tensor_type = nullptr;  // opforge.Tensor, set by bind_runtime
+
+// The shared_ptr inside an opforge.Tensor object (of the class or a subclass), without a type
+// lookup. Such objects are made only with a tensor inside (bind_runtime refuses Tensor.__new__);
+// the check costs a branch and keeps a reader of a missing holder from ever crashing.
+const TensorPtr& holder_of(PyObject* obj, const char* op, const char* arg) {
+  auto* inst = reinterpret_cast<py::detail::instance*>(obj);
+  const py::detail::value_and_holder v_h = inst->get_value_and_holder();
+  if (!v_h.holder_constructed() || !v_h.holder<TensorPtr>()) {
+    fail<TypeError>(op, "input '", arg, "' is an opforge.Tensor object holding no tensor");
+  }
+  return v_h.holder<TensorPtr>();
+}
+
+}  // namespace
+
 TensorPtr to_tensor(py::handle obj, const char* op, const char* arg) {
-  if (py::isinstance<Tensor>(obj)) return obj.cast<TensorPtr>();
+  if (py::isinstance<Tensor>(obj)) return holder_of(obj.ptr(), op, arg);
   if (obj.is_none()) fail<TypeError>(op, "input '", arg, "' must be a tensor, got None");
   if (PyArray_CheckExact(obj.ptr())) {
     if (TensorPtr t = from_ndarray(obj.ptr(), op, arg)) return t;
@@ -373,24 +485,12 @@ TensorPtr to_tensor(py::handle obj, const char* op, const char* arg) {
                   type_name(obj));
 }
 
-namespace {
-
-PyTypeObject* tensor_type = nullptr;  // opforge.Tensor, set by bind_runtime
-
-// The shared_ptr inside a pybind11 Tensor instance, without a type lookup.
-const TensorPtr& holder_of(PyObject* obj) {
-  auto* inst = reinterpret_cast<py::detail::instance*>(obj);
-  return inst->get_value_and_holder().holder<TensorPtr>();
-}
-
-}  // namespace
-
 void InputConverter::add(py::handle obj) {
   const size_t i = n_++;
   const ArgInfo& arg = info_.inputs[i];
   PyObject* p = obj.ptr();
   if (Py_TYPE(p) == tensor_type) {
-    tensors_[i] = holder_of(p);
+    tensors_[i] = holder_of(p, info_.name, arg.name);
     elements_ += tensors_[i]->numel();
     return;
   }
@@ -754,6 +854,22 @@ py::list target_info(const OpInfo& op) {
 
 // ---------------------------------------------------------------------------- module
 
+namespace {
+
+constexpr const char* kNoTensorNew =
+    "opforge.Tensor objects are made by opforge.tensor(), opforge.from_numpy(), opforge.from_dlpack() and the "
+    "ops, not by Tensor() or Tensor.__new__()";
+
+// What Tensor.backward(create_graph=True) warns, as PyTorch does: the leaves' .grad then hold a
+// graph whose AccumulateGrad nodes (and saved tensors) hold the leaves: a cycle of shared_ptrs
+// that nothing collects.
+constexpr const char* kCreateGraphCycle =
+    "[backward] backward(create_graph=True) makes each leaf's .grad hold a graph that refers back to the "
+    "leaf: a reference cycle that keeps both alive (a memory leak) until .grad is reset to None; "
+    "opforge.gradients(..., create_graph=True) gives the same gradients without touching .grad";
+
+}  // namespace
+
 void bind_runtime(py::module_& m) {
   if (_import_array() < 0) throw py::error_already_set();
   py::register_exception_translator([](std::exception_ptr p) {
@@ -793,9 +909,9 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
         return py::str(t.grad_fn()->name());
       }, "The name of the op that produced this tensor, or None for a leaf.")
       .def_property("requires_grad", &Tensor::requires_grad, &Tensor::set_requires_grad)
-      .def_property("grad", &Tensor::grad, [](Tensor& t, py::object g) {
-        t.set_grad(g.is_none() ? nullptr : to_tensor(g, "grad", "grad"));
-      })
+      .def_property("grad", &Tensor::grad, [](Tensor& t, py::object g) { set_grad(t, g); },
+                    "The gradient accumulated by backward(), or None. Assigning checks it like PyTorch: "
+                    "None, or a tensor (or array) of this tensor's shape and dtype.")
       .def("numpy", [](const TensorPtr& t) { return numpy_view(t); },
            "A NumPy array sharing this tensor's memory (no copy).")
       .def("item", [](const TensorPtr& t) { return item(t); })
@@ -815,6 +931,9 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
       .def("backward", [](const TensorPtr& t, py::object grad, py::object retain_graph, bool create_graph) {
         TensorList grads{grad.is_none() ? nullptr : to_tensor(grad, "backward", "grad")};
         const bool retain = retain_graph.is_none() ? create_graph : retain_graph.cast<bool>();
+        if (create_graph && PyErr_WarnEx(PyExc_UserWarning, kCreateGraphCycle, 1) != 0) {
+          throw py::error_already_set();
+        }
         py::gil_scoped_release nogil;
         run_backward({t}, grads, retain, create_graph);
       }, py::arg("grad") = py::none(), py::arg("retain_graph") = py::none(), py::arg("create_graph") = false,
@@ -822,14 +941,14 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
          "retain_graph defaults to create_graph, as in PyTorch.")
       .def("__dlpack__", [](const TensorPtr& t, py::object stream, py::object max_version, py::object dl_device,
                             py::object copy) {
-        (void)stream;
-        (void)dl_device;
-        if (!copy.is_none() && copy.cast<bool>()) {
-          auto c = empty(t->dtype(), t->shape(), t->format());
-          copy_into(c, t);
-          return to_dlpack(c, max_version);
+        (void)stream;  // CPU memory: nothing to order
+        const py::tuple here = py::make_tuple(int(kDLCPU), 0);
+        if (!dl_device.is_none() && !dl_device.equal(here)) {
+          throw py::buffer_error(message("__dlpack__", "cannot export to DLPack device ",
+                                         py::repr(dl_device).cast<std::string>(), "; the tensor is on ",
+                                         py::repr(here).cast<std::string>(), ", the CPU"));
         }
-        return to_dlpack(t, max_version);
+        return to_dlpack(t, max_version, copy);
       }, py::kw_only(), py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
          py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
       .def("__dlpack_device__", [](const Tensor&) { return py::make_tuple(int(kDLCPU), 0); })
@@ -843,10 +962,24 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
       .def_property_readonly_static("__array_ufunc__", [](py::object) { return py::none(); });
 
   tensor_type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  // Tensor objects are made by opforge only: one from Tensor.__new__ would hold no tensor, and
+  // every conversion and method would read a holder that is not there. So the type's tp_new
+  // refuses (for subclasses and pybind11_object.__new__(Tensor) too), and so does Tensor.__new__.
+  tensor_type->tp_new = [](PyTypeObject*, PyObject*, PyObject*) -> PyObject* {
+    set_error(TypeError(message("Tensor", kNoTensorNew)));
+    return nullptr;
+  };
+  py::cpp_function refuse_new([](const py::args&, const py::kwargs&) -> py::object {
+    fail<TypeError>("Tensor", kNoTensorNew);
+  });
+  if (PyDict_SetItemString(tensor_type->tp_dict, "__new__", py::staticmethod(refuse_new).ptr()) != 0) {
+    throw py::error_already_set();
+  }
+  PyType_Modified(tensor_type);
   m.def("from_numpy", [](py::handle a) { return to_tensor(a, "from_numpy", "array"); }, py::arg("array"),
         "Wrap a NumPy array (or any buffer-protocol object) without copying.");
   m.def("from_dlpack", [](py::handle a) {
-    if (py::isinstance<Tensor>(a)) return a.cast<TensorPtr>();
+    if (py::isinstance<Tensor>(a)) return holder_of(a.ptr(), "from_dlpack", "x");
     if (PyCapsule_CheckExact(a.ptr())) return from_capsule(a, "from_dlpack", "x");
     if (!py::hasattr(a, "__dlpack__")) fail<TypeError>("from_dlpack", "object of type ", type_name(a), " has no __dlpack__");
     return from_dlpack_obj(a, "from_dlpack", "x");
@@ -895,6 +1028,12 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     } : nullptr;
     return out;
   }, py::arg("on"), "Start (True) or stop (False) tracing op calls; returns [(op, gil_held)] so far.");
+  // Test hook: the AOT entry points' reading of a float or int attr's text.
+  m.def("_aot_attr_value", [](const std::string& type, const std::string& text) -> py::object {
+    if (type == "float") return py::float_(aot::parse_float("aot", "attr", text));
+    if (type == "int") return py::int_(aot::parse_int("aot", "attr", text));
+    fail<ValueError>("_aot_attr_value", "type must be 'float' or 'int', got '", type, "'");
+  }, py::arg("type"), py::arg("text"));
   m.def("is_grad_enabled", &GradMode::is_enabled);
   m.def("set_grad_enabled", &GradMode::set_enabled, py::arg("enabled"));
   m.def("_run_backward", [](const TensorList& roots, std::vector<py::object> grads, bool retain_graph,

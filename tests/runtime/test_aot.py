@@ -8,11 +8,12 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -220,3 +221,108 @@ def test_a_library_built_against_aten(tmp_path: Path) -> None:
     assert torch is not None
     # torch first: the library needs libtorch, which importing torch loads
     run_check(build, preamble="import torch", marker="aten ok")
+
+
+# ---------------------------------------------------------------------------- hardening
+
+
+def test_outputs_that_overlap_are_refused(capfd) -> None:
+    x = np.random.default_rng(1).normal(size=(3, 4))
+    y = np.empty_like(x)
+    stats = np.empty(6)
+    for mean, rstd in ((stats[:3].reshape(3, 1), stats[:3].reshape(3, 1)),   # one buffer twice
+                       (stats[:3].reshape(3, 1), stats[2:5].reshape(3, 1))):  # sharing one element
+        assert call_entry("opforge_layer_norm__without__weight__bias", [x], [y, mean, rstd]) == 2
+        assert ("[layer_norm] AOT entry point: outputs 'mean' and 'rstd' overlap in memory; give each output its "
+                "own buffer") in capfd.readouterr().err
+    assert call_entry("opforge_layer_norm__without__weight__bias", [x], [y, stats[:3].reshape(3, 1),
+                                                                          stats[3:].reshape(3, 1)]) == 0
+    for got, want in zip((y, stats[:3], stats[3:]), opforge.ops.layer_norm(x)):
+        np.testing.assert_allclose(got.ravel(), want.numpy().ravel(), rtol=1e-12)
+    # an output over an input is a host computing in place: allowed
+    z = np.array([0.5, -1.0, 2.0])
+    want = np.exp(z)
+    assert call_entry("opforge_exp", [z], [z]) == 0
+    np.testing.assert_allclose(z, want, rtol=1e-15)
+
+
+def test_relative_library_paths_never_depend_on_the_current_directory(tmp_path: Path, monkeypatch) -> None:
+    shipped = _C._aot_library("leaky_relu_ext", "libleaky_relu_ext.so", "leaky_relu_ext")
+    (tmp_path / "sub").mkdir()
+    shutil.copy(shipped, tmp_path / "sub" / "librel_probe.so")
+    monkeypatch.chdir(tmp_path)
+    for library in ("sub/librel_probe.so", "./sub/librel_probe.so"):
+        with pytest.raises(RuntimeError, match=re.escape(
+                f"[op] AOT library '{library}' (symbol 'leaky_relu_ext') must be an absolute path or a file name "
+                "looked up in OPFORGE_AOT_PATH and the package's directory; a relative path would depend on the "
+                "current directory")):
+            _C._aot_library("op", library, "leaky_relu_ext")
+    monkeypatch.setenv("OPFORGE_AOT_PATH", "sub")
+    with pytest.raises(RuntimeError, match=re.escape(
+            "[op] OPFORGE_AOT_PATH holds the relative directory 'sub'; give absolute directories (a relative one "
+            "would depend on the current directory)")):
+        _C._aot_library("op", "librel_probe.so", "leaky_relu_ext")
+    monkeypatch.setenv("OPFORGE_AOT_PATH", str(tmp_path / "sub"))
+    assert _C._aot_library("op", "librel_probe.so", "leaky_relu_ext") == str(tmp_path / "sub" / "librel_probe.so")
+
+
+def test_attr_text_is_read_whole_and_locale_free() -> None:
+    for text, value in (("0.5", 0.5), (" 2.5 ", 2.5), ("+1.5", 1.5), ("1e-05", 1e-05), ("-inf", -np.inf),
+                        ("0.1", 0.1), (repr(1 / 3), 1 / 3)):
+        assert _C._aot_attr_value("float", text) == value, text
+    assert np.isnan(_C._aot_attr_value("float", "nan"))
+    for text, value in (("12", 12), (" -3 ", -3), ("+4", 4), ("9223372036854775807", 2**63 - 1)):
+        assert _C._aot_attr_value("int", text) == value, text
+    for kind, text in (("float", "0.5x"), ("float", "0,5"), ("float", ""), ("float", " "), ("float", "1e999"),
+                       ("float", "+-1"), ("float", "0.5 1"), ("int", "1.0"), ("int", "12abc"),
+                       ("int", "9223372036854775808"), ("int", "")):
+        with pytest.raises(TypeError, match=re.escape(f"[aot] attr 'attr': expected {kind}, got the text '{text}'")):
+            _C._aot_attr_value(kind, text)
+
+
+COMMA_LOCALE = """LC_CTYPE
+copy "POSIX"
+END LC_CTYPE
+LC_NUMERIC
+decimal_point "<U002C>"
+thousands_sep "<U002E>"
+grouping 3;3
+END LC_NUMERIC
+"""
+
+
+@pytest.fixture()
+def comma_decimal_locale(tmp_path: Path, monkeypatch) -> Iterator[None]:
+    """LC_NUMERIC set to a locale whose decimal point is a comma (as a host such as a German
+    desktop application may run), compiled with localedef when none is installed."""
+    import locale
+
+    before = locale.setlocale(locale.LC_NUMERIC)
+    for name in ("de_DE.UTF-8", "de_DE.utf8", "fr_FR.UTF-8", "ru_RU.UTF-8"):
+        try:
+            locale.setlocale(locale.LC_NUMERIC, name)
+            break
+        except locale.Error:
+            pass
+    else:
+        if shutil.which("localedef") is None:
+            pytest.skip("no comma-decimal locale installed and no localedef to make one")
+        (tmp_path / "comma").write_text(COMMA_LOCALE)
+        subprocess.run(["localedef", "-c", "-i", str(tmp_path / "comma"), "-f", "ANSI_X3.4-1968",
+                        str(tmp_path / "xx_XX")], capture_output=True)
+        monkeypatch.setenv("LOCPATH", str(tmp_path))
+        locale.setlocale(locale.LC_NUMERIC, "xx_XX")
+    try:
+        assert locale.localeconv()["decimal_point"] == ","
+        yield
+    finally:
+        locale.setlocale(locale.LC_NUMERIC, before)
+
+
+def test_float_attrs_read_the_same_under_a_comma_decimal_locale(comma_decimal_locale, capfd) -> None:
+    assert _C._aot_attr_value("float", "0.25") == 0.25
+    with pytest.raises(TypeError, match=re.escape("[aot] attr 'attr': expected float, got the text '0,25'")):
+        _C._aot_attr_value("float", "0,25")
+    out = np.empty_like(X0)  # alpha comes from the spec's default, the text "0.01"
+    assert call_entry("opforge_leaky_relu", [X0], [out]) == 0, capfd.readouterr().err
+    np.testing.assert_allclose(out, EXPECTED, rtol=1e-6)
