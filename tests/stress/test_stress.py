@@ -96,7 +96,7 @@ def concurrent_shared_backward(rounds: int) -> None:
 
     run_threads(work)
     want = np.exp(np.linspace(-1, 1, 64)) * (np.linspace(-1, 1, 64) + 1) * THREADS * rounds
-    np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-12)
+    np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-9)  # summed in any order
 
 
 def concurrent_separate_backward(rounds: int) -> None:
@@ -109,7 +109,7 @@ def concurrent_separate_backward(rounds: int) -> None:
     run_threads(work)
     for i, x in enumerate(leaves):
         v = np.linspace(-1, 1, 64) + i
-        np.testing.assert_allclose(x.grad.numpy(), np.exp(v) * (v + 1) * rounds, rtol=1e-12)
+        np.testing.assert_allclose(x.grad.numpy(), np.exp(v) * (v + 1) * rounds, rtol=1e-9)
 
 
 def test_concurrent_backward_on_one_shared_graph() -> None:
