@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 _CPP_SIMPLE = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r", "?": "\\?"}
 
 
@@ -27,7 +29,8 @@ def cpp_comment(s: str) -> str:
     no trigraph (??/ is a backslash), ASCII only."""
     text = s.encode("ascii", "backslashreplace").decode("ascii")
     text = "".join(ch if 0x20 <= ord(ch) < 0x7F else f"\\x{ord(ch):02x}" for ch in text)
-    return text.replace("\\", "\\\\").replace("?", "\\?")
+    # a backslash is shown as \x5c (so no line ends in one) and a ? before a ? as \x3f (no trigraph)
+    return re.sub(r"\?(?=\?)", r"\\x3f", text.replace("\\", "\\x5c"))
 
 
 def py_str(s: str) -> str:
@@ -43,9 +46,7 @@ def py_comment(s: str) -> str:
 
 def py_docstring(s: str) -> str:
     """The body of a triple-quoted (non-raw) Python docstring holding s."""
-    body = s.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    body = s.replace("\\", "\\\\").replace('"', '\\"')
     body = "".join(ch if ch in "\n\t" or 0x20 <= ord(ch) < 0x7F or ord(ch) > 0x9F and ch not in "\u2028\u2029\x85"
                    else ascii(ch)[1:-1] for ch in body)
-    if body.endswith('"'):
-        body = body[:-1] + '\\"'
     return body
