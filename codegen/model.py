@@ -38,6 +38,8 @@ unix linux i386 main environ errno_location""".split())
 RESERVED = (frozenset(keyword.kwlist) | CPP_KEYWORDS | CPP_TYPES | C_LIBRARY_NAMES
             | {"let", "self", "ctx", "attrs"})
 
+MAX_INPUTS = 8  # see ModelBuilder.build
+
 
 def reserved_identifier(name: str) -> bool:
     """Whether C++ reserves name for the implementation: a double underscore anywhere, or a leading
@@ -291,6 +293,12 @@ class _Builder:
                          key=True)
         if len(declared) > 4:
             self.err(("dtypes",), "at most 4 type variables are supported")
+        if len(inputs) > MAX_INPUTS:
+            # opforge.mindspore binds bprops of 1 to 8 inputs, and each optional input doubles the
+            # AOT entry points (8 optional inputs: 256): a 9th input built, then failed at every import
+            self.err(("inputs", inputs[MAX_INPUTS].name), f"an op takes at most {MAX_INPUTS} inputs "
+                     f"(this one has {len(inputs)}): the MindSpore bprop bindings and the AOT entry "
+                     "points (one per combination of optional inputs) stop there", key=True)
 
         attrs = []
         for n, spec in (b.get("attrs") or {}).items():

@@ -115,3 +115,22 @@ def test_parentheses_alone_do_not_nest_and_very_deep_ones_are_errors(spec_errors
 ])
 def test_names_that_break_generated_code(spec_errors, files, expected) -> None:
     assert spec_errors(files) == expected
+
+
+def nine_inputs(count: int) -> str:
+    names = ["x"] + [f"i{k}" for k in range(count - 1)]
+    return (LEAKY.replace("    x: T\n", "".join(f"    {n}: {{dtype: T, differentiable: false}}\n" for n in names))
+            .replace("shape: same(x)", f"shape: 'broadcast({', '.join(names)})'")
+            .replace("  bprop:\n    x: where(x > 0, dout, alpha * dout)\n", "")
+            .replace("where(x > 0, x, alpha * x)", " + ".join(names)))
+
+
+def test_an_op_takes_at_most_8_inputs(spec_errors, in_tmp, real_ops) -> None:
+    # 9 inputs passed the check and built, then failed at import on every later opforge.load
+    from conftest import write_specs
+    from codegen import load_specs
+    write_specs(in_tmp, {"ok/leaky.yaml": nine_inputs(8)})
+    assert len(load_specs(["ok"], known=real_ops)[0].inputs) == 8
+    assert spec_errors({"leaky": nine_inputs(9)}) == (
+        "specs/leaky.yaml:12:5: inputs.i7: an op takes at most 8 inputs (this one has 9): the MindSpore bprop "
+        "bindings and the AOT entry points (one per combination of optional inputs) stop there")
