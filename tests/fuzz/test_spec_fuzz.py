@@ -2,7 +2,9 @@
 another exception or a hang, and accepted mutants generate Python that parses.
 
 Fast profile: the default suite (FUZZ_SPEC_EXAMPLES examples, 300 unless set). Long profile:
-    FUZZ_SPEC_EXAMPLES=10000 python -m pytest tests/fuzz/test_spec_fuzz.py -q
+    FUZZ_SPEC_EXAMPLES=10000 FUZZ_SPEC_REPORT=/tmp/fuzz.txt python -m pytest tests/fuzz/test_spec_fuzz.py -q
+(then `sort /tmp/fuzz.txt | uniq -c` counts accepted and rejected mutants; hypothesis also replays
+shrunk examples, so the counts can exceed the example count).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ SPEC_DIR = ROOT / "op_specs"
 SPECS = {p.stem: yaml.safe_load(p.read_text(encoding="utf-8")) for p in sorted(SPEC_DIR.glob("*.yaml"))}
 EXAMPLES = int(os.environ.get("FUZZ_SPEC_EXAMPLES", "300"))
 LOCATED = re.compile(r"^\S+:\d+:\d+: ")
+REPORT = os.environ.get("FUZZ_SPEC_REPORT")  # a file to append "accepted"/"rejected" lines to
 TIME_BOUND_S = 30  # one check of one mutant; a hang fails the test
 
 HOSTILE = st.sampled_from(["a\nb", "x\\", '"', "'''", "\0", "\U0001F600", "\u202e", "class\n", "??/", "",
@@ -116,6 +119,7 @@ def test_spec_mutants_are_valid_or_located_spec_errors(tmp_path_factory, case) -
             for err in exc.errors:
                 assert isinstance(err, SpecError)
                 assert LOCATED.match(str(err)), str(err)
+            _count("rejected")
             return
         rendered = render_module(ops, {o.name: f"specs/{o.name}.yaml" for o in ops}, "fuzz_mod",
                                  [o for o in known_ops() if o.name != name])
@@ -125,3 +129,10 @@ def test_spec_mutants_are_valid_or_located_spec_errors(tmp_path_factory, case) -
     for r in rendered:
         if r.name.endswith((".py", ".pyi")):
             ast.parse(r.text, r.name)
+    _count("accepted")
+
+
+def _count(outcome: str) -> None:
+    if REPORT:
+        with open(REPORT, "a", encoding="utf-8") as f:
+            f.write(outcome + "\n")
