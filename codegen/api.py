@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from . import escape
 from .formula import CPP, CppLang, GraphScope, OpSignature, lower_graph, names_in
 from .model import Attr, OpSpec
 
@@ -45,7 +46,7 @@ def cpp_literal(atype: str, value: Any) -> str:
     if atype == "float":
         return repr(float(value))  # finite: the model rejects inf and nan
     if atype == "str":
-        return f"std::string({json.dumps(value)})"
+        return f"std::string({escape.cpp_str(value)})"
     if atype == "list[int]":
         return "std::vector<int64_t>{" + ", ".join(str(int(v)) for v in value) + "}"
     if atype == "list[float]":

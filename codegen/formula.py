@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence, Union
 
+from . import escape
 from .errors import Loc, SpecError, did_you_mean
 
 # ---------------------------------------------------------------------------- AST
@@ -90,7 +91,7 @@ _TOKEN = re.compile(r"""
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<str>"[^"\\]*"|'[^'\\]*')
   | (?P<op>>=|<=|==|!=|\*\*|[-+*/()<>,=\[\]])
-""", re.VERBOSE)
+""", re.VERBOSE | re.ASCII)
 
 COMPARE_OPS = (">", "<", ">=", "<=", "==", "!=")
 
@@ -183,7 +184,7 @@ class _Parser:
     def primary(self) -> Node:
         kind, text, pos = self.take()
         if kind == "num":
-            is_int = re.fullmatch(r"\d+", text) is not None
+            is_int = re.fullmatch(r"[0-9]+", text) is not None
             value = int(text) if is_int else float(text)
             if (is_int and value > 2 ** 63 - 1) or (not is_int and not math.isfinite(value)):
                 raise FormulaSyntaxError(pos, f"number {text} is out of range")
@@ -394,7 +395,7 @@ def lower_expr(formula: Formula, scope: ExprScope) -> LoweredExpr:
                                 f"({', '.join(map(str, allowed))}){did_you_mean(lit.value, map(str, allowed))}")
         member = "f_" + name.id + "_" + re.sub(r"\W", "_", lit.value) + f"_{len(flags)}"
         value = f"*a.{name.id}" if name.id in scope.optional_attrs else f"a.{name.id}"
-        flags.setdefault(member, f"{value} == {json.dumps(lit.value)}")
+        flags.setdefault(member, f"{value} == {escape.cpp_str(lit.value)}")
         return member if node.op == "==" else f"!{member}"
 
     def go(node: Node) -> str:
@@ -533,7 +534,7 @@ class CppLang:
         return "true" if value else "false"
 
     def string(self, value: str) -> str:
-        return f"std::string({json.dumps(value)})"
+        return f"std::string({escape.cpp_str(value)})"
 
     def num_list(self, items: list[str], kind: str) -> str:
         if kind == "int":
@@ -596,7 +597,7 @@ class PyLang(CppLang):
         return "True" if value else "False"
 
     def string(self, value: str) -> str:
-        return json.dumps(value)
+        return escape.py_str(value)
 
     def num_list(self, items: list[str], kind: str) -> str:
         return f"[{', '.join(items)}]"

@@ -32,6 +32,12 @@ class LocList(list):
     item_styles: list[Any]
 
 
+
+def _shown(value: object) -> str:
+    """value quoted for a message, with line breaks and other unprintable characters escaped."""
+    text = str(value)
+    return f"'{text}'" if text.isprintable() else ascii(text)
+
 def _loc(path: str, node: yaml.Node) -> Loc:
     return Loc(path, node.start_mark.line + 1, node.start_mark.column + 1)
 
@@ -229,7 +235,7 @@ def _schema_message(err: cerberus.errors.ValidationError, doc: Any, base: Sequen
     if code == cerberus.errors.REGEX_MISMATCH.code:
         # keysrules violations point at the key: report it as a bad name.
         return SpecError(locate(doc, keys, key=True), kp(keys[:-1]) or str(keys[-1]),
-                         f"invalid name '{value}': must match {err.constraint}")
+                         f"invalid name {_shown(value)}: must match {err.constraint.removesuffix(chr(92) + 'Z')}")
     if code == cerberus.errors.EMPTY_NOT_ALLOWED.code:
         return SpecError(locate(doc, keys), kp(keys), "must not be empty")
     if code == cerberus.errors.MIN_LENGTH.code:
@@ -304,12 +310,15 @@ def read_spec_document(path: str | os.PathLike[str]) -> tuple[str, LocMap]:
                         "a spec file defines exactly one op (one top-level key)")
     name = next(iter(doc))
     from .formula import HELPERS
-    from .model import RESERVED, RUNTIME_CLASSES, class_name
+    from .model import RESERVED, RUNTIME_CLASSES, class_name, reserved_identifier
 
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
         raise SpecError(doc.key_locs[name], name, "an op name must match [a-z_][a-z0-9_]*")
     if name in RESERVED or name in HELPERS:
         raise SpecError(doc.key_locs[name], name, f"'{name}' is a reserved word and cannot name an op")
+    if reserved_identifier(name):
+        raise SpecError(doc.key_locs[name], name, f"'{name}' is reserved for the C++ implementation (it "
+                        "contains '__' or starts with '_' and an uppercase letter) and cannot name an op")
     if class_name(name) in RUNTIME_CLASSES:
         raise SpecError(doc.key_locs[name], name, f"'{name}' would generate class {class_name(name)}, "
                         "which the runtime already defines")

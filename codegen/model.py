@@ -28,7 +28,23 @@ typedef typeid typename union unsigned using virtual void volatile wchar_t while
 # C++ type names visible where attrs become struct fields
 CPP_TYPES = frozenset("""int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t size_t std
 TensorPtr TensorList Shape Axes DType Format Half BFloat16""".split())
-RESERVED = frozenset(keyword.kwlist) | CPP_KEYWORDS | CPP_TYPES | {"let", "self", "ctx", "attrs"}
+# C and C++ standard library macros and names a generated TU sees (<cerrno>, <cassert>, <cstdio>, ...):
+# as an identifier they expand or collide and the generated code stops compiling
+C_LIBRARY_NAMES = frozenset("""errno assert NULL EOF stdin stdout stderr offsetof setjmp longjmp va_arg
+va_start va_end va_copy va_list errno_t static_assert alignas alignof bool true false complex imaginary
+noreturn thread_local isnan isinf isfinite signbit fpclassify math_errhandling
+FILE BUFSIZ EXIT_SUCCESS EXIT_FAILURE RAND_MAX SIZE_MAX INFINITY NAN HUGE_VAL MB_CUR_MAX
+unix linux i386 main environ errno_location""".split())
+RESERVED = (frozenset(keyword.kwlist) | CPP_KEYWORDS | CPP_TYPES | C_LIBRARY_NAMES
+            | {"let", "self", "ctx", "attrs"})
+
+MAX_INPUTS = 8  # see ModelBuilder.build
+
+
+def reserved_identifier(name: str) -> bool:
+    """Whether C++ reserves name for the implementation: a double underscore anywhere, or a leading
+    underscore followed by an uppercase letter."""
+    return "__" in name or (len(name) > 1 and name[0] == "_" and name[1].isupper())
 # op classes are CamelCase of the op name and live beside the runtime's own classes
 RUNTIME_CLASSES = frozenset("""Tensor Storage Node Edge Function AutogradContext AccumulateGrad CppNode
 GradMode GradModeGuard NoGradGuard TensorMeta OpInfo ArgInfo AttrInfo RowInfo TargetInfo CallInfo Error
@@ -241,6 +257,9 @@ class _Builder:
         name = keys[-1]
         if name in RESERVED:
             self.err(keys, f"'{name}' is a reserved word and cannot name {what}", key=True)
+        elif isinstance(name, str) and reserved_identifier(name):
+            self.err(keys, f"'{name}' is reserved for the C++ implementation (it contains '__' or starts "
+                     f"with '_' and an uppercase letter) and cannot name {what}", key=True)
 
     # -- build
     def build(self) -> OpSpec:
@@ -274,6 +293,12 @@ class _Builder:
                          key=True)
         if len(declared) > 4:
             self.err(("dtypes",), "at most 4 type variables are supported")
+        if len(inputs) > MAX_INPUTS:
+            # opforge.mindspore binds bprops of 1 to 8 inputs, and each optional input doubles the
+            # AOT entry points (8 optional inputs: 256): a 9th input built, then failed at every import
+            self.err(("inputs", inputs[MAX_INPUTS].name), f"an op takes at most {MAX_INPUTS} inputs "
+                     f"(this one has {len(inputs)}): the MindSpore bprop bindings and the AOT entry "
+                     "points (one per combination of optional inputs) stop there", key=True)
 
         attrs = []
         for n, spec in (b.get("attrs") or {}).items():

@@ -11,8 +11,8 @@ FORMATS = ("DefaultFormat", "NCHW", "NHWC")
 TARGETS = ("cpu", "cuda", "ascend")
 ATTR_TYPES = ("bool", "int", "float", "str", "list[int]", "list[float]")
 
-IDENT = {"type": "string", "regex": "[a-z_][a-z0-9_]*"}
-TYPEVAR = {"type": "string", "regex": "[A-Z][A-Za-z0-9_]*"}
+IDENT = {"type": "string", "regex": r"[a-z_][a-z0-9_]*\Z"}
+TYPEVAR = {"type": "string", "regex": r"[A-Z][A-Za-z0-9_]*\Z"}
 FORMULA = {"type": "string", "empty": False}
 DOC = {"type": "string"}
 NUMBER = {"type": "number"}
@@ -57,7 +57,7 @@ IMPL: dict[str, Any] = {
     # a kernel in an external shared library with seed 004's C ABI
     "aot": {"type": "dict", "schema": {
         "library": {"type": "string", "required": True, "empty": False},
-        "symbol": {"type": "string", "required": True, "regex": r"[A-Za-z_][A-Za-z0-9_]*"},
+        "symbol": {"type": "string", "required": True, "regex": r"[A-Za-z_][A-Za-z0-9_]*\Z"},
     }},
 }
 
