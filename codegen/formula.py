@@ -221,7 +221,7 @@ class _Parser:
         if self.peek()[1] != ")":
             while True:
                 kind, text, kpos = self.peek()
-                nxt = self.tokens[self.i + 1]
+                nxt = self.tokens[self.i + 1] if kind != "end" else (kind, text, kpos)
                 if kind == "name" and nxt[1] == "=" and nxt[0] == "op":
                     self.take()
                     self.take()

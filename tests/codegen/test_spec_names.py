@@ -134,3 +134,9 @@ def test_an_op_takes_at_most_8_inputs(spec_errors, in_tmp, real_ops) -> None:
     assert spec_errors({"leaky": nine_inputs(9)}) == (
         "specs/leaky.yaml:12:5: inputs.i7: an op takes at most 8 inputs (this one has 9): the MindSpore bprop "
         "bindings and the AOT entry points (one per combination of optional inputs) stop there")
+
+
+def test_call_left_open_at_the_end_of_a_formula(spec_errors) -> None:
+    # found by tests/fuzz/test_spec_fuzz.py: `dout(` raised IndexError in the formula parser
+    assert spec_errors({"leaky": leaky("alpha * dout)", "alpha * dout(")}) == (
+        "specs/leaky.yaml:16:40: bprop.x: syntax error: unexpected end of formula")
