@@ -304,6 +304,12 @@ class _Builder:
         for n, spec in (b.get("attrs") or {}).items():
             self.check_name(("attrs", n), "an attr")
             attrs.append(self.attr(n, spec))
+        for k, a in enumerate(attrs[1:], 1):
+            # attrs follow the inputs in the Python signature: one without a default cannot follow
+            # one that has a default (or may be None)
+            if a.required and not attrs[k - 1].required:
+                self.err(("attrs", a.name), f"a required attr cannot follow one with a default "
+                         f"('{attrs[k - 1].name}'): list required attrs first", key=True)
         attr_types = {a.name: a.type for a in attrs}
         for n in attr_types:
             if n in input_names:

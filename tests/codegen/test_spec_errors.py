@@ -225,6 +225,11 @@ CASES = [
          specs/leaky.yaml:9:28: outputs.out.shape: an expr op reads every input at each output position, so its output shape must cover all of them: 'class' is left out (use broadcast(x, class))
          specs/leaky.yaml:17:5: bprop: missing formula for differentiable input 'class' (or mark it differentiable: false)
          """),
+    # found by the spec fuzzer: ops.pyi had `keepdims: bool` after `axis: ... = None` (a SyntaxError)
+    case("required-attr-after-one-with-default", "leaky",
+         leaky("    alpha: {type: float, default: 0.01}", "    alpha: {type: float, default: 0.01}\n    beta: {type: float}"),
+         "specs/leaky.yaml:7:5: attrs.beta: a required attr cannot follow one with a default ('alpha'): "
+         "list required attrs first"),
     case("reserved-attr-name", "leaky", leaky("    alpha:", "    lambda: {type: int, default: 0}\n    alpha:"),
          "specs/leaky.yaml:6:5: attrs.lambda: 'lambda' is a reserved word and cannot name an attr"),
     case("input-and-attr-share-a-name", "leaky", leaky("    alpha:", "    x: {type: int, default: 0}\n    alpha:"),
