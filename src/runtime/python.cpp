@@ -502,7 +502,8 @@ void InputConverter::add(py::handle obj) {
     const long long v = PyLong_AsLongLongAndOverflow(p, &overflow);
     if (overflow) fail<ValueError>(info_.name, "input '", arg.name, "': the Python int is out of range for int64");
     pending_[n_pending_++] = {i, 0.0, v, 'i'};
-  } else if (PyFloat_Check(p)) {
+  } else if (PyFloat_Check(p) && !PyArray_IsScalar(p, Generic)) {
+    // (np.float64 subclasses float, but a NumPy scalar keeps its dtype: a 0-d array, below)
     pending_[n_pending_++] = {i, PyFloat_AS_DOUBLE(p), 0, 'f'};
   } else {
     tensors_[i] = to_tensor(obj, info_.name, arg.name);

@@ -219,3 +219,12 @@ def test_spec_model_is_readable_for_adapters() -> None:
     assert [a.name for a in s.attrs] == ["alpha"] and s.attrs[0].default == 0.01
     assert dict(s.bprop.grads)["x"].text == "where(x > 0, dout, alpha * dout)"
     assert s.outputs[0].shape.kind == "same"
+
+
+def test_numpy_scalars_keep_their_dtype() -> None:
+    # np.float64 subclasses Python's float: it was taken as a Python scalar (float32 by default)
+    assert ops.abs(np.float64(0.1)).dtype == "float64"
+    assert ops.abs(np.float64(0.1)).item() == 0.1
+    assert ops.abs(np.float32(0.1)).dtype == "float32"
+    assert ops.abs(np.int64(3)).dtype == "int64"
+    assert ops.abs(0.1).dtype == "float32"  # a Python float still follows the scalar rule
