@@ -252,7 +252,7 @@ TensorPtr contiguous(const TensorPtr& t) {
 }
 
 TensorPtr reshape_data(const TensorPtr& t, const Shape& shape) {
-  if (shape_numel(shape) != t->numel() || std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) {
+  if (checked_numel(current_op(), shape, t->dtype()) != t->numel()) {
     fail<ValueError>(current_op(), "cannot view ", shape_str(t->shape()), " (", t->numel(), " elements) as ",
                      shape_str(shape));
   }
