@@ -1,0 +1,62 @@
+"""The runtime, the kernels and every generated op built with AddressSanitizer and
+UndefinedBehaviorSanitizer (meson's b_sanitize), running the fast op and runtime tests: any
+out-of-bounds access, use after free or undefined behaviour fails the test with the sanitizer's
+report. Slow (a second build of the package): `python -m pytest tests/test_sanitizers.py` runs it
+alone; docs/reliability.md has the commands to run more of the suite under the sanitizers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# the part of the fast suite that runs here: every op's generated tests, the bad-input and runtime
+# tests and the trust-boundary regressions (the framework adapters load torch and MindSpore, whose
+# own uninstrumented code is not what this checks)
+SUBSET = ["tests/ops", "tests/runtime", "tests/fuzz/test_op_fuzz.py", "tests/stress"]
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if path is None:
+        pytest.skip(f"{name} is not installed (pip install {name})")
+    return path
+
+
+@pytest.mark.slow
+def test_fast_suite_is_clean_under_asan_and_ubsan(tmp_path_factory: pytest.TempPathFactory) -> None:
+    cxx = shutil.which(os.environ.get("CXX", "c++"))
+    if cxx is None:
+        pytest.skip("no C++ compiler on PATH")
+    meson, _ = _tool("meson"), _tool("ninja")
+    build = Path(os.environ.get("OPFORGE_SANITIZE_BUILD_DIR") or tmp_path_factory.mktemp("asan") / "build")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    if not (build / "build.ninja").exists():
+        subprocess.run(
+            [meson, "setup", str(build), str(ROOT), "-Dops_backend=cpu", "-Db_sanitize=address,undefined",
+             "-Db_lundef=false", "-Dbuildtype=plain", "-Db_ndebug=false",
+             # -O1 keeps the build and the run fast; UB aborts instead of printing and going on
+             "-Dcpp_args=-O1 -g1 -fno-omit-frame-pointer -fno-sanitize-recover=undefined"],
+            check=True, env=env, capture_output=True, text=True)
+    libasan = subprocess.run([cxx, "-print-file-name=libasan.so"], check=True, capture_output=True,
+                             text=True).stdout.strip()
+    env.update(
+        OPFORGE_BUILD_DIR=str(build),
+        # CPython is not instrumented: the sanitizer runtime is loaded first; its leak checker would
+        # report the interpreter's own allocations at exit
+        LD_PRELOAD=libasan,
+        ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:detect_odr_violation=0",
+        UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
+    )
+    env.pop("PYTHONPATH", None)
+    run = subprocess.run(
+        ["bash", str(ROOT / "tools" / "dev.sh"), "pytest", "-q", "-x", "-m", "not slow", *SUBSET],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    report = (run.stdout[-6000:] + "\n" + run.stderr[-12000:])
+    assert run.returncode == 0, f"sanitized run failed (exit {run.returncode}):\n{report}"
+    assert "ERROR: AddressSanitizer" not in run.stderr and "runtime error:" not in run.stderr, report
