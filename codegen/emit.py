@@ -323,7 +323,9 @@ def _op_context(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str) -> di
         if lb.uses_attrs:
             saves.append("  ctx->SaveAttrs(attrs);")
         saves.append("}")
-        bw = ["const TensorList saved = ctx->GetSavedTensors();"]
+        # (padded with nullptr: a node is recorded for any input that requires grad, but Forward
+        # saves only when an input whose formula reads them does, so the list may be empty)
+        bw = ["TensorList saved = ctx->GetSavedTensors();", f"saved.resize({len(lb.saved)});"]
         for k, (n, _) in enumerate(lb.saved):
             bw.append(f"[[maybe_unused]] const TensorPtr& v_{n} = saved[{k}];")
         for k, o in enumerate(op.outputs):
