@@ -16,9 +16,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # the part of the fast suite that runs here: every op's generated tests, the bad-input and runtime
-# tests and the trust-boundary regressions (the framework adapters load torch and MindSpore, whose
+# tests, the trust-boundary regressions, the op fuzzer's fast profile and the fast stress tests (the framework adapters load torch and MindSpore, whose
 # own uninstrumented code is not what this checks)
-SUBSET = ["tests/ops", "tests/runtime", "tests/fuzz/test_op_fuzz.py", "tests/stress"]
+# (tests/ops/test_formulas_py.py checks the Python formula table, not native code)
+SUBSET = ["tests/ops/test_ops.py", "tests/ops/test_bad_input.py", "tests/ops/test_elem.py",
+          "tests/ops/test_linalg.py", "tests/ops/test_norm.py", "tests/ops/test_softmax.py", "tests/runtime",
+          "tests/fuzz/test_op_fuzz.py", "tests/stress"]
 
 
 def _tool(name: str) -> str:
