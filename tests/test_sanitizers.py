@@ -46,13 +46,15 @@ def test_fast_suite_is_clean_under_asan_and_ubsan(tmp_path_factory: pytest.TempP
              # -O1 keeps the build and the run fast; UB aborts instead of printing and going on
              "-Dcpp_args=-O1 -g1 -fno-omit-frame-pointer -fno-sanitize-recover=undefined"],
             check=True, env=env, capture_output=True, text=True)
-    libasan = subprocess.run([cxx, "-print-file-name=libasan.so"], check=True, capture_output=True,
-                             text=True).stdout.strip()
+    def library(name: str) -> str:
+        return subprocess.run([cxx, f"-print-file-name={name}"], check=True, capture_output=True,
+                              text=True).stdout.strip()
     env.update(
         OPFORGE_BUILD_DIR=str(build),
-        # CPython is not instrumented: the sanitizer runtime is loaded first; its leak checker would
-        # report the interpreter's own allocations at exit
-        LD_PRELOAD=libasan,
+        # CPython is not instrumented: the sanitizer runtime is loaded first, and libstdc++ with it
+        # (ASan intercepts __cxa_throw, which must be there when it starts); its leak checker
+        # would report the interpreter's own allocations at exit
+        LD_PRELOAD=f"{library('libasan.so')} {library('libstdc++.so')}",
         ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:detect_odr_violation=0",
         UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
     )
