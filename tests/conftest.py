@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -21,3 +23,14 @@ def rng():
     import numpy as np
 
     return np.random.default_rng(0)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mindspore_dumps_out_of_the_checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """MindSpore writes ./rank_<id>/om/analyze_fail.ir when a graph fails to compile; MS_OM_PATH
+    (read at the failure, so in-process tests and the subprocesses they start both see it) sends it
+    to a temporary directory instead. A value set by the caller is kept."""
+    with pytest.MonkeyPatch.context() as mp:
+        if "MS_OM_PATH" not in os.environ:
+            mp.setenv("MS_OM_PATH", str(tmp_path_factory.mktemp("mindspore-om")))
+        yield

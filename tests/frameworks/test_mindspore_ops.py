@@ -262,6 +262,31 @@ def test_unsupported_dtype_names_the_op(mode) -> None:
         om.ops.exp(x)
 
 
+def test_graph_compile_failures_dump_outside_the_checkout(tmp_path, monkeypatch) -> None:
+    """A graph that fails to compile makes MindSpore write rank_<id>/om/analyze_fail.ir under
+    MS_OM_PATH (conftest points it at a temporary directory), never into the current directory."""
+    monkeypatch.setenv("MS_OM_PATH", str(tmp_path / "om"))
+    monkeypatch.chdir(tmp_path)
+
+    class Exp(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.exp = om.ops.exp
+
+        def construct(self, x: Any) -> Any:
+            return self.exp(x)
+
+    old = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        with pytest.raises(TypeError, match=r"\[exp\] dtype int32 is not supported"):
+            Exp()(Tensor(np.array([1, 2], np.int32)))
+    finally:
+        ms.set_context(mode=old)
+    assert list((tmp_path / "om").glob("rank_*/om/analyze_fail.ir"))
+    assert not (tmp_path / "rank_0").exists()
+
+
 def test_float64_is_not_cast_for_a_float32_op(pynative) -> None:
     """MindSpore casts inputs a reg_info lacks; opforge lists every row, so a float64 input keeps
     its precision and a dtype the op does not take is refused, never converted."""
