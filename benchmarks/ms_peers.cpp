@@ -1,5 +1,5 @@
 // The peers of opforge.mindspore in the benchmark: what a MindSpore user writes by hand today,
-// an aot Custom kernel with seed 004's C ABI (float32 only, no broadcasting, no checks beyond
+// an aot Custom kernel with MindSpore's AOT C ABI (float32 only, no broadcasting, no checks beyond
 // the dtype). Built by benchmarks/ms_peers.py with g++ -O2.
 #include <cstdint>
 #include <cstring>

@@ -7,7 +7,7 @@ from opforge import ops
 
 print(f"opforge backend: {opforge.backend}; {len(opforge.list_ops())} ops: {', '.join(opforge.list_ops())}\n")
 
-# Seed 004's LeakyRelu example, as a generated op (alpha is an attr of the spec).
+# LeakyRelu, as a generated op (alpha is an attr of the spec).
 x = np.array([[0.0, -0.1], [-0.2, 1.0]], np.float32)
 print("leaky_relu(x) =\n", ops.leaky_relu(x).numpy(), "\n")
 

@@ -1,4 +1,4 @@
-// AOT entry points (seed 004's C ABI) both ways: the host's buffers as opforge tensors for the
+// AOT entry points (MindSpore's AOT C ABI) both ways: the host's buffers as opforge tensors for the
 // generated entry points, and calls into external kernels for ops of impl kind `aot`.
 #include "runtime/aot.h"
 

@@ -1,4 +1,4 @@
-// AOT entry points: every op callable through seed 004's C ABI
+// AOT entry points: every op callable through MindSpore's AOT C ABI
 //   extern "C" int f(int nparam, void** params, int* ndims, int64_t** shapes,
 //                    const char** dtypes, void* stream, void* extra)
 // (what MindSpore's ops.Custom(func_type="aot") loads), and the other direction: an op whose

@@ -1,5 +1,5 @@
-// Seed 004's LeakyRelu (slope 0.01) as a kernel of an external shared library,
-// libleaky_relu_ext.so, with seed 004's C ABI and nothing of opforge: the kernel of the aot op
+// LeakyRelu (slope 0.01) as a kernel of an external shared library,
+// libleaky_relu_ext.so, with MindSpore's AOT C ABI and nothing of opforge: the kernel of the aot op
 // leaky_relu_ext (op_specs/leaky_relu_ext.yaml). The wheel ships this build of it; a library
 // of the same name found first on OPFORGE_AOT_PATH (say one calling PyTorch's ATen) replaces it.
 #include <cstdint>
