@@ -30,8 +30,10 @@ from opforge import _C
 from opforge._C import Tensor, from_dlpack, from_numpy, is_grad_enabled, list_ops, set_grad_enabled
 from opforge import ops
 from opforge._autograd import enable_grad, grad, gradients, no_grad, value_and_grad
-from opforge._build_info import VERSION as __version__  # noqa: F401
+from opforge._build_info import VERSION as _VERSION
 from opforge.jit import load
+
+__version__: str = _VERSION
 
 __all__ = [
     "Tensor", "tensor", "from_numpy", "from_dlpack", "ops", "op_info", "list_ops", "spec", "backend",
@@ -77,7 +79,8 @@ def tensor(data: Any, dtype: Optional[Any] = None, requires_grad: bool = False,
 def op_info(name: str) -> list[dict[str, Any]]:
     """The op's registration entries, one per target, shaped like MindSpore's
     ``CustomRegOp(...).get_op_info()``: op_name, inputs, outputs, attr, dtype_format, target."""
-    return _C.op_info(name)
+    info: list[dict[str, Any]] = _C.op_info(name)
+    return info
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,8 +133,8 @@ for _name, _op, _refl in (
     ("__ge__", ops.greater_equal, False), ("__le__", ops.less_equal, False),
 ):
     setattr(Tensor, _name, _binary(_op, _refl))
-Tensor.__neg__ = lambda self: ops.neg(self)  # type: ignore[attr-defined]
-Tensor.__repr__ = _repr  # type: ignore[method-assign]
-Tensor.sum = lambda self, axis=None, keepdims=False: ops.sum(self, axis, keepdims)  # type: ignore[attr-defined]
-Tensor.mean = lambda self, axis=None, keepdims=False: ops.mean(self, axis, keepdims)  # type: ignore[attr-defined]
+Tensor.__neg__ = lambda self: ops.neg(self)
+Tensor.__repr__ = _repr
+Tensor.sum = lambda self, axis=None, keepdims=False: ops.sum(self, axis, keepdims)
+Tensor.mean = lambda self, axis=None, keepdims=False: ops.mean(self, axis, keepdims)
 del _name, _op, _refl

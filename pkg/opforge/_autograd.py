@@ -93,15 +93,15 @@ def value_and_grad(fn: Callable[..., Any], grad_position: Positions = 0,
         for p in positions:
             if not -len(args) <= p < len(args):
                 raise IndexError(f"[value_and_grad] grad_position {p} is out of range for {len(args)} arguments")
-        args = list(args)
+        argv = list(args)
         leaf_at: dict[int, Tensor] = {}  # a position given twice gets one leaf (and its gradient twice)
         for p in positions:
-            k = p % len(args)
+            k = p % len(argv)
             if k not in leaf_at:
-                leaf_at[k] = args[k] = _as_leaf(args[k])
-        leaves = [leaf_at[p % len(args)] for p in positions]
+                leaf_at[k] = argv[k] = _as_leaf(argv[k])
+        leaves = [leaf_at[p % len(argv)] for p in positions]
         with enable_grad():
-            value = fn(*args, **kwargs)
+            value = fn(*argv, **kwargs)
         out, aux = _output(value, has_aux)
         sens_t = None if sens is None else (sens if isinstance(sens, Tensor) else _C.from_numpy(sens))
         grads = _grads(out, leaves + (weight_list or []), sens_t)

@@ -29,14 +29,14 @@ class AttrDef(NamedTuple):
     type: str             # bool | int | float | str | list[int] | list[float]
     required: bool
     default: Any          # None when required or when the attr is optional without a value
-    choices: Optional[tuple]
+    choices: Optional[tuple[Any, ...]]
 
 
 class OutputDef(NamedTuple):
     name: str
     dtype: str
     shape: str            # same | broadcast | reduce | matmul | infer
-    shape_args: tuple     # the rule's arguments as written in the spec
+    shape_args: tuple[Any, ...]  # the rule's arguments as written in the spec
     differentiable: bool
 
 
@@ -44,17 +44,17 @@ class OpDef(NamedTuple):
     name: str
     doc: str
     impl: str             # expr | cpp | composite | aot
-    typevars: tuple
-    inputs: tuple         # InputDef, ...
-    attrs: tuple          # AttrDef, ...
-    outputs: tuple        # OutputDef, ...
-    composite: Optional[Callable]  # (F, H, *inputs, *attrs) -> tensor, for composite ops
-    bprop: Optional[Callable]      # (F, H, need, meta, *inputs, *outputs, *douts, *attrs) -> grads
-    saved: tuple          # (tensor name, input indices whose gradient reads it), ...
-    aot_symbols: tuple    # (mask of present inputs, exported AOT entry point), ...
-    aot_kernel: Optional[tuple]  # (library, symbol) of an aot op's external kernel, else None
+    typevars: tuple[str, ...]
+    inputs: tuple[InputDef, ...]
+    attrs: tuple[AttrDef, ...]
+    outputs: tuple[OutputDef, ...]
+    composite: Optional[Callable[..., Any]]  # (F, H, *inputs, *attrs) -> tensor, for composite ops
+    bprop: Optional[Callable[..., tuple[Any, ...]]]  # (F, H, need, meta, *inputs, *outputs, *douts, *attrs) -> grads
+    saved: tuple[tuple[str, tuple[int, ...]], ...]  # (tensor name, input indices whose gradient reads it)
+    aot_symbols: tuple[tuple[int, str], ...]  # (mask of present inputs, exported AOT entry point)
+    aot_kernel: Optional[tuple[str, str]]  # (library, symbol) of an aot op's external kernel, else None
 
-    def aot_symbol(self, present: tuple) -> str:
+    def aot_symbol(self, present: tuple[bool, ...]) -> str:
         """The AOT entry point for a call whose inputs are present (a bool per input)."""
         mask = sum(1 << k for k, p in enumerate(present) if p)
         return next(sym for m, sym in self.aot_symbols if m == mask)

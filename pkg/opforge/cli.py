@@ -6,7 +6,7 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -25,12 +25,13 @@ def _spec_paths(paths: Sequence[Path]) -> list[Path]:
     return paths
 
 
-def _load(paths: Sequence[Path], kernel_root: Optional[Path] = None, known: Sequence = ()) -> list:
+def _load(paths: Sequence[Path], kernel_root: Optional[Path] = None, known: Sequence[Any] = ()) -> list[Any]:
     """The specs under paths (SpecErrors propagate: main prints them, exit status 1); formulas may
     call the ``known`` ops too (opforge's own, for an op package)."""
     from opforge.codegen import load_specs
 
-    return load_specs(_spec_paths(paths), kernel_root=kernel_root, known=known)
+    specs: list[Any] = load_specs(_spec_paths(paths), kernel_root=kernel_root, known=known)
+    return specs
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -39,7 +40,7 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _find(ops: list, name: str):
+def _find(ops: list[Any], name: str) -> Any:
     for op in ops:
         if op.name == name:
             return op

@@ -50,7 +50,7 @@ import time
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from opforge import _build_info, _native
 from opforge._native import BuildError
@@ -124,7 +124,7 @@ def load(name: str, specs: Sequence[PathLike], sources: Sequence[PathLike] = (),
     home = root / name
     entry = home / key
     target = entry / (name + _native.extension_suffix())
-    info = {"key": key, "path": str(target), "built": False, "compiled": [], "seconds": 0.0}
+    info: dict[str, Any] = {"key": key, "path": str(target), "built": False, "compiled": [], "seconds": 0.0}
     module = _loaded.get(target)
     if module is None:
         _private_dir(root)
@@ -192,7 +192,7 @@ _MANIFEST = "manifest.json"  # an entry's files with their sizes and SHA-256 dig
 _FORMAT = "2"  # of the cache's layout (part of every key: entries of another layout are never read)
 
 
-def _cached_module(name: str, home: Path, entry: Path, target: Path, info: dict, verbose: bool,
+def _cached_module(name: str, home: Path, entry: Path, target: Path, info: dict[str, Any], verbose: bool,
                    build: Callable[[], list[str]]) -> ModuleType:
     """The module of the cache entry: built (under home's lock) if the entry is missing or
     damaged, and once more if the one found in the cache does not import. ImportError if the
@@ -397,7 +397,7 @@ def _locked(path: Path, what: str, verbose: bool) -> Iterator[None]:
 # ---------------------------------------------------------------------------- build
 
 
-def _known_specs(root: Path) -> list:
+def _known_specs(root: Path) -> list[Any]:
     """opforge's own specs (formulas may call those ops), parsed once per cache root (parsing
     them takes about 0.5 s) and kept as JSON data keyed by the specs' and the codegen's content
     (never a pickle: reading it runs no code and can make nothing but the codegen's model)."""
@@ -442,7 +442,7 @@ def _to_data(obj: object) -> object:
     raise TypeError(f"{cls.__name__} is not a spec's data")
 
 
-def _from_data(data: object) -> object:
+def _from_data(data: Any) -> Any:
     """The inverse of _to_data: makes nothing but tuples, lists, scalars and dataclasses of the
     codegen's modules already imported (no code of the data's choosing runs); ValueError else."""
     if data is None or isinstance(data, (bool, int, float, str)):
@@ -450,7 +450,7 @@ def _from_data(data: object) -> object:
     if not isinstance(data, dict):
         raise ValueError(f"unexpected {type(data).__name__}")
     if data.keys() == {"tuple"} or data.keys() == {"list"}:
-        items = [_from_data(x) for x in data.get("tuple", data.get("list"))]
+        items = [_from_data(x) for x in data["tuple" if "tuple" in data else "list"]]
         return tuple(items) if "tuple" in data else items
     module, _, qualname = data["class"].partition(":")
     cls = getattr(sys.modules.get(module), qualname, None) if module.startswith("opforge.codegen.") else None

@@ -48,7 +48,8 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess
         f"(import failed: {e})") from e
 
 import opforge
-from opforge import _C, _formulas
+import opforge._C as _C
+import opforge._formulas as _formulas
 from opforge._opdef import OpDef
 
 __all__ = ["ops", "functional", "primitive", "LIBRARY", "F", "H"]
@@ -106,11 +107,11 @@ def _attr_text(atype: str, value: Any) -> str:
     return str(value)
 
 
-def _rows(op: OpDef, present: Sequence[bool]) -> list[tuple]:
+def _rows(op: OpDef, present: Sequence[bool]) -> list[tuple[tuple[str, str], ...]]:
     """The op's dtype rows on CPU, as MindSpore DataType pairs for the present inputs and the outputs."""
     info = next(t for t in _C.op_info(op.name) if t["target"] == "CPU")
     keep = [k for k, p in enumerate(present) if p] + list(range(len(op.inputs), len(op.inputs) + len(op.outputs)))
-    rows = []
+    rows: list[tuple[tuple[str, str], ...]] = []
     for row in info["dtype_format"]:
         if row[0][1] != "DefaultFormat":
             continue
@@ -120,7 +121,7 @@ def _rows(op: OpDef, present: Sequence[bool]) -> list[tuple]:
     return rows
 
 
-def _reg_info(op: OpDef, present: Sequence[bool], attrs: Sequence[Any]) -> dict:
+def _reg_info(op: OpDef, present: Sequence[bool], attrs: Sequence[Any]) -> dict[str, Any]:
     reg = CustomRegOp(op.name)
     index = 0
     for i, p in zip(op.inputs, present):
@@ -133,10 +134,11 @@ def _reg_info(op: OpDef, present: Sequence[bool], attrs: Sequence[Any]) -> dict:
         reg = reg.attr(a.name, "required", "str", value=_attr_text(a.type, v))
     for row in _rows(op, present):
         reg = reg.dtype_format(*row)
-    return reg.target("CPU").get_op_info()
+    info: dict[str, Any] = reg.target("CPU").get_op_info()
+    return info
 
 
-def _full_attrs(op: OpDef, args: Sequence[Any], kwargs: dict) -> tuple:
+def _full_attrs(op: OpDef, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     values = list(args)
     if len(values) > len(op.attrs):
         raise TypeError(f"[{op.name}] takes {len(op.attrs)} attrs ({', '.join(a.name for a in op.attrs)}), "
@@ -158,14 +160,14 @@ class _Infer:
     """Output shapes and dtypes of one primitive, from the op's meta rule (cached per input
     shapes and dtypes: PyNative infers on every call)."""
 
-    def __init__(self, op: OpDef, present: Sequence[bool], attrs: tuple):
+    def __init__(self, op: OpDef, present: Sequence[bool], attrs: tuple[Any, ...]):
         self.op = op
         self.present = tuple(present)
         self.attrs = attrs
         self.meta = getattr(_C._meta, op.name)
-        self.cache: dict = {}
+        self.cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
-    def __call__(self, args: Sequence[dict]) -> tuple:
+    def __call__(self, args: Sequence[dict[str, Any]]) -> tuple[Any, Any]:
         try:  # the common case in one pass: tensor types, whose element types are singletons
             key = tuple([(tuple(a["shape"]), id(a["dtype"].element_type())) for a in args])
         except AttributeError:
@@ -199,11 +201,11 @@ class _Infer:
         return result
 
 
-class Primitive(_msops.Custom):
+class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type information)
     """One opforge op with fixed attrs and a fixed set of present inputs, as a MindSpore
     ``ops.Custom`` AOT primitive."""
 
-    def __init__(self, op: OpDef, present: Sequence[bool], attrs: tuple):
+    def __init__(self, op: OpDef, present: Sequence[bool], attrs: tuple[Any, ...]):
         self.opdef = op
         self.infer = _Infer(op, present, attrs)
         if op.aot_kernel is not None:
@@ -223,24 +225,32 @@ class Primitive(_msops.Custom):
         )
         self.add_prim_attr("opforge_op", op.name)
 
-    def __infer__(self, *args: dict) -> dict:
+    def __infer__(self, *args: dict[str, Any]) -> dict[str, Any]:
         shape, dtype = self.infer(args)
         return {"shape": shape, "dtype": dtype, "value": None}
 
 
-def _bprop(op: OpDef, present: Sequence[bool], attrs: tuple) -> Callable:
+def _bprop(op: OpDef, present: Sequence[bool], attrs: tuple[Any, ...]) -> Callable[..., tuple[Any, ...]]:
     """MindSpore's bprop for one primitive: ``(*inputs, out, dout) -> input grads``, evaluating the
     spec's gradient formulas (opforge._formulas) with these primitives. Graph mode compiles it."""
     n_in = sum(1 for p in present if p)
+    if n_in not in _BPROP_ARITY:
+        raise ValueError(f"[{op.name}] opforge.mindspore takes ops with 1 to {max(_BPROP_ARITY)} present inputs "
+                         f"(a bprop's parameters are spelled out for Graph mode), not {n_in}")
     multi = len(op.outputs) > 1
     diff_out = tuple(k for k, o in enumerate(op.outputs) if o.differentiable)
     formula = op.bprop
-    has_formula = formula is not None
     need = tuple(i.differentiable and p for i, p in zip(op.inputs, present))
     slots = tuple(present)
 
-    def impl(ins: tuple, out: Any, dout: Any) -> tuple:
-        full = ()
+    def zeros(ins: tuple[Any, ...], out: Any, dout: Any) -> tuple[Any, ...]:
+        return tuple(_msops.zeros_like(t) for t in ins)
+
+    if formula is None:
+        return _BPROP_ARITY[n_in](zeros)
+
+    def impl(ins: tuple[Any, ...], out: Any, dout: Any) -> tuple[Any, ...]:
+        full: tuple[Any, ...] = ()
         j = 0
         for p in slots:
             if p:
@@ -250,74 +260,72 @@ def _bprop(op: OpDef, present: Sequence[bool], attrs: tuple) -> Callable:
                 full = full + (None,)
         outs = out if multi else (out,)
         douts = dout if multi else (dout,)
-        if not has_formula:
-            return tuple(_msops.zeros_like(t) for t in ins)
-        meta = ()
+        meta: tuple[Any, ...] = ()
         for t in full:
             meta = meta + ((None if t is None else (t.shape, t.dtype)),)
-        douts_d = ()
+        douts_d: tuple[Any, ...] = ()
         for k in diff_out:
             douts_d = douts_d + (douts[k],)
         grads = formula(F, H, need, meta, *(full + tuple(outs) + douts_d + attrs))
-        result = ()
+        result: tuple[Any, ...] = ()
         for k in range(len(slots)):
             if slots[k]:
                 result = result + ((grads[k] if need[k] else _msops.zeros_like(full[k])),)
         return result
 
-    if n_in not in _BPROP_ARITY:
-        raise ValueError(f"[{op.name}] opforge.mindspore takes ops with 1 to {max(_BPROP_ARITY)} present inputs "
-                         f"(a bprop's parameters are spelled out for Graph mode), not {n_in}")
     return _BPROP_ARITY[n_in](impl)
 
 
 # MindSpore reads a bprop's parameters (inputs..., out, dout) from its signature: one fixed-arity
 # wrapper per input count.
-def _bprop1(impl: Callable) -> Callable:
-    def bprop(i0: Any, out: Any, dout: Any) -> tuple:
+_Impl = Callable[[tuple[Any, ...], Any, Any], tuple[Any, ...]]  # (present inputs, out, dout) -> input grads
+
+
+def _bprop1(impl: _Impl) -> Callable[..., tuple[Any, ...]]:
+    def bprop(i0: Any, out: Any, dout: Any) -> tuple[Any, ...]:
         return impl((i0,), out, dout)
     return bprop
 
 
-def _bprop2(impl: Callable) -> Callable:
-    def bprop(i0: Any, i1: Any, out: Any, dout: Any) -> tuple:
+def _bprop2(impl: _Impl) -> Callable[..., tuple[Any, ...]]:
+    def bprop(i0: Any, i1: Any, out: Any, dout: Any) -> tuple[Any, ...]:
         return impl((i0, i1), out, dout)
     return bprop
 
 
-def _bprop3(impl: Callable) -> Callable:
-    def bprop(i0: Any, i1: Any, i2: Any, out: Any, dout: Any) -> tuple:
+def _bprop3(impl: _Impl) -> Callable[..., tuple[Any, ...]]:
+    def bprop(i0: Any, i1: Any, i2: Any, out: Any, dout: Any) -> tuple[Any, ...]:
         return impl((i0, i1, i2), out, dout)
     return bprop
 
 
-def _bprop4(impl: Callable) -> Callable:
-    def bprop(i0: Any, i1: Any, i2: Any, i3: Any, out: Any, dout: Any) -> tuple:
+def _bprop4(impl: _Impl) -> Callable[..., tuple[Any, ...]]:
+    def bprop(i0: Any, i1: Any, i2: Any, i3: Any, out: Any, dout: Any) -> tuple[Any, ...]:
         return impl((i0, i1, i2, i3), out, dout)
     return bprop
 
 
-def _bprop5(impl: Callable) -> Callable:
-    def bprop(i0: Any, i1: Any, i2: Any, i3: Any, i4: Any, out: Any, dout: Any) -> tuple:
+def _bprop5(impl: _Impl) -> Callable[..., tuple[Any, ...]]:
+    def bprop(i0: Any, i1: Any, i2: Any, i3: Any, i4: Any, out: Any, dout: Any) -> tuple[Any, ...]:
         return impl((i0, i1, i2, i3, i4), out, dout)
     return bprop
 
 
-def _bprop6(impl: Callable) -> Callable:
-    def bprop(i0: Any, i1: Any, i2: Any, i3: Any, i4: Any, i5: Any, out: Any, dout: Any) -> tuple:
+def _bprop6(impl: _Impl) -> Callable[..., tuple[Any, ...]]:
+    def bprop(i0: Any, i1: Any, i2: Any, i3: Any, i4: Any, i5: Any, out: Any, dout: Any) -> tuple[Any, ...]:
         return impl((i0, i1, i2, i3, i4, i5), out, dout)
     return bprop
 
 
-def _bprop7(impl: Callable) -> Callable:
-    def bprop(i0: Any, i1: Any, i2: Any, i3: Any, i4: Any, i5: Any, i6: Any, out: Any, dout: Any) -> tuple:
+def _bprop7(impl: _Impl) -> Callable[..., tuple[Any, ...]]:
+    def bprop(i0: Any, i1: Any, i2: Any, i3: Any, i4: Any, i5: Any, i6: Any, out: Any, dout: Any) -> tuple[Any, ...]:
         return impl((i0, i1, i2, i3, i4, i5, i6), out, dout)
     return bprop
 
 
-def _bprop8(impl: Callable) -> Callable:
+def _bprop8(impl: _Impl) -> Callable[..., tuple[Any, ...]]:
     def bprop(i0: Any, i1: Any, i2: Any, i3: Any, i4: Any, i5: Any, i6: Any, i7: Any, out: Any,
-              dout: Any) -> tuple:
+              dout: Any) -> tuple[Any, ...]:
         return impl((i0, i1, i2, i3, i4, i5, i6, i7), out, dout)
     return bprop
 
@@ -326,7 +334,7 @@ _BPROP_ARITY = {1: _bprop1, 2: _bprop2, 3: _bprop3, 4: _bprop4, 5: _bprop5, 6: _
 
 
 @functools.lru_cache(maxsize=None)
-def _primitive(name: str, present: tuple, attrs: tuple) -> Primitive:
+def _primitive(name: str, present: tuple[bool, ...], attrs: tuple[Any, ...]) -> Primitive:
     return Primitive(_formulas.OPS[name], present, tuple(list(a) if isinstance(a, tuple) else a for a in attrs))
 
 
@@ -353,18 +361,20 @@ def primitive(name: str, *, without: Sequence[str] = (), **attrs: Any) -> Any:
     return _primitive(name, present, tuple(_hashable(v) for v in values))
 
 
-class Composite(nn.Cell):
+class Composite(nn.Cell):  # type: ignore[misc]  # (MindSpore has no type information)
     """A composite op without a bprop of its own (``square``): its spec formula over the
     primitives, as a Cell (so Graph mode compiles it); gradients flow through the primitives."""
 
-    def __init__(self, op: OpDef, present: tuple, attrs: tuple):
+    def __init__(self, op: OpDef, present: tuple[bool, ...], attrs: tuple[Any, ...]):
         super().__init__()
+        if op.composite is None:
+            raise ValueError(f"[{op.name}] is not a composite op")
         self.formula = op.composite
         self.slots = present
         self.attrs = attrs
 
     def construct(self, *inputs: Any) -> Any:
-        full = ()
+        full: tuple[Any, ...] = ()
         j = 0
         for p in self.slots:
             if p:
@@ -376,11 +386,11 @@ class Composite(nn.Cell):
 
 
 @functools.lru_cache(maxsize=None)
-def _composite(name: str, present: tuple, attrs: tuple) -> Composite:
+def _composite(name: str, present: tuple[bool, ...], attrs: tuple[Any, ...]) -> Composite:
     return Composite(_formulas.OPS[name], present, tuple(list(a) if isinstance(a, tuple) else a for a in attrs))
 
 
-def _call(op: OpDef, args: Sequence[Any], kwargs: dict) -> Any:
+def _call(op: OpDef, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     n_in = len(op.inputs)
     inputs = list(args[:n_in])
     for i in op.inputs[len(inputs):]:
@@ -398,7 +408,7 @@ def _call(op: OpDef, args: Sequence[Any], kwargs: dict) -> Any:
     return prim(*(t for t in inputs if t is not None))
 
 
-def _functional(op: OpDef) -> Callable:
+def _functional(op: OpDef) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         return _call(op, args, kwargs)
 

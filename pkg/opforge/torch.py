@@ -39,7 +39,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
 
 from torch._C import _from_dlpack, _to_dlpack
 
-from opforge import _C, _formulas
+import opforge._C as _C
+import opforge._formulas as _formulas
 from opforge._opdef import OpDef
 
 __all__ = ["ops", "NAMESPACE", "schema", "register_ops", "register_module", "TORCH_DTYPES"]
@@ -65,7 +66,8 @@ def _schema_default(atype: str, value: Any) -> str:
     if atype == "bool":
         return "True" if value else "False"
     if atype == "str":
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        text: str = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{text}"'
     if atype in ("list[int]", "list[float]"):
         return "[" + ", ".join(repr(v) for v in value) + "]"
     return repr(value)
@@ -86,7 +88,7 @@ def schema(op: OpDef) -> str:
     return f"{op.name}({', '.join(args)}) -> {returns}"
 
 
-def _full_args(op: OpDef, args: tuple) -> tuple:
+def _full_args(op: OpDef, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """Every parameter (inputs, then attrs): the dispatcher may drop trailing defaults."""
     n = len(op.inputs) + len(op.attrs)
     if len(args) == n:
@@ -103,7 +105,7 @@ def _to_runtime(t: Any) -> Any:
     return None if t is None else _to_dlpack(t)
 
 
-def _cpu_kernel(op: OpDef, run: Callable) -> Callable:
+def _cpu_kernel(op: OpDef, run: Callable[..., Any]) -> Callable[..., Any]:
     n_in = len(op.inputs)
     single = len(op.outputs) == 1
 
@@ -175,7 +177,7 @@ def _symbolic_shape(out: Any, ins: dict[str, Any], attrs: dict[str, Any]) -> Any
     return None  # infer(): the C++ rule only
 
 
-def _fake_kernel(op: OpDef, meta: Callable) -> Callable:
+def _fake_kernel(op: OpDef, meta: Callable[..., Any]) -> Callable[..., Any]:
     n_in = len(op.inputs)
     names = [i.name for i in op.inputs]
 
@@ -188,7 +190,7 @@ def _fake_kernel(op: OpDef, meta: Callable) -> Callable:
         infer = any(o.shape == "infer" for o in op.outputs)
         # infer() rules are C++: their inputs' sizes are specialized (guarded) to their values
         size = int if (symbolic and infer) else _hint
-        stand_ins = []
+        stand_ins: list[Any] = []
         for name, t in zip(names, tensors):
             if t is None:
                 stand_ins.append(None)
@@ -234,7 +236,7 @@ class _Helpers:
         return g.expand(like.shape)
 
     @staticmethod
-    def reduce_grad(g: torch.Tensor, meta: tuple) -> torch.Tensor:
+    def reduce_grad(g: torch.Tensor, meta: tuple[torch.Size, torch.dtype]) -> torch.Tensor:
         shape, dtype = meta
         if g.shape != shape:
             g = g.sum_to_size(shape)
@@ -255,6 +257,8 @@ def _autograd_function(op: OpDef, overload: Any, F: Any) -> Any:
     non_diff = [k for k, o in enumerate(op.outputs) if not o.differentiable]
     after_autograd = torch._C._after_autograd_keyset
     bprop = op.bprop
+    if bprop is None:
+        raise ValueError(f"[{op.name}] has no bprop: its outputs never require grad")
 
     def forward(ctx: Any, keyset: Any, *args: Any) -> Any:
         with torch._C._AutoDispatchBelowAutograd():
@@ -284,19 +288,18 @@ def _autograd_function(op: OpDef, overload: Any, F: Any) -> Any:
                 {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
-def _autograd_kernel(op: OpDef, overload: Any, F: Any) -> Callable:
+def _autograd_kernel(op: OpDef, overload: Any, F: Any) -> Callable[..., Any]:
     fn = _autograd_function(op, overload, F) if op.bprop is not None else None
     after_autograd = torch._C._after_autograd_keyset
     any_requires_grad = torch._C._any_requires_grad
     is_grad_enabled = torch._C.is_grad_enabled
     apply = fn.apply if fn is not None else None
     n = len(op.inputs) + len(op.attrs)
-    differentiable = op.bprop is not None
 
     def kernel(keyset: Any, *args: Any) -> Any:
         if len(args) != n:
             args = _full_args(op, args)
-        if differentiable and is_grad_enabled() and any_requires_grad(*args):
+        if apply is not None and is_grad_enabled() and any_requires_grad(*args):
             return apply(keyset, *args)
         with torch._C._AutoDispatchBelowAutograd():
             return overload.redispatch(keyset & after_autograd, *args)
@@ -323,7 +326,7 @@ def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: s
         if op.composite is not None and op.bprop is None:
             composite = op.composite
 
-            def decomposed(*args: Any, _op: OpDef = op, _f: Callable = composite) -> Any:
+            def decomposed(*args: Any, _op: OpDef = op, _f: Callable[..., Any] = composite) -> Any:
                 return _f(F, H, *_full_args(_op, args))
 
             lib.impl(op.name, decomposed, "CompositeImplicitAutograd")
