@@ -290,8 +290,8 @@ class OpSpec:
     def to_yaml(self) -> str:
         """The spec file text of this op, every derived default written out: parsing it gives an
         OpSpec equal to this one but for locations."""
-        return yaml.safe_dump({self.name: _yaml_body(self)}, sort_keys=False, allow_unicode=True,
-                              width=100)
+        return yaml.dump({self.name: _yaml_body(self)}, Dumper=_Dumper, sort_keys=False, allow_unicode=True,
+                         default_flow_style=False, width=100)
 
 
 def expr_scope(inputs: Sequence[Input], attrs: Sequence[Attr]) -> ExprScope:
@@ -302,6 +302,18 @@ def expr_scope(inputs: Sequence[Input], attrs: Sequence[Attr]) -> ExprScope:
 
 
 # ---------------------------------------------------------------------------- back to YAML
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block mappings; lists of scalars on one line, as specs write them (``T: [float32, float64]``)."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    flow = all(not isinstance(x, (list, dict)) for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _represent_list)
 
 
 def _plain(v: Any) -> Any:
