@@ -86,9 +86,9 @@ def _schema_message(err: cerberus.errors.ValidationError, doc: Any, base: Sequen
     code = err.code
     value = err.value
     if code == cerberus.errors.UNKNOWN_FIELD.code:
-        allowed = _schema_at(schema.OP, keys[len(base):-1]) or {}
+        known_keys = _schema_at(schema.OP, keys[len(base):-1]) or {}
         name = str(keys[-1])
-        hint = did_you_mean(name, allowed)
+        hint = did_you_mean(name, known_keys)
         if "(" in name or ")" in name:
             hint = " (a comma splits a {...} flow mapping: quote values that contain commas)"
         return SpecError(locate(doc, keys, key=True), kp(keys[:-1]), f"unknown key '{name}'{hint}")

@@ -526,7 +526,7 @@ class _Builder:
         keys = ("attrs", n)
         atype = AttrType(spec["type"])
         has_default = "default" in spec and spec["default"] is not None
-        default = spec.get("default")
+        default: Any = spec.get("default")
         required = spec.get("required", not has_default and "default" not in spec)
         if required and has_default:
             self.err(keys + ("required",), "a required attr cannot have a default")
@@ -706,7 +706,7 @@ class _Builder:
             return None
         lets = []
         grads = []
-        let_spec = spec.get("let") or {}
+        let_spec: LocMap = spec.get("let") or LocMap()
         taken = {i.name for i in inputs} | {o.name for o in outputs} | {o.grad_name for o in outputs}
         taken |= {a for a in (self.body.get("attrs") or {})}
         for n in let_spec:

@@ -47,7 +47,7 @@ class _Loader(yaml.SafeLoader):
 
     spec_path = "<spec>"
 
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:  # type: ignore[override]
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         if not isinstance(node, yaml.MappingNode):
             return super().construct_mapping(node, deep)
         out = LocMap()
@@ -67,7 +67,7 @@ class _Loader(yaml.SafeLoader):
             out.value_styles[key] = _style(value_node)
         return out
 
-    def construct_sequence(self, node: Any, deep: bool = False) -> Any:  # type: ignore[override]
+    def construct_sequence(self, node: Any, deep: bool = False) -> Any:
         out = LocList(self.construct_object(child, deep=True) for child in node.value)
         out.loc = _loc(self.spec_path, node)
         out.item_locs = [_loc(self.spec_path, child) for child in node.value]

@@ -49,7 +49,7 @@ def dtype_expr(op: OpSpec, dtype: str) -> str:
 
 
 def _storage(dtype: str, binding: Mapping[str, DType]) -> str:
-    return api.DTYPE_STORAGE[binding.get(dtype, dtype)]  # type: ignore[index]  # (a concrete dtype)
+    return api.DTYPE_STORAGE[binding[dtype] if dtype in binding else DType(dtype)]
 
 
 def _bindings(op: OpSpec) -> list[dict[str, DType]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 from .. import escape
 from ..errors import did_you_mean
@@ -29,8 +29,8 @@ class ExprScope:
 
     inputs: Sequence[str]
     attrs: Mapping[str, str]  # name -> attr type
-    optional_attrs: set = field(default_factory=set)  # attrs without a value by default (None)
-    choices: Mapping[str, tuple] = field(default_factory=dict)  # str attr -> its choices
+    optional_attrs: set[str] = field(default_factory=set)  # attrs without a value by default (None)
+    choices: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # str attr -> its choices
 
 
 @dataclass(frozen=True)

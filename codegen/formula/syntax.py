@@ -45,7 +45,7 @@ class Name:
 
 @dataclass(frozen=True)
 class ListLit:
-    items: tuple
+    items: tuple[Node, ...]
     pos: int
 
 
@@ -67,8 +67,8 @@ class Binary:
 @dataclass(frozen=True)
 class Call:
     func: str
-    args: tuple
-    kwargs: tuple  # ((name, node, pos), ...)
+    args: tuple[Node, ...]
+    kwargs: tuple[tuple[str, Node, int], ...]
     pos: int
 
 
@@ -101,7 +101,7 @@ def _tokenize(text: str) -> list[tuple[str, str, int]]:
         m = _TOKEN.match(text, i)
         if not m:
             raise FormulaSyntaxError(i, f"unexpected character {text[i]!r}")
-        kind = m.lastgroup
+        kind = m.lastgroup or ""
         if m.group() == "**":
             raise FormulaSyntaxError(i, "'**' is not supported; use square(), or pow() in an expr")
         if kind != "ws":
@@ -215,8 +215,8 @@ class _Parser:
 
     def call(self, func: str, pos: int) -> Call:
         self.expect("(")
-        args: list = []
-        kwargs: list = []
+        args: list[Node] = []
+        kwargs: list[tuple[str, Node, int]] = []
         if self.peek()[1] != ")":
             while True:
                 kind, text, kpos = self.peek()
@@ -247,7 +247,7 @@ def _depth(node: Node) -> int:
     while stack:  # iterative: a formula's depth must not exhaust Python's stack
         n, d = stack.pop()
         deepest = max(deepest, d)
-        children: list = []
+        children: list[Node] = []
         if isinstance(n, Unary):
             children = [n.operand]
         elif isinstance(n, Binary):
