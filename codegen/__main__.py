@@ -16,17 +16,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from .emit import BUILT_TARGETS, module_output_names, output_names, render_all, render_module, write_if_changed
 from .errors import SpecError, SpecErrors
+from .gen import module_output_names, output_names, render_all, render_module, write_if_changed
 from .load import load_specs, spec_paths
+from .model import BUILT_BACKENDS, CppImpl, OpSpec
 
 
-def _known(module: str | None) -> list:
+def _known(module: str | None) -> list[OpSpec]:
     """opforge's own specs, which an op module's (``module``) formulas may call, not redefine."""
     return load_specs([Path(__file__).resolve().parent.parent / "op_specs"]) if module else []
 
 
-def _load(specs: Path, known: list | None = None):
+def _load(specs: Path, known: list[OpSpec] | None = None) -> list[OpSpec]:
     return load_specs([specs], kernel_root=specs.resolve().parent, known=known or ())
 
 
@@ -52,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "kernels":
             root = args.specs.resolve().parent
             for op in _load(args.specs, _known(args.module)):
-                if op.impl.kind == "cpp":
-                    for t in BUILT_TARGETS:
+                if isinstance(op.impl, CppImpl):
+                    for t in BUILT_BACKENDS:
                         if op.target(t) is not None:
                             print((root / "src" / "kernels" / t / f"{op.name}.cpp").as_posix())
         elif args.cmd == "generate" and args.module:

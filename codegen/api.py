@@ -1,36 +1,42 @@
-"""C++ names, types and lowered formulas for one op: what the templates place."""
+"""Types and names of model things in the generated languages (C++ and Python), and an op's
+formulas lowered to them: what the dest modules place."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from . import escape
-from .formula import CPP, CppLang, GraphScope, OpSignature, lower_graph, names_in
-from .model import Attr, OpSpec
+from .formula.expr import LoweredExpr, lower_expr
+from .formula.graph import GraphScope, OpSignature, lower_graph
+from .formula.lang import CPP, CppLang
+from .formula.syntax import names_in
+from .model import Attr, AttrType, CompositeImpl, DType, ExprImpl, Format, OpSpec, expr_scope
 
 DTYPE_ENUM = {
-    "bool": "Bool", "uint8": "UInt8", "int8": "Int8", "int16": "Int16", "int32": "Int32",
-    "int64": "Int64", "float16": "Float16", "bfloat16": "BFloat16", "float32": "Float32",
-    "float64": "Float64",
+    DType.BOOL: "Bool", DType.UINT8: "UInt8", DType.INT8: "Int8", DType.INT16: "Int16", DType.INT32: "Int32",
+    DType.INT64: "Int64", DType.FLOAT16: "Float16", DType.BFLOAT16: "BFloat16", DType.FLOAT32: "Float32",
+    DType.FLOAT64: "Float64",
 }
 DTYPE_STORAGE = {
-    "bool": "bool", "uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
-    "int64": "int64_t", "float16": "Half", "bfloat16": "BFloat16", "float32": "float",
-    "float64": "double",
+    DType.BOOL: "bool", DType.UINT8: "uint8_t", DType.INT8: "int8_t", DType.INT16: "int16_t",
+    DType.INT32: "int32_t", DType.INT64: "int64_t", DType.FLOAT16: "Half", DType.BFLOAT16: "BFloat16",
+    DType.FLOAT32: "float", DType.FLOAT64: "double",
 }
-FORMAT_ENUM = {"DefaultFormat": "Format::Default", "NCHW": "Format::NCHW", "NHWC": "Format::NHWC"}
-ATTR_CPP = {"bool": "bool", "int": "int64_t", "float": "double", "str": "std::string",
-            "list[int]": "std::vector<int64_t>", "list[float]": "std::vector<double>"}
-ATTR_PY = {"bool": "bool", "int": "int", "float": "float", "str": "str",
-           "list[int]": "Sequence[int]", "list[float]": "Sequence[float]"}
-ATTR_KIND = {"bool": "Bool", "int": "Int", "float": "Float", "str": "Str",
-             "list[int]": "IntList", "list[float]": "FloatList"}
+FORMAT_ENUM = {Format.DEFAULT: "Format::Default", Format.NCHW: "Format::NCHW", Format.NHWC: "Format::NHWC"}
+ATTR_CPP = {AttrType.BOOL: "bool", AttrType.INT: "int64_t", AttrType.FLOAT: "double", AttrType.STR: "std::string",
+            AttrType.INT_LIST: "std::vector<int64_t>", AttrType.FLOAT_LIST: "std::vector<double>"}
+ATTR_PY = {AttrType.BOOL: "bool", AttrType.INT: "int", AttrType.FLOAT: "float", AttrType.STR: "str",
+           AttrType.INT_LIST: "Sequence[int]", AttrType.FLOAT_LIST: "Sequence[float]"}
+# the runtime's converters of an attr value (python::attr_<...>, aot::Call::attr_<...>)
+ATTR_CONVERTER = {AttrType.BOOL: "attr_bool", AttrType.INT: "attr_int", AttrType.FLOAT: "attr_float",
+                  AttrType.STR: "attr_str", AttrType.INT_LIST: "attr_int_list",
+                  AttrType.FLOAT_LIST: "attr_float_list"}
 
 
 def dtype_enum(d: str) -> str:
-    return f"DType::{DTYPE_ENUM[d]}"
+    """The runtime's DType enumerator of a concrete dtype."""
+    return f"DType::{DTYPE_ENUM[DType(d)]}"
 
 
 def attr_cpp_type(a: Attr) -> str:
@@ -38,18 +44,19 @@ def attr_cpp_type(a: Attr) -> str:
     return f"std::optional<{t}>" if a.optional_value else t
 
 
-def cpp_literal(atype: str, value: Any) -> str:
-    if atype == "bool":
+def cpp_literal(atype: AttrType, value: Any) -> str:
+    """A C++ expression of an attr value."""
+    if atype == AttrType.BOOL:
         return "true" if value else "false"
-    if atype == "int":
+    if atype == AttrType.INT:
         return f"int64_t({value})"
-    if atype == "float":
+    if atype == AttrType.FLOAT:
         return repr(float(value))  # finite: the model rejects inf and nan
-    if atype == "str":
+    if atype == AttrType.STR:
         return f"std::string({escape.cpp_str(value)})"
-    if atype == "list[int]":
+    if atype == AttrType.INT_LIST:
         return "std::vector<int64_t>{" + ", ".join(str(int(v)) for v in value) + "}"
-    if atype == "list[float]":
+    if atype == AttrType.FLOAT_LIST:
         return "std::vector<double>{" + ", ".join(repr(float(v)) for v in value) + "}"
     raise ValueError(atype)
 
@@ -64,6 +71,7 @@ def attr_cpp_default(a: Attr) -> Optional[str]:
 
 
 def py_literal(value: Any) -> str:
+    """A Python expression of an attr value."""
     if isinstance(value, tuple):
         value = list(value)
     return repr(value)
@@ -77,7 +85,7 @@ def py_default(a: Attr) -> str:
 
 
 def aot_symbols(op: OpSpec) -> list[tuple[int, str]]:
-    """The op's exported AOT entry points (seed 004's C ABI): one per combination of present
+    """The op's exported AOT entry points (MindSpore's AOT C ABI): one per combination of present
     optional inputs, as (mask of present inputs, symbol). All present: ``opforge_<op>``; else
     ``opforge_<op>__without__<input>[__<input>...]``."""
     optional = [k for k, i in enumerate(op.inputs) if i.optional]
@@ -93,6 +101,7 @@ def aot_symbols(op: OpSpec) -> list[tuple[int, str]]:
 
 
 def signature(op: OpSpec) -> OpSignature:
+    """What a formula calling op needs to know of it."""
     return OpSignature(
         op.name,
         tuple((i.name, i.optional) for i in op.inputs),
@@ -101,7 +110,81 @@ def signature(op: OpSpec) -> OpSignature:
     )
 
 
-# ---------------------------------------------------------------------------- graph formulas
+# ---------------------------------------------------------------------------- the Python API
+
+
+def py_signature(op: OpSpec) -> str:
+    """The op's Python signature (stubs, docstrings, docs)."""
+    parts = []
+    for i in op.inputs:
+        parts.append(f"{i.name}: TensorLike | None = None" if i.optional else f"{i.name}: TensorLike")
+    for a in op.attrs:
+        t = ATTR_PY[a.type]
+        if a.required:
+            parts.append(f"{a.name}: {t}")
+        elif a.optional_value:
+            parts.append(f"{a.name}: {t} | None = None")
+        else:
+            parts.append(f"{a.name}: {t} = {py_literal(a.default)}")
+    ret = "Tensor" if len(op.outputs) == 1 else f"tuple[{', '.join('Tensor' for _ in op.outputs)}]"
+    return f"{op.name}({', '.join(parts)}) -> {ret}"
+
+
+def docstring(op: OpSpec) -> str:
+    """The Python docstring: signature, doc, inputs, attrs, outputs, dtypes per target."""
+    lines = [py_signature(op), "", op.doc, ""]
+    lines.append("Inputs:")
+    for i in op.inputs:
+        extra = [i.dtype]
+        if i.optional:
+            extra.append("optional")
+        if not i.differentiable:
+            extra.append("not differentiable")
+        lines.append(f"    {i.name} ({', '.join(extra)}){': ' + i.doc if i.doc else ''}")
+    if op.attrs:
+        lines.append("Attrs:")
+        for a in op.attrs:
+            extra = [a.type]
+            if a.required:
+                extra.append("required")
+            elif a.has_default:
+                extra.append(f"default {py_literal(a.default)}")
+            else:
+                extra.append("optional")
+            if a.choices:
+                extra.append("one of " + ", ".join(str(c) for c in a.choices))
+            if a.min is not None:
+                extra.append(f">= {a.min}")
+            if a.max is not None:
+                extra.append(f"<= {a.max}")
+            lines.append(f"    {a.name} ({', '.join(extra)}){': ' + a.doc if a.doc else ''}")
+    lines.append("Outputs:")
+    for o in op.outputs:
+        extra = [o.dtype, f"shape {o.shape.text}"]
+        if not o.differentiable:
+            extra.append("not differentiable")
+        lines.append(f"    {o.name} ({', '.join(extra)}){': ' + o.doc if o.doc else ''}")
+    if op.typevars:
+        lines.append("Dtypes:")
+        for t in op.targets:
+            desc = "; ".join(f"{v}: {', '.join(ds)}" for v, ds in t.dtypes)
+            lines.append(f"    {t.name}: {desc} (formats: {', '.join(t.formats)})")
+    if op.bprop is not None:
+        lines.append("Gradients:")
+        for n, f in op.bprop.lets:
+            lines.append(f"    let {n} = {f.text}")
+        for n, f in op.bprop.grads:
+            lines.append(f"    d{n} = {f.text}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- formulas
+
+
+def lowered_expr(op: OpSpec) -> Optional[LoweredExpr]:
+    """An expr op's formula as a C++ expression over compute type C (None for other kinds)."""
+    return lower_expr(op.impl.formula, expr_scope(op.inputs, op.attrs)) if isinstance(op.impl, ExprImpl) else None
+
 
 
 @dataclass(frozen=True)
@@ -123,12 +206,12 @@ class Lowered:
 def _attr_scope(op: OpSpec, prefix: str) -> dict[str, tuple[str, str]]:
     out = {}
     for a in op.attrs:
-        kind = ("optional " + a.type) if a.optional_value else a.type
+        kind = ("optional " + a.type) if a.optional_value else str(a.type)
         out[a.name] = (kind, f"{prefix}{a.name}")
     return out
 
 
-def graph_scopes(op: OpSpec, table: Mapping[str, OpSpec], lang: CppLang = CPP) -> Lowered:
+def lower_formulas(op: OpSpec, table: Mapping[str, OpSpec], lang: CppLang = CPP) -> Lowered:
     """Check and lower the op's composite and bprop formulas to ``lang`` (raises SpecError).
 
     Tensors are ``v_<name>`` in every language; attrs are ``attrs.<name>`` in C++ and
@@ -136,8 +219,8 @@ def graph_scopes(op: OpSpec, table: Mapping[str, OpSpec], lang: CppLang = CPP) -
     prefix = "attrs." if lang is CPP else "a_"
     sigs = {name: signature(o) for name, o in table.items()}
     used: set[str] = set()
-    composite = None
-    if op.impl.kind == "composite" and op.impl.formula is not None:
+    composite: Optional[str] = None
+    if isinstance(op.impl, CompositeImpl):
         scope = GraphScope({i.name: f"v_{i.name}" for i in op.inputs},
                            {i.name for i in op.inputs if i.optional}, _attr_scope(op, prefix), sigs)
         code, kind = lower_graph(op.impl.formula, scope, lang)
@@ -145,7 +228,7 @@ def graph_scopes(op: OpSpec, table: Mapping[str, OpSpec], lang: CppLang = CPP) -
             raise op.impl.formula.error(0, f"a composite formula must give a tensor, got {kind}")
         composite = code
         used |= scope.used_ops
-    bprop = None
+    bprop: Optional[LoweredBprop] = None
     if op.bprop is not None:
         tensors = {i.name: f"v_{i.name}" for i in op.inputs}
         tensors.update({o.name: f"v_{o.name}" for o in op.outputs})
@@ -153,7 +236,7 @@ def graph_scopes(op: OpSpec, table: Mapping[str, OpSpec], lang: CppLang = CPP) -
         optional = {i.name for i in op.inputs if i.optional}
         index = {i.name: k for k, i in enumerate(op.inputs)}
         deps: dict[str, set[str]] = {}
-        lets = []
+        lets: list[tuple[str, str, str]] = []
         bscope_used: set[str] = set()
         scalars = _attr_scope(op, prefix)
         for name, f in op.bprop.lets:
@@ -170,7 +253,7 @@ def graph_scopes(op: OpSpec, table: Mapping[str, OpSpec], lang: CppLang = CPP) -
             # everything a let reads, transitively (intermediate lets included)
             deps[name] = set().union(*[{r} | deps.get(r, set()) for r in refs]) if refs else set()
             lets.append((name, code, "TensorPtr" if kind == "tensor" else "double"))
-        grads = []
+        grads: list[tuple[int, str, str]] = []
         needers: dict[str, set[int]] = {}
         for name, f in op.bprop.grads:
             scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs)

@@ -1,156 +1,30 @@
-"""Load spec files: safe YAML with locations, duplicate keys rejected, schema-checked."""
+"""Load spec files in phases: located YAML and the op name, the cerberus schema, the model (each op's
+own invariants), then what needs more than one op (duplicate names and classes, the ops formulas
+call) or the file system (kernel files of cpp ops)."""
 
 from __future__ import annotations
 
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import cerberus
-import yaml
 
 from . import schema
+from .api import lower_formulas
 from .errors import Loc, SpecError, SpecErrors, did_you_mean
-
-
-class LocMap(dict):
-    """A YAML mapping that remembers where its keys and values are."""
-
-    loc: Loc
-    key_locs: dict[str, Loc]
-    value_locs: dict[str, Loc]
-    value_styles: dict[str, Any]
-    duplicates: list[tuple[str, Loc, int]]  # (key, where repeated, line first defined)
-
-
-class LocList(list):
-    """A YAML sequence that remembers where its items are."""
-
-    loc: Loc
-    item_locs: list[Loc]
-    item_styles: list[Any]
-
+from .formula.graph import HELPERS
+from .formula.syntax import ops_in
+from .model import BUILT_BACKENDS, ImplKind, OpSpec
+from .names import RESERVED, RUNTIME_CLASSES, class_name, reserved_identifier
+from .source import LocMap, display_path, key_path, locate, read_yaml
 
 
 def _shown(value: object) -> str:
     """value quoted for a message, with line breaks and other unprintable characters escaped."""
     text = str(value)
     return f"'{text}'" if text.isprintable() else ascii(text)
-
-def _loc(path: str, node: yaml.Node) -> Loc:
-    return Loc(path, node.start_mark.line + 1, node.start_mark.column + 1)
-
-
-def _style(node: yaml.Node) -> str:
-    """A scalar's style: "" plain, "'" or '"' quoted, "|" or ">" block, with "+" appended when
-    it spans lines; "collection" for mappings and sequences."""
-    if not isinstance(node, yaml.ScalarNode):
-        return "collection"
-    return (node.style or "") + ("+" if node.end_mark.line != node.start_mark.line else "")
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader building LocMap/LocList and rejecting duplicate keys."""
-
-    spec_path = "<spec>"
-
-    def construct_mapping(self, node, deep=False):  # type: ignore[override]
-        if not isinstance(node, yaml.MappingNode):
-            return super().construct_mapping(node, deep)
-        out = LocMap()
-        out.loc = _loc(self.spec_path, node)
-        out.key_locs, out.value_locs, out.value_styles = {}, {}, {}
-        out.duplicates = []
-        for key_node, value_node in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if not isinstance(key, str):
-                key = str(key)
-            if key in out:
-                out.duplicates.append((key, _loc(self.spec_path, key_node), out.key_locs[key].line))
-                continue
-            out[key] = self.construct_object(value_node, deep=True)
-            out.key_locs[key] = _loc(self.spec_path, key_node)
-            out.value_locs[key] = _loc(self.spec_path, value_node)
-            out.value_styles[key] = _style(value_node)
-        return out
-
-    def construct_sequence(self, node, deep=False):  # type: ignore[override]
-        out = LocList(self.construct_object(child, deep=True) for child in node.value)
-        out.loc = _loc(self.spec_path, node)
-        out.item_locs = [_loc(self.spec_path, child) for child in node.value]
-        out.item_styles = [_style(child) for child in node.value]
-        return out
-
-
-_Loader.add_constructor("tag:yaml.org,2002:map", _Loader.construct_mapping)
-_Loader.add_constructor("tag:yaml.org,2002:seq", _Loader.construct_sequence)
-
-
-def display_path(path: str) -> str:
-    """A spec path as errors show it: relative to the working directory when inside it."""
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
-
-
-def duplicate_keys(node: Any, keys: tuple = ()) -> list[SpecError]:
-    """Every repeated key in a parsed document, with its key path (below the op name)."""
-    errors = []
-    if isinstance(node, LocMap):
-        for key, loc, first in node.duplicates:
-            path = ".".join(map(str, keys[1:] + (key,))) or key
-            errors.append(SpecError(loc, path, f"duplicate key (first defined at line {first})"))
-        for k, v in node.items():
-            errors.extend(duplicate_keys(v, keys + (k,)))
-    elif isinstance(node, LocList):
-        for i, v in enumerate(node):
-            errors.extend(duplicate_keys(v, keys + (i,)))
-    return errors
-
-
-def parse_yaml(text: str, path: str) -> Any:
-    """Parse YAML text with locations; YAML syntax errors become SpecErrors."""
-    loader = _Loader(text)
-    loader.spec_path = path
-    try:
-        return loader.get_single_data()
-    except SpecError:
-        raise
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        loc = Loc(path, mark.line + 1, mark.column + 1) if mark else Loc(path, 1, 1)
-        raise SpecError(loc, "", f"invalid YAML: {exc.problem or exc.context}") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(Loc(path, 1, 1), "", f"invalid YAML: {exc}") from None
-    finally:
-        loader.dispose()
-
-
-# ---------------------------------------------------------------------------- locations
-
-
-def locate(doc: Any, keys: Sequence[Any], *, key: bool = False) -> Loc:
-    """The location of ``doc[keys[0]][keys[1]]...``: of the key itself when ``key``."""
-    node = doc
-    loc: Loc = doc.loc
-    for i, k in enumerate(keys):
-        last = i == len(keys) - 1
-        if isinstance(node, LocMap) and k in node:
-            loc = node.key_locs[k] if (last and key) else node.value_locs[k]
-            node = node[k]
-        elif isinstance(node, LocList) and isinstance(k, int) and k < len(node):
-            loc = node.item_locs[k]
-            node = node[k]
-        else:
-            break
-    return loc
-
-
-def key_path(keys: Iterable[Any]) -> str:
-    return ".".join(str(k) for k in keys)
 
 
 # ---------------------------------------------------------------------------- schema
@@ -178,9 +52,9 @@ def _yaml_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _schema_at(root: dict, keys: Sequence[Any]) -> dict | None:
+def _schema_at(root: dict[str, Any], keys: Sequence[Any]) -> dict[str, Any] | None:
     """The cerberus sub-schema (a mapping of allowed keys) that applies at ``keys``."""
-    rules: dict = {"type": "dict", "schema": root}
+    rules: dict[str, Any] = {"type": "dict", "schema": root}
     for k in keys:
         if "schema" in rules and isinstance(rules["schema"], dict) and k in rules["schema"]:
             rules = rules["schema"][k]
@@ -195,7 +69,7 @@ def _schema_at(root: dict, keys: Sequence[Any]) -> dict | None:
     return rules.get("schema") if rules.get("type") == "dict" else None
 
 
-def _flatten(errors: Iterable[cerberus.errors.ValidationError]):
+def _flatten(errors: Iterable[cerberus.errors.ValidationError]) -> Iterator[cerberus.errors.ValidationError]:
     for err in errors:
         if err.is_group_error:
             yield from _flatten(err.child_errors)
@@ -212,9 +86,9 @@ def _schema_message(err: cerberus.errors.ValidationError, doc: Any, base: Sequen
     code = err.code
     value = err.value
     if code == cerberus.errors.UNKNOWN_FIELD.code:
-        allowed = _schema_at(schema.OP, keys[len(base):-1]) or {}
+        known_keys = _schema_at(schema.OP, keys[len(base):-1]) or {}
         name = str(keys[-1])
-        hint = did_you_mean(name, allowed)
+        hint = did_you_mean(name, known_keys)
         if "(" in name or ")" in name:
             hint = " (a comma splits a {...} flow mapping: quote values that contain commas)"
         return SpecError(locate(doc, keys, key=True), kp(keys[:-1]), f"unknown key '{name}'{hint}")
@@ -284,23 +158,7 @@ def check_schema(doc: LocMap, name: str) -> list[SpecError]:
 
 def read_spec_document(path: str | os.PathLike[str]) -> tuple[str, LocMap]:
     """Read one spec file: returns (op name, document) after the schema check."""
-    shown = display_path(str(path))
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise SpecError(Loc(shown, 1, 1), "", f"cannot read spec: {exc.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise SpecError(Loc(shown, line, col), "",
-                        f"a spec must be UTF-8 text (byte 0x{data[exc.start]:02x} is not)") from None
-    doc = parse_yaml(text, shown)
-    if isinstance(doc, LocMap):
-        dups = duplicate_keys(doc)
-        if dups:
-            raise SpecErrors(dups)
+    shown, doc = read_yaml(path)
     if not isinstance(doc, LocMap) or not doc:
         raise SpecError(Loc(shown, 1, 1), "", "a spec is a mapping with one key, the op name")
     stem = Path(path).stem
@@ -309,9 +167,6 @@ def read_spec_document(path: str | os.PathLike[str]) -> tuple[str, LocMap]:
         raise SpecError(doc.key_locs[second], second,
                         "a spec file defines exactly one op (one top-level key)")
     name = next(iter(doc))
-    from .formula import HELPERS
-    from .model import RESERVED, RUNTIME_CLASSES, class_name, reserved_identifier
-
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
         raise SpecError(doc.key_locs[name], name, "an op name must match [a-z_][a-z0-9_]*")
     if name in RESERVED or name in HELPERS:
@@ -331,19 +186,48 @@ def read_spec_document(path: str | os.PathLike[str]) -> tuple[str, LocMap]:
     return name, doc
 
 
-def load_spec_file(path: str | os.PathLike[str], kernel_root: Optional[Path] = None):
-    """Load and validate one spec file on its own (no cross-op checks)."""
-    from .model import OpSpec
+def kernel_file_errors(name: str, doc: LocMap, kernel_root: Path) -> list[SpecError]:
+    """A cpp op's kernel files: ``<kernel_root>/src/kernels/<target>/<op>.cpp`` for each of its
+    targets that this build compiles (read from the schema-checked document, so that they are
+    reported beside the op's other mistakes)."""
+    body = doc[name]
+    impl = body["impl"]
+    if len(impl) != 1 or next(iter(impl)) != ImplKind.CPP:
+        return []
+    errors = []
+    for t in body["targets"]:
+        if t not in BUILT_BACKENDS:
+            continue  # kernels for other targets are not built yet
+        kernel = kernel_root / "src" / "kernels" / t / f"{name}.cpp"
+        if not kernel.is_file():
+            errors.append(SpecError(locate(doc, [name, "impl", "cpp"]), "impl.cpp",
+                                    f"missing kernel file {display_path(str(kernel))} for target {t}"))
+    return errors
 
+
+def build_op(name: str, doc: LocMap, kernel_root: Optional[Path] = None) -> OpSpec:
+    """The model of one read spec, its kernel files checked when kernel_root is given."""
+    errors = kernel_file_errors(name, doc, kernel_root) if kernel_root is not None else []
+    try:
+        op = OpSpec.from_yaml(name, doc)
+    except SpecErrors as exc:
+        raise SpecErrors(exc.errors + errors) from None
+    if errors:
+        raise SpecErrors(errors)
+    return op
+
+
+def load_spec_file(path: str | os.PathLike[str], kernel_root: Optional[Path] = None) -> OpSpec:
+    """Load and validate one spec file on its own (no cross-op checks)."""
     name, doc = read_spec_document(path)
-    return OpSpec.from_yaml(name, doc, kernel_root)
+    return build_op(name, doc, kernel_root)
 
 
 def spec_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     """Expand directories to their ``*.yaml`` files, sorted for deterministic output."""
     out: list[Path] = []
-    for p in paths:
-        p = Path(p)
+    for given in paths:
+        p = Path(given)
         if p.is_dir():
             out.extend(sorted(p.glob("*.yaml")))
         else:
@@ -352,14 +236,12 @@ def spec_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
 
 
 def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Path] = None,
-               known: Sequence[Any] = ()):
+               known: Sequence[OpSpec] = ()) -> list[OpSpec]:
     """Load every spec, then run the cross-op checks; raises SpecErrors with all mistakes.
 
     ``kernel_root`` is where ``src/kernels/<target>/<op>.cpp`` of cpp ops must exist (not
     checked when None); ``known`` are already-built ops that formulas may call.
     """
-    from .model import OpSpec, check_ops
-
     errors: list[SpecError] = []
     docs = []
     broken: set[str] = set()
@@ -375,7 +257,7 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
     classes: dict[str, OpSpec] = {}
     for name, doc in docs:
         try:
-            op = OpSpec.from_yaml(name, doc, Path(kernel_root) if kernel_root is not None else None)
+            op = build_op(name, doc, Path(kernel_root) if kernel_root is not None else None)
         except (SpecError, SpecErrors) as exc:
             errors.extend(exc.errors if isinstance(exc, SpecErrors) else [exc])
             broken.add(name)
@@ -399,3 +281,30 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
     if errors:
         raise SpecErrors(errors)
     return sorted(ops, key=lambda o: o.name)
+
+
+# ---------------------------------------------------------------------------- cross-op checks
+
+
+def check_ops(ops: Sequence[OpSpec], extra: Sequence[OpSpec] = (),
+              broken: frozenset[str] = frozenset()) -> list[SpecError]:
+    """Checks that need every op: the ops that formulas call exist and are called correctly.
+
+    Ops whose formulas call an op in ``broken`` (a spec that failed to load) are skipped: they
+    are checked again once that spec is fixed, rather than reported as calling an unknown op.
+    """
+    errors: list[SpecError] = []
+    table = {o.name: o for o in extra}
+    table.update({o.name: o for o in ops})
+    for op in ops:
+        if broken & _called_ops(op):
+            continue
+        try:
+            lower_formulas(op, table)  # formulas are checked by lowering them, as dest does
+        except SpecError as exc:
+            errors.append(exc)
+    return errors
+
+
+def _called_ops(op: OpSpec) -> set[str]:
+    return set().union(*[ops_in(f.ast) for f in op.formulas()])

@@ -1,64 +1,106 @@
-"""The spec model: frozen dataclasses built from validated YAML, with their invariants."""
+"""The spec model: frozen dataclasses with enums for every closed vocabulary, built from located
+YAML (``OpSpec.from_yaml``) with each op's own invariants, and turned back into YAML (``to_yaml``).
+
+No I/O and no target-language text: kernel files and cross-op calls are checked by ``load``;
+formulas are parsed and checked by ``formula`` (an expr is checked by lowering it, and the code is
+dropped), lowered for output by ``api``, and generated text is made by ``dest``."""
 
 from __future__ import annotations
 
 import ast as pyast
 import itertools
-import keyword
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Optional
+from enum import StrEnum
+from typing import Any, Callable, ClassVar, Optional, Sequence, Union
 
-from . import schema
+import yaml
+
 from .errors import Loc, SpecError, SpecErrors, did_you_mean
-from .formula import ExprScope, Formula, lower_expr, make_formula, names_in, ops_in
-from .load import LocList, LocMap, display_path
+from .formula.expr import ExprScope, lower_expr
+from .formula.syntax import Formula, make_formula
+from .names import RESERVED, class_name, reserved_identifier
+from .source import LocMap, locate
 
-CPP_KEYWORDS = frozenset("""
-alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t
-char32_t class compl concept const consteval constexpr constinit const_cast continue co_await
-co_return co_yield decltype default delete do double dynamic_cast else enum explicit export extern
-false float for friend goto if inline int long mutable namespace new noexcept not not_eq nullptr
-operator or or_eq private protected public register reinterpret_cast requires return short signed
-sizeof static static_assert static_cast struct switch template this thread_local throw true try
-typedef typeid typename union unsigned using virtual void volatile wchar_t while xor xor_eq
-""".split())
-# C++ type names visible where attrs become struct fields
-CPP_TYPES = frozenset("""int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t size_t std
-TensorPtr TensorList Shape Axes DType Format Half BFloat16""".split())
-# C and C++ standard library macros and names a generated TU sees (<cerrno>, <cassert>, <cstdio>, ...):
-# as an identifier they expand or collide and the generated code stops compiling
-C_LIBRARY_NAMES = frozenset("""errno assert NULL EOF stdin stdout stderr offsetof setjmp longjmp va_arg
-va_start va_end va_copy va_list errno_t static_assert alignas alignof bool true false complex imaginary
-noreturn thread_local isnan isinf isfinite signbit fpclassify math_errhandling
-FILE BUFSIZ EXIT_SUCCESS EXIT_FAILURE RAND_MAX SIZE_MAX INFINITY NAN HUGE_VAL MB_CUR_MAX
-unix linux i386 main environ errno_location""".split())
-RESERVED = (frozenset(keyword.kwlist) | CPP_KEYWORDS | CPP_TYPES | C_LIBRARY_NAMES
-            | {"let", "self", "ctx", "attrs"})
-
-MAX_INPUTS = 8  # see ModelBuilder.build
+# ---------------------------------------------------------------------------- vocabularies
+# (StrEnums: each member is its spec spelling, so a member prints, hashes and compares as that text.
+# Code compares members with ==, not `is`: opforge.load's cache of parsed specs reads them back as
+# plain strings, which equal their members.)
 
 
-def reserved_identifier(name: str) -> bool:
-    """Whether C++ reserves name for the implementation: a double underscore anywhere, or a leading
-    underscore followed by an uppercase letter."""
-    return "__" in name or (len(name) > 1 and name[0] == "_" and name[1].isupper())
-# op classes are CamelCase of the op name and live beside the runtime's own classes
-RUNTIME_CLASSES = frozenset("""Tensor Storage Node Edge Function AutogradContext AccumulateGrad CppNode
-GradMode GradModeGuard NoGradGuard TensorMeta OpInfo ArgInfo AttrInfo RowInfo TargetInfo CallInfo Error
-TypeError ValueError IndexError RuntimeError Shape Format DType Device Half BFloat16 Axes""".split())
+class DType(StrEnum):
+    BOOL = "bool"
+    UINT8 = "uint8"
+    INT8 = "int8"
+    INT16 = "int16"
+    INT32 = "int32"
+    INT64 = "int64"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+
+    @property
+    def is_float(self) -> bool:
+        return self in FLOAT_DTYPES
+
+
+FLOAT_DTYPES = frozenset({DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64})
+
+
+class Format(StrEnum):
+    DEFAULT = "DefaultFormat"
+    NCHW = "NCHW"
+    NHWC = "NHWC"
+
+
+class Backend(StrEnum):
+    """A target an op may register kernels for."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+    ASCEND = "ascend"
+
+
+BUILT_BACKENDS = (Backend.CPU,)  # targets whose kernels this build compiles
+
+
+class AttrType(StrEnum):
+    BOOL = "bool"
+    INT = "int"
+    FLOAT = "float"
+    STR = "str"
+    INT_LIST = "list[int]"
+    FLOAT_LIST = "list[float]"
+
+
+class ShapeKind(StrEnum):
+    SAME = "same"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    MATMUL = "matmul"
+    INFER = "infer"
+
+
+class ImplKind(StrEnum):
+    EXPR = "expr"
+    COMPOSITE = "composite"
+    CPP = "cpp"
+    AOT = "aot"
+
+
+MAX_INPUTS = 8  # see _Builder.build
 INT64 = (-(2 ** 63), 2 ** 63 - 1)
-
-KERNEL_TARGETS = ("cpu",)  # targets whose hand-written kernels are compiled
-SHAPE_RULES = ("same", "broadcast", "reduce", "matmul", "infer")
 _SHAPE = re.compile(r"^\s*([a-z_]+)\s*\((.*)\)\s*$")
 
 
-def class_name(op: str) -> str:
-    """The generated C++ class of an op: CamelCase of its name (leaky_relu -> LeakyRelu)."""
-    return "".join(p.capitalize() for p in op.split("_"))
+def _dtype(text: str) -> str:
+    """A concrete dtype as its DType, a type variable as its name."""
+    try:
+        return DType(text)
+    except ValueError:
+        return text
 
 
 # ---------------------------------------------------------------------------- parts
@@ -67,7 +109,7 @@ def class_name(op: str) -> str:
 @dataclass(frozen=True)
 class Input:
     name: str
-    dtype: str            # a type variable or a concrete dtype
+    dtype: str            # a type variable, or a DType
     optional: bool
     differentiable: bool
     doc: str
@@ -76,15 +118,15 @@ class Input:
 
 @dataclass(frozen=True)
 class ShapeRule:
-    kind: str             # same | broadcast | reduce | matmul | infer
+    kind: ShapeKind
     args: tuple[str, ...]
     text: str
 
     def inputs(self) -> tuple[str, ...]:
         """The inputs this rule reads shapes from."""
-        if self.kind in ("same", "reduce"):
+        if self.kind in (ShapeKind.SAME, ShapeKind.REDUCE):
             return self.args[:1]
-        if self.kind in ("broadcast", "matmul"):
+        if self.kind in (ShapeKind.BROADCAST, ShapeKind.MATMUL):
             return self.args
         return ()
 
@@ -92,7 +134,7 @@ class ShapeRule:
 @dataclass(frozen=True)
 class Output:
     name: str
-    dtype: str
+    dtype: str            # a type variable, or a DType
     shape: ShapeRule
     differentiable: bool
     doc: str
@@ -103,14 +145,17 @@ class Output:
         return "d" + self.name
 
 
+AttrValue = Union[bool, int, float, str, tuple[int, ...], tuple[float, ...]]
+
+
 @dataclass(frozen=True)
 class Attr:
     name: str
-    type: str             # bool | int | float | str | list[int] | list[float]
-    default: Any          # None when there is no default
+    type: AttrType
+    default: Any          # an AttrValue; None when there is no default
     has_default: bool
     required: bool
-    choices: Optional[tuple]
+    choices: Optional[tuple[Any, ...]]
     min: Optional[float]
     max: Optional[float]
     doc: str
@@ -124,25 +169,58 @@ class Attr:
 
 @dataclass(frozen=True)
 class Target:
-    name: str
-    dtypes: tuple[tuple[str, tuple[str, ...]], ...]   # type variable -> allowed dtypes
-    formats: tuple[str, ...]
+    name: Backend
+    dtypes: tuple[tuple[str, tuple[DType, ...]], ...]   # type variable -> allowed dtypes
+    formats: tuple[Format, ...]
 
-    def rows(self) -> list[tuple[dict[str, str], str]]:
+    def rows(self) -> list[tuple[dict[str, DType], Format]]:
         """Every (type-variable binding, format) combination: the registration rows."""
         names = [v for v, _ in self.dtypes]
         combos = itertools.product(*[d for _, d in self.dtypes]) if names else [()]
         return [(dict(zip(names, combo)), fmt) for combo in combos for fmt in self.formats]
 
 
+# -- one Impl type per kind
+
+
 @dataclass(frozen=True)
 class Impl:
-    kind: str             # expr | composite | cpp | aot
-    formula: Optional[Formula]
-    cpp_expr: Optional[str]   # lowered elementwise expression (expr kind)
-    cpp_flags: tuple[tuple[str, str], ...]  # per-call bool members of the expr functor
+    """How an op computes its outputs; one subclass per ImplKind."""
+
+    kind: ClassVar[ImplKind]
     loc: Loc
-    aot: Optional[tuple[str, str]] = None  # (library, symbol) of an aot kernel
+
+
+@dataclass(frozen=True)
+class ExprImpl(Impl):
+    """An elementwise expression over the inputs and attrs, compiled per dtype."""
+
+    kind: ClassVar[ImplKind] = ImplKind.EXPR
+    formula: Formula
+
+
+@dataclass(frozen=True)
+class CompositeImpl(Impl):
+    """A formula over other ops (no kernel)."""
+
+    kind: ClassVar[ImplKind] = ImplKind.COMPOSITE
+    formula: Formula
+
+
+@dataclass(frozen=True)
+class CppImpl(Impl):
+    """A hand-written kernel, ``src/kernels/<target>/<op>.cpp`` per built target."""
+
+    kind: ClassVar[ImplKind] = ImplKind.CPP
+
+
+@dataclass(frozen=True)
+class AotImpl(Impl):
+    """A function of an external shared library with MindSpore's AOT C ABI."""
+
+    kind: ClassVar[ImplKind] = ImplKind.AOT
+    library: str
+    symbol: str
 
 
 @dataclass(frozen=True)
@@ -171,7 +249,7 @@ class OpSpec:
     inputs: tuple[Input, ...]
     outputs: tuple[Output, ...]
     attrs: tuple[Attr, ...]
-    typevars: tuple[tuple[str, tuple[str, ...]], ...]
+    typevars: tuple[tuple[str, tuple[DType, ...]], ...]
     targets: tuple[Target, ...]
     impl: Impl
     bprop: Optional[Bprop]
@@ -197,11 +275,109 @@ class OpSpec:
     @property
     def has_autograd_function(self) -> bool:
         """A Function class is generated unless a composite op composes its gradient."""
-        return not (self.impl.kind == "composite" and self.bprop is None)
+        return not (isinstance(self.impl, CompositeImpl) and self.bprop is None)
+
+    def formulas(self) -> list[Formula]:
+        """The graph formulas: the composite's, then bprop lets and gradients."""
+        out = [self.impl.formula] if isinstance(self.impl, CompositeImpl) else []
+        return out + ([f for _, f in self.bprop.lets + self.bprop.grads] if self.bprop else [])
 
     @staticmethod
-    def from_yaml(name: str, doc: LocMap, kernel_root: Optional[Path] = None) -> "OpSpec":
-        return _Builder(name, doc, kernel_root).build()
+    def from_yaml(name: str, doc: LocMap) -> "OpSpec":
+        """The op ``name`` of a located, schema-checked spec document (raises SpecErrors)."""
+        return _Builder(name, doc).build()
+
+    def to_yaml(self) -> str:
+        """The spec file text of this op, every derived default written out: parsing it gives an
+        OpSpec equal to this one but for locations."""
+        return yaml.dump({self.name: _yaml_body(self)}, Dumper=_Dumper, sort_keys=False, allow_unicode=True,
+                         default_flow_style=False, width=100)
+
+
+def expr_scope(inputs: Sequence[Input], attrs: Sequence[Attr]) -> ExprScope:
+    """The names an expr op's formula sees: its inputs' elements and its scalar attrs."""
+    return ExprScope([i.name for i in inputs], {a.name: a.type for a in attrs},
+                     {a.name for a in attrs if a.optional_value},
+                     {a.name: a.choices for a in attrs if a.choices is not None})
+
+
+# ---------------------------------------------------------------------------- back to YAML
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block mappings; lists of scalars on one line, as specs write them (``T: [float32, float64]``)."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    flow = all(not isinstance(x, (list, dict)) for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _represent_list)
+
+
+def _plain(v: Any) -> Any:
+    """YAML data of a model value: enums as their text, tuples as lists."""
+    if isinstance(v, StrEnum):
+        return str(v)
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def _yaml_body(op: OpSpec) -> dict[str, Any]:
+    body: dict[str, Any] = {"doc": op.doc}
+    body["inputs"] = {i.name: {"dtype": _plain(i.dtype), "optional": i.optional,
+                               "differentiable": i.differentiable, **({"doc": i.doc} if i.doc else {})}
+                      for i in op.inputs}
+    if op.attrs:
+        attrs: dict[str, Any] = {}
+        for a in op.attrs:
+            row: dict[str, Any] = {"type": str(a.type)}
+            if a.has_default:
+                row["default"] = _plain(a.default)
+            elif not a.required:
+                row["required"] = False
+            for k, v in (("choices", a.choices), ("min", a.min), ("max", a.max)):
+                if v is not None:
+                    row[k] = _plain(v)
+            if a.doc:
+                row["doc"] = a.doc
+            attrs[a.name] = row
+        body["attrs"] = attrs
+    body["outputs"] = {o.name: {"dtype": _plain(o.dtype), "shape": o.shape.text,
+                                "differentiable": o.differentiable, **({"doc": o.doc} if o.doc else {})}
+                       for o in op.outputs}
+    if op.typevars:
+        body["dtypes"] = {v: _plain(ds) for v, ds in op.typevars}
+    body["targets"] = {str(t.name): {**({"dtypes": {v: _plain(ds) for v, ds in t.dtypes}} if t.dtypes else {}),
+                                     "formats": _plain(t.formats)} for t in op.targets}
+    impl = op.impl
+    if isinstance(impl, (ExprImpl, CompositeImpl)):
+        body["impl"] = {str(impl.kind): impl.formula.text}
+    elif isinstance(impl, AotImpl):
+        body["impl"] = {"aot": {"library": impl.library, "symbol": impl.symbol}}
+    else:
+        body["impl"] = {str(impl.kind): {}}
+    if op.bprop is not None:
+        bprop: dict[str, Any] = {"let": {n: f.text for n, f in op.bprop.lets}} if op.bprop.lets else {}
+        bprop.update({n: f.text for n, f in op.bprop.grads})
+        body["bprop"] = bprop
+    t = op.tests
+    if t is not None:
+        tests: dict[str, Any] = {"reference": t.reference}
+        if t.domain:
+            tests["domain"] = {n: list(r) for n, r in t.domain}
+        if t.attrs:
+            tests["attrs"] = [{n: _plain(v) for n, v in s} for s in t.attrs]
+        if t.shapes:
+            tests["shapes"] = [[None if s is None else list(s) for s in row] for row in t.shapes]
+        if t.tolerance:
+            tests["tolerance"] = {d: list(v) for d, v in t.tolerance}
+        if t.grad_tolerance is not None:
+            tests["grad_tolerance"] = list(t.grad_tolerance)
+        body["tests"] = tests
+    return body
 
 
 # ---------------------------------------------------------------------------- building
@@ -216,44 +392,44 @@ def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and INT64[0] <= v <= INT64[1]
 
 
-def _value_ok(atype: str, v: Any) -> bool:
-    if atype == "bool":
-        return isinstance(v, bool)
-    if atype == "int":
-        return _int(v)
-    if atype == "float":
-        return _float(v)
-    if atype == "str":
-        return isinstance(v, str)
-    if atype == "list[int]":
-        return isinstance(v, list) and all(_int(x) for x in v)
-    if atype == "list[float]":
-        return isinstance(v, list) and all(_float(x) for x in v)
-    return False
+_VALUE_CHECKS: dict[str, Callable[[Any], bool]] = {
+    AttrType.BOOL: lambda v: isinstance(v, bool),
+    AttrType.INT: _int,
+    AttrType.FLOAT: _float,
+    AttrType.STR: lambda v: isinstance(v, str),
+    AttrType.INT_LIST: lambda v: isinstance(v, list) and all(_int(x) for x in v),
+    AttrType.FLOAT_LIST: lambda v: isinstance(v, list) and all(_float(x) for x in v),
+}
+
+
+def _value_ok(atype: AttrType, v: Any) -> bool:
+    # (a dict, not an if-chain over the enum: a model read back from JSON holds the type as str)
+    check = _VALUE_CHECKS.get(atype)
+    return check is not None and check(v)
 
 
 class _Builder:
-    def __init__(self, name: str, doc: LocMap, kernel_root: Optional[Path]):
+    """Builds one OpSpec from its located YAML, collecting every mistake before raising them."""
+
+    def __init__(self, name: str, doc: LocMap):
         self.name = name
         self.doc = doc
         self.body: LocMap = doc[name]
         self.path = doc.loc.path
-        self.kernel_root = kernel_root
         self.errors: list[SpecError] = []
 
     # -- helpers
     def loc(self, *keys: Any, key: bool = False) -> Loc:
-        from .load import locate
         return locate(self.doc, [self.name, *keys], key=key)
 
-    def err(self, keys: tuple, message: str, *, key: bool = False) -> None:
+    def err(self, keys: tuple[Any, ...], message: str, *, key: bool = False) -> None:
         self.errors.append(SpecError(self.loc(*keys, key=key), ".".join(map(str, keys)), message))
 
-    def formula(self, container: LocMap, k: str, keys: tuple) -> Formula:
+    def formula(self, container: LocMap, k: str, keys: tuple[Any, ...]) -> Formula:
         return make_formula(container[k], container.value_locs[k], ".".join(map(str, keys)),
                             container.value_styles[k])
 
-    def check_name(self, keys: tuple, what: str) -> None:
+    def check_name(self, keys: tuple[Any, ...], what: str) -> None:
         name = keys[-1]
         if name in RESERVED:
             self.err(keys, f"'{name}' is a reserved word and cannot name {what}", key=True)
@@ -264,23 +440,23 @@ class _Builder:
     # -- build
     def build(self) -> OpSpec:
         b = self.body
-        typevars = tuple((v, tuple(ds)) for v, ds in (b.get("dtypes") or {}).items())
+        typevars = tuple((v, tuple(DType(d) for d in ds)) for v, ds in (b.get("dtypes") or {}).items())
         declared = dict(typevars)
         used_vars: set[str] = set()
 
-        def dtype_ok(keys: tuple, dtype: str) -> None:
+        def dtype_ok(keys: tuple[Any, ...], dtype: str) -> None:
             if dtype in declared:
                 used_vars.add(dtype)
-            elif dtype not in schema.DTYPES:
+            elif not isinstance(_dtype(dtype), DType):
                 self.err(keys, f"unknown dtype or type variable '{dtype}'"
-                         f"{did_you_mean(dtype, list(declared) + list(schema.DTYPES))}")
+                         f"{did_you_mean(dtype, list(declared) + list(DType))}")
 
         inputs = []
         for n, spec in (b.get("inputs") or {}).items():
             self.check_name(("inputs", n), "an input")
-            dtype = spec["dtype"]
+            dtype = _dtype(spec["dtype"])
             dtype_ok(("inputs", n, "dtype"), dtype)
-            concrete_non_float = dtype in schema.DTYPES and dtype not in schema.FLOAT_DTYPES
+            concrete_non_float = isinstance(dtype, DType) and not dtype.is_float
             diff = spec.get("differentiable", not concrete_non_float)
             if diff and concrete_non_float:
                 self.err(("inputs", n, "differentiable"), f"an input of dtype {dtype} cannot be differentiable")
@@ -300,7 +476,7 @@ class _Builder:
                      f"(this one has {len(inputs)}): the MindSpore bprop bindings and the AOT entry "
                      "points (one per combination of optional inputs) stop there", key=True)
 
-        attrs = []
+        attrs: list[Attr] = []
         for n, spec in (b.get("attrs") or {}).items():
             self.check_name(("attrs", n), "an attr")
             attrs.append(self.attr(n, spec))
@@ -320,12 +496,12 @@ class _Builder:
             self.check_name(("outputs", n), "an output")
             if n in input_names or n in attr_types:
                 self.err(("outputs", n), f"'{n}' names both an output and an input or attr", key=True)
-            dtype = spec["dtype"]
+            dtype = _dtype(spec["dtype"])
             dtype_ok(("outputs", n, "dtype"), dtype)
             if dtype in declared and not any(i.dtype == dtype for i in inputs):
                 self.err(("outputs", n, "dtype"), f"type variable '{dtype}' is not bound by any input")
             shape = self.shape_rule(("outputs", n, "shape"), spec["shape"], inputs, attr_types)
-            diff = spec.get("differentiable", dtype in declared or dtype in schema.FLOAT_DTYPES)
+            diff = spec.get("differentiable", dtype in declared or dtype in FLOAT_DTYPES)
             outputs.append(Output(n, dtype, shape, diff, spec.get("doc", ""),
                                   self.loc("outputs", n, key=True)))
         for o in outputs:
@@ -338,29 +514,30 @@ class _Builder:
 
         targets = self.targets(declared)
         impl = self.impl(inputs, attrs, outputs)
-        bprop = self.bprop(inputs, outputs, impl)
+        kind = ImplKind(next(iter(b["impl"]))) if len(b["impl"]) == 1 else None
+        bprop = self.bprop(inputs, outputs, kind)
         tests = self.tests(inputs, attrs)
-        if self.errors:
+        if self.errors or impl is None:
             raise SpecErrors(self.errors)
         return OpSpec(self.name, self.path, self.doc.key_locs[self.name], b["doc"].strip(), tuple(inputs),
                       tuple(outputs), tuple(attrs), typevars, targets, impl, bprop, tests)
 
     def attr(self, n: str, spec: LocMap) -> Attr:
         keys = ("attrs", n)
-        atype = spec["type"]
+        atype = AttrType(spec["type"])
         has_default = "default" in spec and spec["default"] is not None
-        default = spec.get("default")
+        default: Any = spec.get("default")
         required = spec.get("required", not has_default and "default" not in spec)
         if required and has_default:
             self.err(keys + ("required",), "a required attr cannot have a default")
         if has_default:
             if not _value_ok(atype, default):
-                what = {"float": "a finite float", "int": "an int64", "list[int]": "a list of int64",
-                        "list[float]": "a list of finite floats"}.get(atype, atype)
+                what = {AttrType.FLOAT: "a finite float", AttrType.INT: "an int64", AttrType.INT_LIST: "a list of int64",
+                        AttrType.FLOAT_LIST: "a list of finite floats"}.get(atype, atype)
                 self.err(keys + ("default",), f"default must be {what}, got {default!r}")
-            elif atype == "float":
+            elif atype == AttrType.FLOAT:
                 default = float(default)
-            elif atype == "list[float]":
+            elif atype == AttrType.FLOAT_LIST:
                 default = [float(x) for x in default]
         choices = spec.get("choices")
         if choices is not None:
@@ -375,9 +552,9 @@ class _Builder:
             if bound is not None and not _float(bound):
                 self.err(keys + (k,), f"{k} must be a finite number, got {bound!r}")
                 lo, hi = (None, hi) if k == "min" else (lo, None)
-        if (lo is not None or hi is not None) and atype not in ("int", "float"):
+        if (lo is not None or hi is not None) and atype not in (AttrType.INT, AttrType.FLOAT):
             self.err(keys + ("min" if lo is not None else "max",), "min/max apply to int and float attrs only")
-        elif has_default and atype in ("int", "float") and _value_ok(atype, default):
+        elif has_default and atype in (AttrType.INT, AttrType.FLOAT) and _value_ok(atype, default):
             if lo is not None and default < lo:
                 self.err(keys + ("default",), f"default {default!r} is below min {lo}")
             if hi is not None and default > hi:
@@ -386,18 +563,21 @@ class _Builder:
                     has_default, bool(required), choices, lo, hi, spec.get("doc", ""),
                     self.loc("attrs", n, key=True))
 
-    def shape_rule(self, keys: tuple, text: str, inputs: list[Input], attr_types: dict) -> ShapeRule:
+    def shape_rule(self, keys: tuple[Any, ...], text: str, inputs: list[Input],
+                   attr_types: dict[str, AttrType]) -> ShapeRule:
         m = _SHAPE.match(text)
-        bad = ShapeRule("same", (), text)
+        bad = ShapeRule(ShapeKind.SAME, (), text)
+        rules = [str(k) for k in ShapeKind]
         if not m:
             self.err(keys, f"cannot parse shape rule '{text}': expected one of "
-                     f"{', '.join(r + '(...)' for r in SHAPE_RULES)}")
+                     f"{', '.join(r + '(...)' for r in rules)}")
             return bad
-        kind, rest = m.group(1), m.group(2)
+        rest = m.group(2)
         args = tuple(a.strip() for a in rest.split(",")) if rest.strip() else ()
-        if kind not in SHAPE_RULES:
-            self.err(keys, f"unknown shape rule '{kind}'{did_you_mean(kind, SHAPE_RULES)}")
+        if m.group(1) not in rules:
+            self.err(keys, f"unknown shape rule '{m.group(1)}'{did_you_mean(m.group(1), rules)}")
             return bad
+        kind = ShapeKind(m.group(1))
         names = {i.name: i for i in inputs}
 
         def want_input(a: str) -> None:
@@ -406,15 +586,16 @@ class _Builder:
             elif names[a].optional:
                 self.err(keys, f"shape rule {kind}() cannot read optional input '{a}'")
 
-        arity = {"same": (1, 1), "reduce": (3, 3), "matmul": (2, 2), "infer": (1, 1)}.get(kind, (1, 99))
+        arity = {ShapeKind.SAME: (1, 1), ShapeKind.REDUCE: (3, 3), ShapeKind.MATMUL: (2, 2),
+                 ShapeKind.INFER: (1, 1)}.get(kind, (1, 99))
         if not arity[0] <= len(args) <= arity[1]:
             self.err(keys, f"{kind}() takes {arity[0] if arity[0] == arity[1] else 'at least 1'} "
                      f"argument{'s' if arity[0] != 1 else ''}, got {len(args)}")
             return bad
-        if kind in ("same", "broadcast", "matmul"):
+        if kind in (ShapeKind.SAME, ShapeKind.BROADCAST, ShapeKind.MATMUL):
             for a in args:
                 want_input(a)
-        elif kind == "reduce":
+        elif kind == ShapeKind.REDUCE:
             want_input(args[0])
             spec_attrs = self.body.get("attrs") or {}
 
@@ -422,17 +603,18 @@ class _Builder:
                 a = spec_attrs.get(n) or {}
                 return a.get("default") is None and a.get("required") is False
 
-            if attr_types.get(args[1]) not in ("list[int]", "int") or (
-                    attr_types.get(args[1]) == "int" and optional_attr(args[1])):
+            if attr_types.get(args[1]) not in (AttrType.INT_LIST, AttrType.INT) or (
+                    attr_types.get(args[1]) == AttrType.INT and optional_attr(args[1])):
                 self.err(keys, f"reduce() axis '{args[1]}' must be a list[int] attr or a non-optional int attr")
-            if args[2] not in ("true", "false") and (attr_types.get(args[2]) != "bool" or optional_attr(args[2])):
+            if args[2] not in ("true", "false") and (attr_types.get(args[2]) != AttrType.BOOL
+                                                     or optional_attr(args[2])):
                 self.err(keys, f"reduce() keepdims '{args[2]}' must be true, false or a non-optional bool attr")
-        elif kind == "infer":
+        elif kind == ShapeKind.INFER:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", args[0]):
                 self.err(keys, f"infer() needs a C++ function name, got '{args[0]}'")
         return ShapeRule(kind, args, text)
 
-    def targets(self, declared: dict[str, tuple[str, ...]]) -> tuple[Target, ...]:
+    def targets(self, declared: dict[str, tuple[DType, ...]]) -> tuple[Target, ...]:
         out = []
         for tname, tspec in self.body["targets"].items():
             tspec = tspec or {}
@@ -446,52 +628,57 @@ class _Builder:
                     if d not in declared[v]:
                         self.err(("targets", tname, "dtypes", v, i),
                                  f"{d} is not among the dtypes of {v} ({', '.join(declared[v])})")
-            dtypes = tuple((v, tuple(narrowed.get(v, ds))) for v, ds in declared.items())
-            formats = tuple(tspec.get("formats") or schema.FORMATS)
-            out.append(Target(tname, dtypes, formats))
+            dtypes = tuple((v, tuple(DType(d) for d in narrowed.get(v, ds))) for v, ds in declared.items())
+            formats = tuple(Format(f) for f in tspec.get("formats") or Format)
+            out.append(Target(Backend(tname), dtypes, formats))
         return tuple(out)
 
-    def impl(self, inputs: list[Input], attrs: list[Attr], outputs: list[Output]) -> Impl:
+    def impl(self, inputs: list[Input], attrs: list[Attr], outputs: list[Output]) -> Optional[Impl]:
         impl: LocMap = self.body["impl"]
         loc = self.loc("impl")
         if len(impl) != 1:
-            self.err(("impl",), "give exactly one of expr, composite, cpp, aot")
-            return Impl("expr", None, None, (), loc)
-        kind = next(iter(impl))
-        keys = ("impl", kind)
-        if kind == "cpp":
-            for t in self.body["targets"]:
-                if t not in KERNEL_TARGETS:
-                    continue  # kernels for other targets are not built yet
-                if self.kernel_root is not None:
-                    kernel = self.kernel_root / "src" / "kernels" / t / f"{self.name}.cpp"
-                    if not kernel.is_file():
-                        self.err(keys, f"missing kernel file {display_path(str(kernel))} for target {t}")
-            return Impl("cpp", None, None, (), loc)
-        if kind == "aot":
+            self.err(("impl",), "give exactly one of " + ", ".join(ImplKind))
+            return None
+        kind = ImplKind(next(iter(impl)))
+        keys = ("impl", str(kind))
+        infer = any(o.shape.kind == ShapeKind.INFER for o in outputs)
+        if kind == ImplKind.CPP:  # (its kernel files are the loader's to find)
+            return CppImpl(loc)
+        if kind == ImplKind.AOT:
             aot = impl["aot"]
             for o in outputs:
-                if o.shape.kind == "infer":
+                if o.shape.kind == ShapeKind.INFER:
                     self.err(keys, "shape rule infer() needs a cpp impl (the function lives in its kernel file)")
             if attrs:
-                self.err(keys, "an aot op takes no attrs: seed 004's C ABI passes tensors only "
+                self.err(keys, "an aot op takes no attrs: MindSpore's AOT C ABI passes tensors only "
                                "(MindSpore's extra is not there when opforge calls the kernel)")
-            return Impl("aot", None, None, (), loc, (str(aot["library"]), str(aot["symbol"])))
-        if any(o.shape.kind == "infer" for o in outputs):
+            return AotImpl(loc, str(aot["library"]), str(aot["symbol"]))
+        if infer:
             self.err(keys, "shape rule infer() needs a cpp impl (the function lives in its kernel file)")
         try:
-            formula = self.formula(impl, kind, keys)
+            formula = self.formula(impl, str(kind), keys)
         except SpecError as exc:
             self.errors.append(exc)
-            return Impl(kind, None, None, (), loc)
-        if kind == "composite":
+            return None
+        if kind == ImplKind.COMPOSITE:
             if len(outputs) != 1:
                 self.err(keys, "a composite op has exactly one output")
-            return Impl("composite", formula, None, (), loc)
+            return CompositeImpl(loc, formula)
+        self.check_expr_shapes(keys, inputs, outputs)
+        # checked by lowering it (the code is dest's to make again): what is checked is what is emitted
+        try:
+            lower_expr(formula, expr_scope(inputs, attrs))
+        except SpecError as exc:
+            self.errors.append(exc)
+            return None
+        return ExprImpl(loc, formula)
+
+    def check_expr_shapes(self, keys: tuple[Any, ...], inputs: list[Input], outputs: list[Output]) -> None:
+        """An expr op's kernel reads every input at each position of its one output."""
         if len(outputs) != 1:
             self.err(keys, "an expr op has exactly one output; use a cpp impl for several")
         for o in outputs:
-            if o.shape.kind not in ("same", "broadcast"):
+            if o.shape.kind not in (ShapeKind.SAME, ShapeKind.BROADCAST):
                 self.err(keys, f"an expr op's output shape is same() or broadcast(), not {o.shape.kind}()")
                 continue
             # the kernel reads every input at the output's positions: an input the rule leaves out
@@ -507,28 +694,19 @@ class _Builder:
                          f"{'is' if len(left) == 1 else 'are'} left out (use broadcast({names}))")
         if any(i.optional for i in inputs):
             self.err(keys, "an expr op cannot have optional inputs")
-        scope = ExprScope([i.name for i in inputs], {a.name: a.type for a in attrs},
-                          {a.name for a in attrs if a.optional_value},
-                          {a.name: a.choices for a in attrs if a.choices is not None})
-        try:
-            lowered = lower_expr(formula, scope)
-        except SpecError as exc:
-            self.errors.append(exc)
-            return Impl("expr", formula, None, (), loc)
-        return Impl("expr", formula, lowered.code, lowered.flags, loc)
 
-    def bprop(self, inputs: list[Input], outputs: list[Output], impl: Impl) -> Optional[Bprop]:
+    def bprop(self, inputs: list[Input], outputs: list[Output], kind: Optional[ImplKind]) -> Optional[Bprop]:
         spec = self.body.get("bprop")
         diff = [i.name for i in inputs if i.differentiable]
         if spec is None:
-            if impl.kind != "composite" and diff:
+            if kind != ImplKind.COMPOSITE and diff:
                 self.errors.append(SpecError(self.doc.key_locs[self.name], "bprop",
                                              f"missing: give a formula for each differentiable input "
                                              f"({', '.join(diff)}), or mark inputs differentiable: false"))
             return None
         lets = []
         grads = []
-        let_spec = spec.get("let") or {}
+        let_spec: LocMap = spec.get("let") or LocMap()
         taken = {i.name for i in inputs} | {o.name for o in outputs} | {o.grad_name for o in outputs}
         taken |= {a for a in (self.body.get("attrs") or {})}
         for n in let_spec:
@@ -597,37 +775,3 @@ class _Builder:
                         (float(gt[0]), float(gt[1])) if gt else None)
 
 
-# ---------------------------------------------------------------------------- cross-op checks
-
-
-def check_ops(ops: list[OpSpec], extra: Optional[list[OpSpec]] = None,
-              broken: frozenset = frozenset()) -> list[SpecError]:
-    """Checks that need every op: the ops that formulas call exist and are called correctly.
-
-    Ops whose formulas call an op in ``broken`` (a spec that failed to load) are skipped: they
-    are checked again once that spec is fixed, rather than reported as calling an unknown op.
-    """
-    from .api import graph_scopes  # formulas are checked by lowering them, as emit does
-
-    errors: list[SpecError] = []
-    table = {o.name: o for o in (extra or [])}
-    table.update({o.name: o for o in ops})
-    for op in ops:
-        if broken & _called_ops(op):
-            continue
-        try:
-            graph_scopes(op, table)
-        except SpecError as exc:
-            errors.append(exc)
-    return errors
-
-
-def _called_ops(op: OpSpec) -> set[str]:
-    formulas = [f for _, f in op.bprop.lets + op.bprop.grads] if op.bprop else []
-    if op.impl.kind == "composite" and op.impl.formula is not None:
-        formulas.append(op.impl.formula)
-    return set().union(*[ops_in(f.ast) for f in formulas]) if formulas else set()
-
-
-__all__ = ["OpSpec", "Input", "Output", "Attr", "Target", "Impl", "Bprop", "TestSpec", "ShapeRule",
-           "check_ops", "names_in", "LocList"]

@@ -1,15 +1,17 @@
-"""The one list of allowed spec keys: a cerberus schema for one op's YAML mapping."""
+"""The one list of allowed spec keys: a cerberus schema for one op's YAML mapping (checked by
+``load`` before the model is built)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64",
-          "float16", "bfloat16", "float32", "float64")
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-FORMATS = ("DefaultFormat", "NCHW", "NHWC")
-TARGETS = ("cpu", "cuda", "ascend")
-ATTR_TYPES = ("bool", "int", "float", "str", "list[int]", "list[float]")
+from .model import AttrType, Backend, DType, Format
+
+# the closed vocabularies are the model's enums, in their order (messages list them so)
+DTYPES = [str(d) for d in DType]
+FORMATS = [str(f) for f in Format]
+TARGETS = [str(b) for b in Backend]
+ATTR_TYPES = [str(t) for t in AttrType]
 
 IDENT = {"type": "string", "regex": r"[a-z_][a-z0-9_]*\Z"}
 TYPEVAR = {"type": "string", "regex": r"[A-Z][A-Za-z0-9_]*\Z"}
@@ -33,7 +35,7 @@ OUTPUT: dict[str, Any] = {
 }
 
 ATTR: dict[str, Any] = {
-    "type": {"type": "string", "required": True, "allowed": list(ATTR_TYPES)},
+    "type": {"type": "string", "required": True, "allowed": ATTR_TYPES},
     "default": {"nullable": True},
     "required": {"type": "boolean"},
     "choices": {"type": "list", "empty": False},
@@ -45,16 +47,16 @@ ATTR: dict[str, Any] = {
 TARGET: dict[str, Any] = {
     "dtypes": {"type": "dict", "keysrules": TYPEVAR,
                "valuesrules": {"type": "list", "empty": False,
-                               "schema": {"type": "string", "allowed": list(DTYPES)}}},
+                               "schema": {"type": "string", "allowed": DTYPES}}},
     "formats": {"type": "list", "empty": False,
-                "schema": {"type": "string", "allowed": list(FORMATS)}},
+                "schema": {"type": "string", "allowed": FORMATS}},
 }
 
-IMPL: dict[str, Any] = {
+IMPL: dict[str, Any] = {  # one key per ImplKind
     "expr": FORMULA,
     "composite": FORMULA,
     "cpp": {"type": "dict", "nullable": True, "schema": {}},
-    # a kernel in an external shared library with seed 004's C ABI
+    # a kernel in an external shared library with MindSpore's AOT C ABI
     "aot": {"type": "dict", "schema": {
         "library": {"type": "string", "required": True, "empty": False},
         "symbol": {"type": "string", "required": True, "regex": r"[A-Za-z_][A-Za-z0-9_]*\Z"},
@@ -76,7 +78,7 @@ TESTS: dict[str, Any] = {
     "shapes": {"type": "list", "empty": False,
                "schema": {"type": "list", "schema": {"type": "list", "nullable": True,
                                                     "schema": {"type": "integer", "min": 0}}}},
-    "tolerance": {"type": "dict", "keysrules": {"type": "string", "allowed": list(DTYPES)},
+    "tolerance": {"type": "dict", "keysrules": {"type": "string", "allowed": DTYPES},
                   "valuesrules": TOLERANCE},
     "grad_tolerance": TOLERANCE,
 }
@@ -90,9 +92,9 @@ OP: dict[str, Any] = {
     "attrs": {"type": "dict", "keysrules": IDENT, "valuesrules": {"type": "dict", "schema": ATTR}},
     "dtypes": {"type": "dict", "keysrules": TYPEVAR,
                "valuesrules": {"type": "list", "empty": False,
-                               "schema": {"type": "string", "allowed": list(DTYPES)}}},
+                               "schema": {"type": "string", "allowed": DTYPES}}},
     "targets": {"type": "dict", "required": True, "empty": False,
-                "keysrules": {"type": "string", "allowed": list(TARGETS)},
+                "keysrules": {"type": "string", "allowed": TARGETS},
                 "valuesrules": {"type": "dict", "nullable": True, "schema": TARGET}},
     "impl": {"type": "dict", "required": True, "schema": IMPL},
     "bprop": BPROP,

@@ -28,7 +28,8 @@ def test_wheel_name_says_its_backend(tmp_path: Path) -> None:
     generated |= {f"opforge/include/runtime/{p.name}" for p in (ROOT / "src" / "runtime").glob("*.h")}
     generated |= {f"opforge/include/ops/{p.stem}.h" for p in (ROOT / "op_specs").glob("*.yaml")}
     generated |= {f"opforge/codegen/templates/{p.name}" for p in (ROOT / "codegen" / "templates").iterdir()}
-    generated |= {f"opforge/codegen/{p.name}" for p in (ROOT / "codegen").glob("*.py")}
+    generated |= {f"opforge/codegen/{p.relative_to(ROOT / 'codegen').as_posix()}"
+                  for p in (ROOT / "codegen").rglob("*.py")}
     # aot ops' external libraries, built from src/kernels/aot/<op>.cpp
     generated |= {f"opforge/lib{p.stem}.so" for p in (ROOT / "src" / "kernels" / "aot").glob("*.cpp")}
     assert package | generated <= names, sorted((package | generated) - names)
@@ -39,7 +40,7 @@ def test_meson_installs_every_python_source() -> None:
     # from the wheel (the slow test above sees it; this catches it in the fast set)
     listed = (ROOT / "meson.build").read_text()
     sources = [p for p in (ROOT / "pkg" / "opforge").iterdir() if p.name != "__pycache__"]
-    sources += list((ROOT / "codegen").glob("*.py")) + list((ROOT / "codegen" / "templates").iterdir())
+    sources += list((ROOT / "codegen").rglob("*.py")) + list((ROOT / "codegen" / "templates").iterdir())
     missing = [str(p.relative_to(ROOT)) for p in sources if f"'{p.relative_to(ROOT).as_posix()}'" not in listed]
     assert not missing, f"not installed by meson.build: {missing}"
 

@@ -13,7 +13,7 @@ pytest.importorskip("mypy", reason='mypy is not installed (pip install ".[test]"
 
 
 def test_mypy_is_clean() -> None:
-    # no paths: mypy checks the `files` of [tool.mypy] (pkg/opforge), so extending that list extends
+    # no paths: mypy checks the `files` of [tool.mypy] (pkg/opforge, codegen), so extending that list extends
     # this test; its cache (.mypy_cache/) makes later runs take seconds
     r = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml")],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -62,11 +62,12 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from opforge.codegen.emit import docstring
+    from opforge.codegen.api import docstring
+    from opforge.codegen.model import AotImpl
 
     op = _find(_load(args.specs), args.op)
     print(docstring(op))
-    impl = op.impl.kind + (f" (function {op.impl.aot[1]} of {op.impl.aot[0]})" if op.impl.aot else "")
+    impl = op.impl.kind + (f" (function {op.impl.symbol} of {op.impl.library})" if isinstance(op.impl, AotImpl) else "")
     print(f"Impl: {impl}")
     diff = [i.name for i in op.inputs if i.differentiable]
     print(f"Differentiable inputs: {', '.join(diff) or 'none'}")
@@ -88,7 +89,7 @@ def _backend(name: str) -> None:
 
 
 def _gen(args: argparse.Namespace) -> int:
-    from opforge.codegen.emit import render_all, write_if_changed
+    from opforge.codegen.gen import render_all, write_if_changed
 
     _backend(args.backend)
     specs = _spec_paths([args.specs])[0]
@@ -102,8 +103,8 @@ def _gen(args: argparse.Namespace) -> int:
 
 
 def _docs(args: argparse.Namespace) -> int:
-    from opforge.codegen.docs import render_docs
-    from opforge.codegen.emit import write_if_changed
+    from opforge.codegen.dest.docs import render_docs
+    from opforge.codegen.gen import write_if_changed
 
     specs = _spec_paths([args.specs])[0]
     ops = _load([specs])

@@ -162,8 +162,8 @@ def _codegen_digest() -> str:
     """The codegen's own files (its output depends on them as much as on the specs)."""
     h = hashlib.sha256()
     base = _native.PACKAGE_DIR / "codegen"
-    for p in sorted([*base.glob("*.py"), *(base / "templates").glob("*.j2")]):
-        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    for p in sorted([*base.rglob("*.py"), *(base / "templates").glob("*.j2")]):
+        h.update(p.relative_to(base).as_posix().encode() + b"\0" + p.read_bytes())
     return h.hexdigest()
 
 
@@ -470,7 +470,7 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
            verbose: bool) -> list[str]:
     """Generate, compile and link the module into the cache entry; returns the TUs compiled."""
     from opforge.codegen import SpecError, load_specs
-    from opforge.codegen.emit import render_module, write_if_changed
+    from opforge.codegen.gen import render_module, write_if_changed
 
     known = _known_specs(root)
     ops = load_specs(spec_files, known=known)  # SpecErrors: before any compiler runs

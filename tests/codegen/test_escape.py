@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from codegen import escape, load_specs
-from codegen.emit import render_all, render_module
+from codegen.gen import render_all, render_module
 from test_spec_errors import LEAKY, leaky
 from conftest import ROOT, write_specs
 

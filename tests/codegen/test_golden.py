@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from codegen import load_specs
-from codegen.emit import Rendered, render_all, render_formulas, render_op, render_registry, render_stub
+from codegen.gen import Rendered, render_all, render_formulas, render_op, render_registry, render_stub
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -53,7 +53,7 @@ def test_int_attr_default_beyond_int64(spec_errors) -> None:
 
 def test_str_choices_are_escaped_in_generated_code(in_tmp, real_ops) -> None:
     from codegen import load_specs
-    from codegen.emit import render_op
+    from codegen.gen import render_op
 
     spec = leaky("    alpha: {type: float, default: 0.01}",
                  '    alpha: {type: float, default: 0.01}\n    mode: {type: str, default: "a\\"b", choices: ["a\\"b", "c\\\\d"]}')

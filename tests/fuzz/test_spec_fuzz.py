@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from codegen import SpecError, SpecErrors, load_specs  # noqa: E402
-from codegen.emit import render_module  # noqa: E402
+from codegen.gen import render_module  # noqa: E402
 
 SPEC_DIR = ROOT / "op_specs"
 SPECS = {p.stem: yaml.safe_load(p.read_text(encoding="utf-8")) for p in sorted(SPEC_DIR.glob("*.yaml"))}

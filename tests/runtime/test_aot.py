@@ -1,4 +1,4 @@
-"""AOT both ways: every op's exported entry point with seed 004's C ABI (called here through
+"""AOT both ways: every op's exported entry point with MindSpore's AOT C ABI (called here through
 ctypes, as MindSpore calls it), and ops of impl kind ``aot`` whose kernel is a function of an
 external shared library: the shipped one, one this test builds from a small C++ file, and one
 built against PyTorch's ATen with torch's C++ extension tooling (seed 004's example)."""

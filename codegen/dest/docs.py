@@ -1,22 +1,20 @@
-"""The op reference: one Markdown page per op (signature, attrs, dtypes per target, gradient
+"""The op reference (``opforge docs``): one Markdown page per op (signature, attrs, dtypes per target, gradient
 formulas, an example), from the specs alone, plus an index."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from . import api
-from .emit import _ENV, _py_sig, Rendered, banner
-from .model import OpSpec
-
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
+from .. import api
+from ..model import FLOAT_DTYPES, AotImpl, Attr, CompositeImpl, DType, OpSpec
+from .render import Rendered, banner, render
 
 
 def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def _allowed(a) -> str:
+def _allowed(a: Attr) -> str:
     parts = []
     if a.choices:
         parts.append("one of " + ", ".join(f"`{c}`" for c in a.choices))
@@ -39,13 +37,13 @@ def example(op: OpSpec) -> list[str]:
     for i, shape in zip(op.inputs, shapes):
         if shape is None:
             continue
-        d = dtypes[i.dtype][-1] if i.dtype in dtypes else i.dtype
-        if d in ("float16", "bfloat16"):
-            d = "float32"
+        d = dtypes[i.dtype][-1] if i.dtype in dtypes else DType(i.dtype)
+        if d in (DType.FLOAT16, DType.BFLOAT16):
+            d = DType.FLOAT32
         shape = tuple(shape)
-        if d == "bool":
+        if d == DType.BOOL:
             value = f"rng.random({shape}) > 0.5"
-        elif d in _FLOATS:
+        elif d in FLOAT_DTYPES:
             lo, hi = dict(op.tests.domain).get(i.name, (-2.0, 2.0)) if op.tests else (-2.0, 2.0)
             value = f"rng.uniform({lo}, {hi}, {shape}).astype(np.{d})"
         else:
@@ -59,15 +57,16 @@ def example(op: OpSpec) -> list[str]:
 
 
 def render_op_page(op: OpSpec, source: str) -> Rendered:
-    grads = [f"let {n} = {f.text}" for n, f in op.bprop.lets] + [f"d{n} = {f.text}" for n, f in op.bprop.grads] \
-        if op.bprop is not None else []
+    grads = ([f"let {n} = {f.text}" for n, f in op.bprop.lets] + [f"d{n} = {f.text}" for n, f in op.bprop.grads]
+             if op.bprop is not None else [])
     targets = []
     for t in op.targets:
         dts = "; ".join(f"{v}: {', '.join(ds)}" for v, ds in t.dtypes) or "concrete dtypes only"
         targets.append({"name": t.name, "dtypes": dts, "formats": ", ".join(t.formats), "rows": len(t.rows())})
-    text = _ENV.get_template("op.md.j2").render(
-        banner=banner("", source, "op.md.j2").strip(),
-        name=op.name, sig=_py_sig(op), doc=op.doc, impl=op.impl.kind, aot=op.impl.aot, spec=source,
+    aot = (op.impl.library, op.impl.symbol) if isinstance(op.impl, AotImpl) else None
+    text = render(
+        "op.md.j2", banner=banner("", source, "op.md.j2").strip(),
+        name=op.name, sig=api.py_signature(op), doc=op.doc, impl=op.impl.kind, aot=aot, spec=source,
         inputs=[{"name": i.name, "dtype": i.dtype, "optional": i.optional, "differentiable": i.differentiable,
                  "doc": _cell(i.doc)} for i in op.inputs],
         attrs=[{"name": a.name, "type": a.type,
@@ -77,7 +76,7 @@ def render_op_page(op: OpSpec, source: str) -> Rendered:
         outputs=[{"name": o.name, "dtype": o.dtype, "shape": o.shape.text, "differentiable": o.differentiable,
                   "doc": _cell(o.doc)} for o in op.outputs],
         targets=targets, grads=grads,
-        composite=op.impl.formula.text if op.impl.kind == "composite" and op.impl.formula else None,
+        composite=op.impl.formula.text if isinstance(op.impl, CompositeImpl) else None,
         example=example(op))
     return Rendered(f"{op.name}.md", text)
 

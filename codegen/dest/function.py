@@ -1,0 +1,278 @@
+"""The op's C++ Function class and API: its header (attrs struct, ``ops::<op>`` declaration,
+kernel and infer declarations) and, in its TU, the expr functor, attr checks, Forward/Backward,
+``ops::<op>`` and the meta rule."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from .. import api, escape
+from ..api import Lowered, LoweredBprop
+from ..model import (BUILT_BACKENDS, AotImpl, Attr, AttrType, CppImpl, DType, ExprImpl, OpSpec, ShapeKind,
+                     ShapeRule)
+
+_cpp_str = escape.cpp_str
+
+
+# ---------------------------------------------------------------------------- pieces
+
+
+def shape_expr(op: OpSpec, rule: ShapeRule) -> str:
+    """C++ computing an output's shape from the inputs (``v_<name>``) and ``attrs``."""
+    a = rule.args
+    if rule.kind == ShapeKind.SAME:
+        return f"v_{a[0]}->shape()"
+    if rule.kind == ShapeKind.BROADCAST:
+        ptrs = ", ".join(f"v_{n}.get()" for n in a)
+        names = ", ".join(_cpp_str(n) for n in a)
+        return f"broadcast_shapes(kName, {{{ptrs}}}, {{{names}}})"
+    if rule.kind == ShapeKind.REDUCE:
+        axis = op.attr(a[1])
+        if axis.type == AttrType.INT:
+            axes = f"Axes(std::vector<int64_t>{{attrs.{axis.name}}})"
+        else:
+            axes = f"Axes(attrs.{axis.name})"
+        keep = a[2] if a[2] in ("true", "false") else f"attrs.{a[2]}"
+        return f"reduce_shape(kName, v_{a[0]}->shape(), {axes}, {keep})"
+    if rule.kind == ShapeKind.MATMUL:
+        return f"matmul_shape(kName, v_{a[0]}->shape(), v_{a[1]}->shape())"
+    inputs = ", ".join(f"v_{i.name}" for i in op.inputs)
+    return f"{a[0]}(TensorList{{{inputs}}}, attrs)"
+
+
+def dtype_expr(op: OpSpec, dtype: str) -> str:
+    """C++ giving an output's dtype: its type variable's binding in this call, or a constant."""
+    names = [v for v, _ in op.typevars]
+    if dtype in names:
+        return f"call.var({names.index(dtype)})"
+    return api.dtype_enum(dtype)
+
+
+def _storage(dtype: str, binding: Mapping[str, DType]) -> str:
+    return api.DTYPE_STORAGE[binding[dtype] if dtype in binding else DType(dtype)]
+
+
+def _bindings(op: OpSpec) -> list[dict[str, DType]]:
+    """Distinct type-variable bindings over the built targets' rows, in row order."""
+    out: list[dict[str, DType]] = []
+    for tname in BUILT_BACKENDS:
+        t = op.target(tname)
+        if t is None:
+            continue
+        for binding, _ in t.rows():
+            if binding not in out:
+                out.append(binding)
+    return out
+
+
+def _condition(op: OpSpec, binding: Mapping[str, DType]) -> str:
+    names = [v for v, _ in op.typevars]
+    parts = [f"call.var({names.index(v)}) == {api.dtype_enum(d)}" for v, d in binding.items()]
+    return " && ".join(parts) if parts else "true"
+
+
+def _template_args(op: OpSpec, binding: Mapping[str, DType], qualified: bool = False) -> str:
+    def name(d: DType) -> str:
+        t = api.DTYPE_STORAGE[d]
+        return f"opforge::{t}" if qualified and t in ("Half", "BFloat16") else t
+
+    return ", ".join(name(binding[v]) for v, _ in op.typevars)
+
+
+def _kernel_params(op: OpSpec, qualified: bool = False) -> str:
+    p = "opforge::" if qualified else ""
+    params = [f"const {p}TensorPtr& {i.name}" for i in op.inputs]
+    params += [f"const {p}TensorPtr& {o.name}" for o in op.outputs]
+    params.append(f"const {p}{op.class_name}Attrs& attrs")
+    return ", ".join(params)
+
+
+def _attr_check(a: Attr) -> list[str]:
+    lines = []
+    val = f"attrs.{a.name}"
+    guard = ""
+    if a.optional_value:
+        guard = f"{val} && "
+        val = f"(*attrs.{a.name})"
+    if a.choices is not None:
+        cond = " || ".join(f"{val} == {api.cpp_literal(a.type, c)}" for c in a.choices)
+        shown = _cpp_str(f"attr '{a.name}' must be one of: " + ", ".join(str(c) for c in a.choices) + "; got ")
+        lines.append(f"if ({guard}!({cond})) fail<ValueError>(kName, {shown}, {val});")
+    if a.min is not None:
+        lines.append(f"if ({guard}{val} < {a.min!r}) fail<ValueError>(kName, \"attr '{a.name}' must be >= "
+                     f"{a.min}, got \", {val});")
+    if a.max is not None:
+        lines.append(f"if ({guard}{val} > {a.max!r}) fail<ValueError>(kName, \"attr '{a.name}' must be <= "
+                     f"{a.max}, got \", {val});")
+    return lines
+
+
+def _ret_type(op: OpSpec) -> str:
+    return "TensorPtr" if len(op.outputs) == 1 else "TensorList"
+
+
+def _params(op: OpSpec, with_defaults: bool) -> str:
+    """The parameters of ``ops::<op>``: inputs, then attrs (with their C++ defaults)."""
+    params = [f"const TensorPtr& v_{i.name}" for i in op.inputs]
+    for a in op.attrs:
+        d = api.attr_cpp_default(a) if with_defaults else None
+        params.append(f"{api.attr_cpp_type(a)} v_{a.name}" + (f" = {d}" if d is not None else ""))
+    return ", ".join(params)
+
+
+# ---------------------------------------------------------------------------- Forward
+
+
+def _kernel_branches(op: OpSpec) -> list[tuple[str, str, str]]:
+    """(if / else if, condition, call) per dtype binding: the kernel call of an expr or cpp op."""
+    tvars = [v for v, _ in op.typevars]
+    inputs = op.inputs
+    branches: list[tuple[str, str, str]] = []
+    for b in _bindings(op):
+        if isinstance(op.impl, ExprImpl):
+            out = op.outputs[0]
+            tys = ", ".join([_storage(out.dtype, b)] + [_storage(i.dtype, b) for i in inputs])
+            ctype = (f"compute_t<{_storage(inputs[[i.dtype for i in inputs].index(tvars[0])].dtype, b)}>"
+                     if tvars and any(i.dtype == tvars[0] for i in inputs)
+                     else f"compute_t<{_storage(out.dtype, b)}>")
+            ins = ", ".join(f"v_{i.name}.get()" for i in inputs)
+            body = f"elementwise<{tys}>(*v_{out.name}, {op.class_name}Expr<{ctype}>{{attrs}}, {{{ins}}});"
+        else:
+            args = ", ".join([f"c_{i.name}" for i in inputs] + [f"v_{o.name}" for o in op.outputs] + ["attrs"])
+            targs = f"<{_template_args(op, b)}>" if tvars else ""
+            body = f"kernels::cpu::{op.name}{targs}({args});"
+        branches.append(("if" if not branches else "else if", _condition(op, b), body))
+    return branches
+
+
+def _forward(op: OpSpec, lowered: Lowered) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """Forward's lines up to the kernel call, and the kernel call's dtype branches."""
+    check_args = ", ".join(f"v_{i.name}.get()" for i in op.inputs)
+    fwd = [f"const CallInfo call = check_call(kInfo, {{{check_args}}});"]
+    impl = op.impl
+    if isinstance(impl, (ExprImpl, CppImpl)):
+        if isinstance(impl, CppImpl):
+            for i in op.inputs:
+                fwd.append(f"const TensorPtr c_{i.name} = v_{i.name} ? contiguous(v_{i.name}) : nullptr;")
+        for o in op.outputs:
+            fwd.append(f"TensorPtr v_{o.name} = empty({dtype_expr(op, o.dtype)}, "
+                       f"{shape_expr(op, o.shape)}, call.format);")
+        return fwd, _kernel_branches(op)
+    if isinstance(impl, AotImpl):
+        ins = ", ".join(f"v_{i.name}" for i in op.inputs)
+        shapes = ", ".join(shape_expr(op, o.shape) for o in op.outputs)
+        dtypes = ", ".join(dtype_expr(op, o.dtype) for o in op.outputs)
+        fwd.append(f"const TensorList r = aot::call_external(kName, {_cpp_str(impl.library)}, "
+                   f"{_cpp_str(impl.symbol)}, {{{ins}}}, {{{shapes}}}, {{{dtypes}}});")
+        for k, o in enumerate(op.outputs):
+            fwd.append(f"TensorPtr v_{o.name} = r[{k}];")
+        return fwd, []
+    fwd.append(f"TensorPtr v_{op.outputs[0].name} = {lowered.composite};")
+    return fwd, []
+
+
+def _saves(op: OpSpec, lb: LoweredBprop) -> list[str]:
+    """Forward's tail: save what the bprop formulas read, only for inputs that need grad."""
+    need = sorted({k for _, ks in lb.saved for k in ks} | {k for k, _, _ in lb.grads})
+    saves = [f"const bool need_{k} = ctx->NeedGrad(v_{op.inputs[k].name});" for k in need]
+    any_need = " || ".join(f"need_{k}" for k in need) or "false"
+    entries = ", ".join(f"({' || '.join(f'need_{k}' for k in ks)}) ? v_{n} : nullptr" for n, ks in lb.saved)
+    saves.append(f"if ({any_need}) {{")
+    saves.append(f"  ctx->SaveForBackward({{{entries}}});")
+    if lb.uses_attrs:
+        saves.append("  ctx->SaveAttrs(attrs);")
+    saves.append("}")
+    return saves
+
+
+def _backward(op: OpSpec, lb: LoweredBprop) -> list[str]:
+    """Backward's body: the saved tensors, the lets and gradients each input's need guards."""
+    # (padded with nullptr: a node is recorded for any input that requires grad, but Forward
+    # saves only when an input whose formula reads them does, so the list may be empty)
+    bw = ["TensorList saved = ctx->GetSavedTensors();", f"saved.resize({len(lb.saved)});"]
+    for k, (n, _) in enumerate(lb.saved):
+        bw.append(f"[[maybe_unused]] const TensorPtr& v_{n} = saved[{k}];")
+    for k, o in enumerate(op.outputs):
+        if o.differentiable:
+            bw.append(f"[[maybe_unused]] const TensorPtr& v_{o.grad_name} = grad_outputs[{k}];")
+    if lb.uses_attrs:
+        bw.append(f"const {op.class_name}Attrs& attrs = ctx->GetAttrs<{op.class_name}Attrs>();")
+    for k in sorted({k for k, _, _ in lb.grads}):
+        bw.append(f"const bool need_{k} = ctx->NeedsInputGrad({k});")
+    for n, code, ctype, ks in lb.lets:
+        cond = " || ".join(f"need_{k}" for k in ks) or "false"
+        bw.append(f"{ctype} v_{n}{{}};")
+        bw.append(f"if ({cond}) v_{n} = {code};")
+    bw.append(f"TensorList grads({len(op.inputs)});")
+    for k, n, code in lb.grads:
+        bw.append(f"if (need_{k}) grads[{k}] = ctx->ReduceGrad({k}, {code});")
+    bw.append("return grads;")
+    return bw
+
+
+def _expr_functor(op: OpSpec) -> Optional[dict[str, Any]]:
+    lowered = api.lowered_expr(op)
+    if lowered is None:
+        return None
+    tparams = ", ".join(f"typename P{k}" for k in range(len(op.inputs)))
+    fparams = ", ".join(f"P{k} v_{i.name}" for k, i in enumerate(op.inputs))
+    return {"tparams": tparams, "params": fparams, "expr": lowered.code,
+            "flags": [f"const bool {m} = {init};" for m, init in lowered.flags]}
+
+
+# ---------------------------------------------------------------------------- contexts
+
+
+def header_context(op: OpSpec) -> dict[str, Any]:
+    """What templates/op.h.j2 places."""
+    tvars = [v for v, _ in op.typevars]
+    kernel = None
+    if isinstance(op.impl, CppImpl):
+        tparams = ", ".join(f"typename {v}" for v in tvars)
+        inst = [f"template void opforge::kernels::cpu::{op.name}<{_template_args(op, b, True)}>"
+                f"({_kernel_params(op, qualified=True)});" for b in (_bindings(op) if tvars else [])]
+        kernel = {"template": f"template <{tparams}>\n" if tvars else "",
+                  "params": _kernel_params(op), "instantiations": inst or ["/* not a template */"],
+                  "macro": f"OPFORGE_INSTANTIATE_{op.name.upper()}_CPU"}
+    attr_fields = []
+    for a in op.attrs:
+        d = api.attr_cpp_default(a)
+        attr_fields.append(f"{api.attr_cpp_type(a)} {a.name}" + (f" = {d}" if d is not None else "{}") + ";")
+    return {
+        "name": op.name, "cls": op.class_name,
+        "doc_first": escape.cpp_comment(op.doc.splitlines()[0] if op.doc else op.name),
+        "attr_fields": attr_fields, "ret_type": _ret_type(op), "params_decl": _params(op, with_defaults=True),
+        "infer_fns": sorted({o.shape.args[0] for o in op.outputs if o.shape.kind == ShapeKind.INFER}),
+        "kernel": kernel,
+    }
+
+
+def context(op: OpSpec, lowered: Lowered) -> dict[str, Any]:
+    """What templates/function.cpp.j2 places (and op.cpp.j2's includes of the ops formulas call)."""
+    cls = op.class_name
+    inputs = op.inputs
+    forward, branches = _forward(op, lowered)
+    lb = lowered.bprop
+    return {
+        "name": op.name, "cls": cls,
+        "includes": sorted(f"{o}.h" for o in lowered.used_ops if o != op.name),
+        "expr": _expr_functor(op),
+        "attr_params": ", ".join(f"{api.attr_cpp_type(a)} v_{a.name}" for a in op.attrs),
+        "attr_assign": [f"attrs.{a.name} = v_{a.name};" for a in op.attrs],
+        "attr_checks": [line for a in op.attrs for line in _attr_check(a)],
+        "has_function": op.has_autograd_function,
+        "ret_type": _ret_type(op),
+        "forward_params": ", ".join([f"const TensorPtr& v_{i.name}" for i in inputs] + [f"const {cls}Attrs& attrs"]),
+        "forward": forward, "branches": branches,
+        "non_diff": ", ".join(f"v_{o.name}" for o in op.outputs if not o.differentiable),
+        "saves": _saves(op, lb) if lb is not None else [],
+        "backward": {"lines": _backward(op, lb)} if lb is not None else {},
+        "outputs_ret": (f"v_{op.outputs[0].name}" if len(op.outputs) == 1
+                        else "TensorList{" + ", ".join(f"v_{o.name}" for o in op.outputs) + "}"),
+        "params": _params(op, with_defaults=False),
+        "attr_args": ", ".join(f"v_{a.name}" for a in op.attrs),
+        "apply_args": ", ".join([f"v_{i.name}" for i in inputs] + ["attrs"]),
+        "check_args": ", ".join(f"v_{i.name}.get()" for i in inputs),
+        "composite_code": lowered.composite,
+        "meta_rows": [f"TensorMeta{{{shape_expr(op, o.shape)}, {dtype_expr(op, o.dtype)}}}" for o in op.outputs],
+    }

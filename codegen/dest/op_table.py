@@ -1,0 +1,70 @@
+"""``_formulas.py``: the op table of framework adapters (opforge.torch, opforge.mindspore): every
+op's inputs, attrs, outputs and shape rules as data, its composite and gradient formulas lowered to
+Python over the adapter's ops ``F`` and helpers ``H``."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+from .. import api
+from ..formula.lang import PY
+from ..model import AotImpl, OpSpec
+from .render import Rendered, banner, render
+
+
+def _tuple(items: Sequence[str]) -> str:
+    return "".join(f"{x}, " for x in items).rstrip()
+
+
+def _bprop(op: OpSpec, lb: api.LoweredBprop) -> list[str]:
+    """The body of ``_bprop_<op>``: lets, then one reduced gradient (or None) per input."""
+    lines = []
+    for n, code, _, ks in lb.lets:
+        cond = " or ".join(f"need[{k}]" for k in ks) or "False"
+        lines.append(f"v_{n} = {code} if {cond} else None")
+    grads = {k: code for k, _, code in lb.grads}
+    lines.append("return (")
+    for k, _ in enumerate(op.inputs):
+        if k in grads:
+            lines.append(f"    H.reduce_grad({grads[k]}, meta[{k}]) if need[{k}] else None,")
+        else:
+            lines.append("    None,")
+    lines.append(")")
+    return lines
+
+
+def _context(op: OpSpec, table: Mapping[str, OpSpec]) -> dict[str, Any]:
+    lowered = api.lower_formulas(op, table, PY)
+    attr_params = [f"a_{a.name}" for a in op.attrs]
+    aot = (op.impl.library, op.impl.symbol) if isinstance(op.impl, AotImpl) else None
+    ctx: dict[str, Any] = {
+        "name": op.name, "impl": op.impl.kind, "doc": repr(op.doc.splitlines()[0] if op.doc else op.name),
+        "typevars": _tuple([repr(v) for v, _ in op.typevars]),
+        "inputs": [f"InputDef({i.name!r}, {str(i.dtype)!r}, {i.optional}, {i.differentiable})" for i in op.inputs],
+        "attrs": [f"AttrDef({a.name!r}, {str(a.type)!r}, {a.required}, {api.py_default(a) or 'None'}, "
+                  f"{tuple(a.choices) if a.choices is not None else None!r})" for a in op.attrs],
+        "outputs": [f"OutputDef({o.name!r}, {str(o.dtype)!r}, {str(o.shape.kind)!r}, {o.shape.args!r}, "
+                    f"{o.differentiable})" for o in op.outputs],
+        "composite": lowered.composite,
+        "composite_params": ", ".join([f"v_{i.name}" for i in op.inputs] + attr_params),
+        "bprop": None, "bprop_params": "", "saved": "",
+        "aot_symbols": _tuple([repr((m, sym)) for m, sym in api.aot_symbols(op)]),
+        "aot_kernel": repr(aot),
+    }
+    lb = lowered.bprop
+    if lb is None:
+        return ctx
+    params = ([f"v_{i.name}" for i in op.inputs] + [f"v_{o.name}" for o in op.outputs]
+              + [f"v_{o.grad_name}" for o in op.outputs if o.differentiable] + attr_params)
+    ctx.update(bprop=_bprop(op, lb), bprop_params=", ".join(params),
+               saved=_tuple([repr((n, ks)) for n, ks in lb.saved]))
+    return ctx
+
+
+def render_formulas(ops: Sequence[OpSpec], sources: Sequence[str],
+                    table: Optional[Mapping[str, OpSpec]] = None) -> Rendered:
+    """The adapters' op table for ops; their formulas may call any op of table (default: ops)."""
+    table = table if table is not None else {o.name: o for o in ops}
+    text = render("formulas.py.j2", banner=banner("#", f"{len(sources)} specs", "formulas.py.j2"),
+                  ops=[_context(op, table) for op in ops])
+    return Rendered("_formulas.py", text)

@@ -1,0 +1,262 @@
+"""Graph formulas (``bprop``, ``bprop.let``, ``impl.composite``): checked against the ops they call
+and lowered to code in a ``Lang`` (C++ or Python) in one walk, so each language emits exactly what
+was checked."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from ..errors import SpecError, did_you_mean
+from .lang import CPP, CppLang
+from .syntax import COMPARE_OPS, OPERATOR_OPS, Binary, BoolLit, Call, Formula, ListLit, Name, Node, Num, Str, Unary
+
+# helpers usable in graph formulas: name -> (parameter kinds, result kind)
+HELPERS: Mapping[str, tuple[tuple[str, ...], str]] = {
+    "zeros_like": (("tensor",), "tensor"),
+    "ones_like": (("tensor",), "tensor"),
+    "numel": (("tensor",), "number"),
+    "expand_reduced": (("tensor", "tensor", "axes", "bool"), "tensor"),
+    "if_given": (("optional", "any", "any"), "same"),
+}
+NUMBER_KINDS = ("number", "int", "float")
+
+
+@dataclass(frozen=True)
+class OpSignature:
+    """What a formula needs to know to call an op."""
+
+    name: str
+    inputs: tuple[tuple[str, bool], ...]          # (name, optional)
+    attrs: tuple[tuple[str, str, bool, str, str], ...]  # (name, type, required, C++ default, Python default)
+    num_outputs: int
+
+    def default_code(self, attr: str, lang: CppLang) -> str:
+        """The attr's default value as code in lang."""
+        row = next(a for a in self.attrs if a[0] == attr)
+        return lang.attr_default(row[3], row[4])
+
+
+@dataclass
+class GraphScope:
+    """Names visible in a bprop or composite formula."""
+
+    tensors: Mapping[str, str]         # name -> code (a tensor)
+    optional: set[str]                 # tensor names that may be absent (null)
+    attrs: Mapping[str, tuple[str, str]]  # name -> (type, code)
+    ops: Mapping[str, OpSignature]
+    used_ops: set[str] = field(default_factory=set)
+
+
+Lowered = tuple[str, str]  # (code, kind of value: tensor, number, int, float, bool, str, an attr type...)
+
+
+class _Lowering:
+    """One walk over a formula's AST: each node kind checked and spelled by its own method."""
+
+    def __init__(self, formula: Formula, scope: GraphScope, lang: CppLang):
+        self.formula = formula
+        self.scope = scope
+        self.lang = lang
+        self.counter = 0
+
+    def error(self, pos: int, message: str) -> SpecError:
+        return self.formula.error(pos, message)
+
+    # -- helpers
+    def need_op(self, name: str, pos: int, what: str) -> OpSignature:
+        if name not in self.scope.ops:
+            raise self.error(pos, f"{what} needs op '{name}', which is not defined")
+        self.scope.used_ops.add(name)
+        return self.scope.ops[name]
+
+    def bind_like(self, tensor_code: str, build: Callable[[str], str]) -> str:
+        """Evaluate tensor_code once: scalars become 0-d tensors of its dtype."""
+        if re.fullmatch(r"v_\w+", tensor_code):
+            return build(tensor_code)
+        name = f"t{self.counter}_"
+        self.counter += 1
+        return self.lang.bind_like(tensor_code, name, build(name))
+
+    # -- nodes
+    def go(self, node: Node) -> Lowered:
+        if isinstance(node, Num):
+            return (node.text if isinstance(node.value, int) else repr(float(node.value)),
+                    "int" if isinstance(node.value, int) else "float")
+        if isinstance(node, BoolLit):
+            return self.lang.boolean(node.value), "bool"
+        if isinstance(node, Str):
+            return self.lang.string(node.value), "str"
+        if isinstance(node, ListLit):
+            return self.list_lit(node)
+        if isinstance(node, Name):
+            return self.name(node)
+        if isinstance(node, Unary):
+            code, kind = self.go(node.operand)
+            if kind == "tensor":
+                self.need_op("neg", node.pos, "unary '-'")
+                return self.lang.op("neg", [code]), "tensor"
+            return self.lang.negate(code), kind
+        if isinstance(node, Binary):
+            return self.binary(node)
+        if isinstance(node, Call):
+            if node.func in HELPERS:
+                return self.if_given(node) if node.func == "if_given" else self.helper(node)
+            if node.func in self.scope.ops:
+                return self.call_op(node)
+            known = list(self.scope.ops) + list(HELPERS)
+            raise self.error(node.pos, f"unknown op '{node.func}'{did_you_mean(node.func, known)}")
+        raise self.error(0, "unsupported expression")  # pragma: no cover
+
+    def list_lit(self, node: ListLit) -> Lowered:
+        if not node.items:
+            return self.lang.untyped_empty_list, "empty list"
+        items = [self.go(i) for i in node.items]
+        kinds = {k for _, k in items}
+        if kinds <= {"int"}:
+            return self.lang.num_list([c for c, _ in items], "int"), "list[int]"
+        if kinds <= {"int", "float", "number"}:
+            return self.lang.num_list([c for c, _ in items], "float"), "list[float]"
+        raise self.error(node.pos, "list items must be numbers")
+
+    def name(self, node: Name) -> Lowered:
+        scope = self.scope
+        if node.id in scope.tensors:
+            if node.id in scope.optional:
+                raise self.error(node.pos, f"optional input '{node.id}' may be absent; "
+                                 f"use if_given({node.id}, ..., ...)")
+            return scope.tensors[node.id], "tensor"
+        if node.id in scope.attrs:
+            atype, code = scope.attrs[node.id]
+            return code, atype
+        known = list(scope.tensors) + list(scope.attrs)
+        raise self.error(node.pos, f"unknown name '{node.id}'{did_you_mean(node.id, known)}")
+
+    def binary(self, node: Binary) -> Lowered:
+        op, lang = node.op, self.lang
+        lc, lk = self.go(node.left)
+        rc, rk = self.go(node.right)
+        for k, n in ((lk, node.left), (rk, node.right)):
+            if k not in ("tensor",) + NUMBER_KINDS:
+                raise self.error(n.pos, f"operator '{op}' needs tensors or numbers, got {k}")
+        if lk != "tensor" and rk != "tensor":
+            return lang.number(op, lc, rc), ("bool" if op in COMPARE_OPS else "number")
+        fn = self.need_op(OPERATOR_OPS[op], node.pos, f"operator {op!r}").name
+        if lk == "tensor" and rk == "tensor":
+            return lang.op(fn, [lc, rc]), "tensor"
+        if lk == "tensor":
+            return self.bind_like(lc, lambda t: lang.op(fn, [t, lang.scalar_like(rc, t)])), "tensor"
+        return self.bind_like(rc, lambda t: lang.op(fn, [lang.scalar_like(lc, t), t])), "tensor"
+
+    def call_op(self, node: Call) -> Lowered:
+        sig = self.need_op(node.func, node.pos, "this formula")
+        if sig.num_outputs != 1:
+            raise self.error(node.pos, f"op '{node.func}' has {sig.num_outputs} outputs; "
+                             "only single-output ops can be called in a formula")
+        required = [n for n, opt in sig.inputs if not opt]
+        if not (len(required) <= len(node.args) <= len(sig.inputs)):
+            names = ", ".join(n for n, _ in sig.inputs)
+            count = (f"{len(sig.inputs)}" if len(required) == len(sig.inputs)
+                     else f"{len(required)} to {len(sig.inputs)}")
+            raise self.error(node.pos, f"{node.func}() takes {count} input"
+                             f"{'s' if len(sig.inputs) != 1 else ''} ({names}), got {len(node.args)}")
+        lowered = [self.go(a) for a in node.args]
+        like = next((k for k, (_, kind) in enumerate(lowered) if kind == "tensor"), None)
+        for (code, kind), arg in zip(lowered, node.args):
+            if kind != "tensor" and (kind not in NUMBER_KINDS or like is None):
+                raise self.error(arg.pos, f"{node.func}(): inputs must be tensors, got {kind}")
+        tail = [self.lang.null] * (len(sig.inputs) - len(node.args))
+        args = self.op_attrs(node, sig)
+
+        def build(t: str) -> str:
+            ins = [t if k == like else (code if kind == "tensor" else self.lang.scalar_like(code, t))
+                   for k, (code, kind) in enumerate(lowered)]
+            return self.lang.op(node.func, ins + tail + args)
+
+        if like is None or all(kind == "tensor" for _, kind in lowered):
+            return build(lowered[like][0] if like is not None else ""), "tensor"
+        return self.bind_like(lowered[like][0], build), "tensor"
+
+    def op_attrs(self, node: Call, sig: OpSignature) -> list[str]:
+        """The called op's attrs as code: the keyword arguments given, converted to each attr's
+        type, else its default."""
+        given = {k: (v, p) for k, v, p in node.kwargs}
+        attr_names = [a[0] for a in sig.attrs]
+        for k, (_, p) in given.items():
+            if k not in attr_names:
+                raise self.error(p, f"{node.func}() has no attr '{k}'{did_you_mean(k, attr_names)}")
+        args: list[str] = []
+        for name, atype, required_attr, default, _ in sig.attrs:
+            if name in given:
+                value, p = given[name]
+                code, kind = self.go(value)
+                want = "optional " + atype if default == "std::nullopt" else atype
+                converted = self.lang.convert_attr(want, code, kind)
+                if converted is None:
+                    raise self.error(p, f"{node.func}(): attr '{name}' must be {want}, got {kind}")
+                args.append(converted)
+            elif required_attr:
+                raise self.error(node.pos, f"{node.func}(): missing required attr '{name}'")
+            else:
+                args.append(sig.default_code(name, self.lang))
+        return args
+
+    def check_helper_arity(self, node: Call) -> tuple[str, ...]:
+        params, _ = HELPERS[node.func]
+        if node.kwargs:
+            raise self.error(node.kwargs[0][2], f"{node.func}() takes no keyword arguments")
+        if len(node.args) != len(params):
+            raise self.error(node.pos, f"{node.func}() takes {len(params)} argument"
+                             f"{'s' if len(params) != 1 else ''}, got {len(node.args)}")
+        return params
+
+    def if_given(self, node: Call) -> Lowered:
+        self.check_helper_arity(node)
+        scope, lang = self.scope, self.lang
+        cond = node.args[0]
+        is_attr = (isinstance(cond, Name) and cond.id in scope.attrs
+                   and scope.attrs[cond.id][0].startswith("optional "))
+        if not (isinstance(cond, Name) and (cond.id in scope.optional or is_attr)):
+            raise self.error(cond.pos, "if_given() needs an optional input or optional attr "
+                             "as its first argument")
+        assert isinstance(cond, Name)
+        if is_attr:  # present in the first branch only: there the attr has its plain type
+            saved = scope.attrs[cond.id]
+            test, inner = lang.given_attr(saved[1])
+            scope.attrs = {**scope.attrs, cond.id: (saved[0][len("optional "):], inner)}
+            try:
+                ac, ak = self.go(node.args[1])
+            finally:
+                scope.attrs = {**scope.attrs, cond.id: saved}
+        else:
+            scope.optional.discard(cond.id)
+            try:
+                ac, ak = self.go(node.args[1])
+            finally:
+                scope.optional.add(cond.id)
+            test = lang.given_tensor(scope.tensors[cond.id])
+        bc, bk = self.go(node.args[2])
+        if (ak == "tensor") != (bk == "tensor"):
+            raise self.error(node.pos, "if_given(): both branches must be tensors or both numbers")
+        return lang.choose(test, ac, bc), ak
+
+    def helper(self, node: Call) -> Lowered:
+        params = self.check_helper_arity(node)
+        codes = []
+        for param, arg in zip(params, node.args):
+            code, kind = self.go(arg)
+            want = {"tensor": "tensor", "axes": "optional list[int]", "bool": "bool"}[param]
+            converted = (code if kind == want else self.lang.convert_attr(want, code, kind) if param == "axes"
+                         else None)
+            if converted is None:
+                raise self.error(arg.pos, f"{node.func}(): expected {want}, got {kind}")
+            codes.append(converted)
+        return self.lang.helper(node.func, codes), HELPERS[node.func][1]
+
+
+def lower_graph(formula: Formula, scope: GraphScope, lang: CppLang = CPP) -> Lowered:
+    """Check a graph formula and lower it to an expression in ``lang``; returns (code, kind).
+
+    Checking is the same walk for every language, so each emits exactly what was checked."""
+    return _Lowering(formula, scope, lang).go(formula.ast)

@@ -1,0 +1,162 @@
+"""How lowered graph formulas are spelled: C++ (the generated Function classes) and Python (the
+framework adapters' op table). Checking is the same walk for both (``graph.lower_graph``)."""
+
+from __future__ import annotations
+
+from .. import escape
+from .syntax import COMPARE_OPS
+
+
+class CppLang:
+    """How lowered graph formulas are spelled in C++ (the generated Function classes)."""
+
+    null = "nullptr"
+    untyped_empty_list = "{}"  # [] where the attr's list type is not known yet
+
+    def attr_default(self, cpp: str, py: str) -> str:
+        """An attr's default value (given in both languages) as code in this one."""
+        return cpp
+
+    def op(self, name: str, args: list[str]) -> str:
+        return f"ops::{name}({', '.join(args)})"
+
+    def scalar_like(self, value: str, like: str) -> str:
+        return f"scalar_like({value}, {like})"
+
+    def bind_like(self, code: str, name: str, body: str) -> str:
+        return f"[&](const TensorPtr& {name}) {{ return {body}; }}({code})"
+
+    def number(self, op: str, left: str, right: str) -> str:
+        if op in COMPARE_OPS:
+            return f"({left} {op} {right})"
+        return f"(double({left}) {op} double({right}))"
+
+    def negate(self, code: str) -> str:
+        return f"(-{code})"
+
+    def boolean(self, value: bool) -> str:
+        return "true" if value else "false"
+
+    def string(self, value: str) -> str:
+        return f"std::string({escape.cpp_str(value)})"
+
+    def num_list(self, items: list[str], kind: str) -> str:
+        if kind == "int":
+            return f"std::vector<int64_t>{{{', '.join(items)}}}"
+        return f"std::vector<double>{{{', '.join(f'double({c})' for c in items)}}}"
+
+    def given_attr(self, code: str) -> tuple[str, str]:
+        """(test, the value inside the given branch) of an optional attr."""
+        return code, f"(*{code})"
+
+    def given_tensor(self, code: str) -> str:
+        return code
+
+    def choose(self, test: str, a: str, b: str) -> str:
+        return f"({test} ? {a} : {b})"
+
+    def helper(self, name: str, args: list[str]) -> str:
+        return f"{name}({', '.join(args)})"
+
+    def convert_attr(self, want: str, code: str, kind: str) -> str | None:
+        """Code passing a value of ``kind`` to an attr of type ``want`` ("optional T" when the
+        attr may be None), or None when the value does not fit."""
+        if want.startswith("optional "):
+            if kind == want:
+                return code
+            want = want[len("optional "):]
+        if kind == want:
+            return code
+        if want == "float" and kind in ("int", "number"):
+            return self.as_float(code)
+        if want == "list[int]":
+            if kind == "int":
+                return self.one_int_list(code)
+            if kind == "empty list":
+                return self.empty_list("int")
+        if want == "list[float]":
+            if kind == "list[int]":
+                return self.floats_of_ints(code)
+            if kind in ("int", "float", "number"):
+                return self.one_float_list(code)
+            if kind == "empty list":
+                return self.empty_list("float")
+        return None
+
+    def as_float(self, code: str) -> str:
+        return f"double({code})"
+
+    def one_int_list(self, code: str) -> str:
+        return f"std::vector<int64_t>{{{code}}}"
+
+    def empty_list(self, kind: str) -> str:
+        return "std::vector<int64_t>{}" if kind == "int" else "std::vector<double>{}"
+
+    def floats_of_ints(self, code: str) -> str:
+        return f"to_float_list({code})"
+
+    def one_float_list(self, code: str) -> str:
+        return f"std::vector<double>{{double({code})}}"
+
+
+class PyLang(CppLang):
+    """The same formulas spelled in Python for framework adapters: ops are ``F.<op>`` (the
+    framework's registered opforge ops) and helpers ``H.<helper>`` (its tensor helpers)."""
+
+    null = "None"
+    untyped_empty_list = "[]"
+
+    def attr_default(self, cpp: str, py: str) -> str:
+        return py
+
+    def op(self, name: str, args: list[str]) -> str:
+        return f"F.{name}({', '.join(args)})"
+
+    def scalar_like(self, value: str, like: str) -> str:
+        return f"H.scalar_like({value}, {like})"
+
+    def bind_like(self, code: str, name: str, body: str) -> str:
+        return f"(lambda {name}: {body})({code})"
+
+    def number(self, op: str, left: str, right: str) -> str:
+        return f"({left} {op} {right})"
+
+    def boolean(self, value: bool) -> str:
+        return "True" if value else "False"
+
+    def string(self, value: str) -> str:
+        return escape.py_str(value)
+
+    def num_list(self, items: list[str], kind: str) -> str:
+        return f"[{', '.join(items)}]"
+
+    def given_attr(self, code: str) -> tuple[str, str]:
+        return f"{code} is not None", code
+
+    def given_tensor(self, code: str) -> str:
+        return f"{code} is not None"
+
+    def choose(self, test: str, a: str, b: str) -> str:
+        return f"({a} if {test} else {b})"
+
+    def helper(self, name: str, args: list[str]) -> str:
+        return f"H.{name}({', '.join(args)})"
+
+    def as_float(self, code: str) -> str:
+        return code  # Python numbers pass to float parameters as they are
+
+    def one_int_list(self, code: str) -> str:
+        return f"[{code}]"
+
+    def empty_list(self, kind: str) -> str:
+        return "[]"
+
+    def floats_of_ints(self, code: str) -> str:
+        return f"[float(v) for v in {code}]"
+
+    def one_float_list(self, code: str) -> str:
+        return f"[{code}]"
+
+
+CPP = CppLang()
+PY = PyLang()
