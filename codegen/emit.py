@@ -532,7 +532,8 @@ def render_module(ops: Sequence[OpSpec], sources: Mapping[str, str], module: str
                   known: Sequence[OpSpec] = (), qualname: str = "",
                   aot_entry_points: bool = True) -> list[Rendered]:
     """Every generated file of an op module built against an installed opforge (``opforge.load``,
-    ``opforge init`` packages): per-op header/TU, ``<module>.cpp`` (its PyInit), ``ops.pyi`` and
+    ``opforge init`` packages): per-op header/TU, ``<module>.module.cpp`` (its PyInit; op names are
+    identifiers, so no op's file is named so, whatever the module's name), ``ops.pyi`` and
     ``_formulas.py`` (its op table, which ``opforge.torch.register_module`` reads). Formulas may call ``known`` ops (opforge's own), whose headers opforge ships."""
     table = {o.name: o for o in known}
     table.update({o.name: o for o in ops})
@@ -545,7 +546,7 @@ def render_module(ops: Sequence[OpSpec], sources: Mapping[str, str], module: str
         banner=banner("//", shown, "module.cpp.j2"), module=module, qualname=qualname or module,
         names=[o.name for o in ops],
         doc=_cpp_str(f"Ops generated from {shown}."))
-    out.append(Rendered(f"{module}.cpp", text))
+    out.append(Rendered(f"{module}.module.cpp", text))
     out.append(render_stub(ops, names, qualname or module))
     out.append(render_formulas(ops, names, table))  # for framework adapters (opforge.torch)
     return out
@@ -556,7 +557,7 @@ def module_output_names(op_names: Sequence[str], module: str) -> list[str]:
     names = []
     for n in sorted(op_names):
         names += [f"{n}.h", f"{n}.cpp"]
-    return names + [f"{module}.cpp", "ops.pyi", "_formulas.py"]
+    return names + [f"{module}.module.cpp", "ops.pyi", "_formulas.py"]
 
 
 def output_names(op_names: Sequence[str]) -> list[str]:

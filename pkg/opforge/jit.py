@@ -527,7 +527,7 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
         objects.append(_ninja_path(f"obj/{'src' if tu.is_absolute() else 'gen'}/{tu.stem}.o"))
         lines.append(f"build {objects[-1]}: cxx {_ninja_path(tu)}")
     objects.append(_ninja_path(f"obj/gen/{name}.module.o"))
-    lines.append(f"build {objects[-1]}: cxx_module {_ninja_path(Path('gen', f'{name}.cpp'))}")
+    lines.append(f"build {objects[-1]}: cxx_module {_ninja_path(Path('gen', f'{name}.module.cpp'))}")
     lines.append(f"build {_ninja_path(lib)}: link {' '.join(objects)}")
     lines.append(f"default {_ninja_path(lib)}")
     write_if_changed(build / "build.ninja", "\n".join(lines) + "\n")
