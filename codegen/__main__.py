@@ -5,7 +5,7 @@
     python -m codegen generate --specs DIR --out DIR # write generated sources (if changed)
 
 With --module NAME [--qualname PKG.NAME] (outputs, generate): an op module built against an
-installed opforge (a package made by `opforge init`): its ops' files, NAME.cpp and ops.pyi;
+installed opforge (a package made by `opforge init`): its ops' files, NAME.module.cpp and ops.pyi;
 formulas may call opforge's own ops, whose names it may not reuse.
     python -m codegen check PATHS...                 # validate specs
 """

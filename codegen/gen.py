@@ -63,7 +63,7 @@ def render_module(ops: Sequence[OpSpec], sources: Mapping[str, str], module: str
                   known: Sequence[OpSpec] = (), qualname: str = "",
                   aot_entry_points: bool = True) -> list[Rendered]:
     """Every generated file of an op module built against an installed opforge (``opforge.load``,
-    ``opforge init`` packages): per-op header/TU, ``<module>.cpp`` (its PyInit), ``ops.pyi`` and
+    ``opforge init`` packages): per-op header/TU, ``<module>.module.cpp`` (its PyInit), ``ops.pyi`` and
     ``_formulas.py`` (its op table, which ``opforge.torch.register_module`` reads). Formulas may
     call ``known`` ops (opforge's own), whose headers opforge ships."""
     table = {o.name: o for o in known}
@@ -83,7 +83,7 @@ def module_output_names(op_names: Sequence[str], module: str) -> list[str]:
     names = []
     for n in sorted(op_names):
         names += [f"{n}.h", f"{n}.cpp"]
-    return names + [f"{module}.cpp", "ops.pyi", "_formulas.py"]
+    return names + [f"{module}.module.cpp", "ops.pyi", "_formulas.py"]
 
 
 def output_names(op_names: Sequence[str]) -> list[str]:

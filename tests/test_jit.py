@@ -175,7 +175,7 @@ def test_changed_spec_rebuilds_only_what_changed(tmp_path: Path, cache: Path) ->
     write_spec(d, "sp_a")
     write_spec(d, "sp_b")
     first = opforge.load("jit_two", specs=[d], build_dir=cache).__opforge_build__
-    assert sorted(Path(c).name for c in first["compiled"]) == ["jit_two.cpp", "sp_a.cpp", "sp_b.cpp"]
+    assert sorted(Path(c).name for c in first["compiled"]) == ["jit_two.module.cpp", "sp_a.cpp", "sp_b.cpp"]
     write_spec(d, "sp_b", extra=" (edited)")
     m = opforge.load("jit_two", specs=[d], build_dir=cache)
     second = m.__opforge_build__
@@ -183,6 +183,25 @@ def test_changed_spec_rebuilds_only_what_changed(tmp_path: Path, cache: Path) ->
     assert [Path(c).name for c in second["compiled"]] == ["sp_b.cpp"]
     assert "(edited)" in m.sp_b.__doc__
     assert Path(first["path"]).is_file()  # the old version stays for processes that use it
+
+
+@pytest.mark.slow
+def test_module_named_like_its_op(tmp_path: Path, cache: Path) -> None:
+    # (#8: the module's TU and the op's were both cube.cpp, and the link failed on two PyInit_cube)
+    spec = write_spec(tmp_path, "cube")
+    m = opforge.load("cube", specs=[spec], build_dir=cache)
+    assert sorted(Path(c).name for c in m.__opforge_build__["compiled"]) == ["cube.cpp", "cube.module.cpp"]
+    x = np.array([-1.0, 0.0, 3.0])
+    np.testing.assert_allclose(m.cube(x).numpy(), softplus_ref(x), rtol=1e-12)
+
+
+def test_generated_file_names_never_collide() -> None:
+    from opforge.codegen.emit import module_output_names
+
+    for module, ops in [("cube", ["cube"]), ("ops", ["ops", "_formulas"]), ("_ops", ["_ops", "module"]),
+                        ("Cube", ["cube"])]:
+        names = module_output_names(ops, module)
+        assert len({n.lower() for n in names}) == len(names), names  # (case-insensitive file systems too)
 
 
 @pytest.mark.slow

@@ -49,10 +49,15 @@ def write_cpp_op(d: Path, name: str, body_extra: str = "", prelude: str = "") ->
     return spec, kernel
 
 
-def load_in_process(name: str, spec: Path, root: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    """opforge.load in a fresh process; its stdout: 'built value' then one line per warning."""
+def load_in_process(name: str, spec: Path, root: Path, env: dict | None = None,
+                    shared: Path | None = None) -> subprocess.CompletedProcess:
+    """opforge.load in a fresh process (with shared as the installation's cache, if given); its
+    stdout: 'built value' then one line per warning."""
     code = textwrap.dedent(f"""
-        import warnings, numpy as np, opforge
+        import pathlib, warnings, numpy as np, opforge
+        from opforge import jit
+        if {str(shared) if shared else None!r}:
+            jit._installation_cache = lambda: pathlib.Path({str(shared)!r})
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             m = opforge.load({name!r}, specs=[{str(spec)!r}], build_dir={str(root)!r})
@@ -93,8 +98,9 @@ def test_cache_root_that_others_can_write_is_refused(tmp_path: Path, mode: int) 
     assert list(root.iterdir()) == []
 
 
-def test_directories_below_the_root_are_checked_too(tmp_path: Path) -> None:
+def test_directories_below_the_root_are_checked_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "cache"
+    monkeypatch.setattr(jit, "_installation_cache", lambda: root)  # (what a read-only installation does)
     (root / "m").mkdir(parents=True, mode=0o700)
     root.chmod(0o700)
     (root / "m").chmod(0o770)
@@ -143,10 +149,11 @@ def test_new_cache_directories_are_private_whatever_the_umask(tmp_path: Path) ->
     assert [stat.S_IMODE(d.stat().st_mode) for d in (root, root / "m")] == [0o700, 0o700]
 
 
-def test_no_pickle_from_the_cache_is_loaded(tmp_path: Path) -> None:
+def test_no_pickle_from_the_cache_is_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """opforge's parsed specs used to be unpickled from <root>/_known/<digest>.pickle (the digest
     of the codegen and the specs, computed here as it was): writing the cache ran code."""
     root = tmp_path / "cache"
+    monkeypatch.setattr(jit, "_installation_cache", lambda: root)
     h = hashlib.sha256(jit._codegen_digest().encode())
     for p in sorted((jit._native.PACKAGE_DIR / "op_specs").glob("*.yaml")):
         h.update(p.name.encode() + b"\0" + p.read_bytes())
@@ -166,15 +173,16 @@ def test_no_pickle_from_the_cache_is_loaded(tmp_path: Path) -> None:
 
 def test_opforge_specs_are_kept_as_json_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root, bad = tmp_path / "cache", write_spec(tmp_path, bad=True)
+    monkeypatch.setattr(jit, "_installation_cache", lambda: root / "shared")
     with pytest.raises(SpecError):
         opforge.load("m", specs=[bad], build_dir=root)
-    (path,) = (root / "_known").glob("*.json")
+    (path,) = (root / "shared" / "_known").glob("*.json")
     good = path.read_bytes()
-    assert jit._known_specs(root) == list(opforge._specs().values())
-    monkeypatch.setattr(opforge, "_specs", lambda: pytest.fail("opforge's specs parsed again"))
-    with pytest.raises(SpecError, match=r"impl\.expr: .*exq"):
-        opforge.load("m", specs=[bad], build_dir=root)
-    monkeypatch.undo()
+    assert jit._known_specs(root / "shared") == list(opforge._specs().values())
+    with monkeypatch.context() as m:
+        m.setattr(opforge, "_specs", lambda: pytest.fail("opforge's specs parsed again"))
+        with pytest.raises(SpecError, match=r"impl\.expr: .*exq"):
+            opforge.load("m", specs=[bad], build_dir=tmp_path / "another cache root")
     # damaged, or naming something else than the codegen's model: parsed again and rewritten
     for text in ("\0 not json", json.dumps({"tuple": [{"class": "subprocess:Popen", "fields": {"args": "true"}}]}),
                  json.dumps({"tuple": [{"class": "opforge.codegen.load:LocMap", "fields": {}}]}),
@@ -183,6 +191,25 @@ def test_opforge_specs_are_kept_as_json_data(tmp_path: Path, monkeypatch: pytest
         with pytest.raises(SpecError, match=r"impl\.expr: .*exq"):
             opforge.load("m", specs=[bad], build_dir=root)
         assert path.read_bytes() == good
+
+
+def test_installation_cache_is_used_only_when_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What every module shares (the precompiled header, opforge's parsed specs) is kept in the
+    installation's cache when it passes the cache's checks; else (read-only, another user's,
+    writable by others) in the cache root, and nothing is read from the installation's."""
+    root, inst = tmp_path / "cache", tmp_path / "site" / "opforge" / "_jit_cache"
+    monkeypatch.setattr(jit, "_installation_cache", lambda: inst)
+    inst.parent.mkdir(parents=True)
+    assert jit._shared_root(root) == inst and stat.S_IMODE(inst.stat().st_mode) == 0o700
+    inst.chmod(0o777)
+    assert jit._shared_root(root) == root
+    inst.chmod(0o700)
+    make_foreign(inst, monkeypatch)
+    assert jit._shared_root(root) == root
+    monkeypatch.undo()
+    monkeypatch.setattr(jit, "_installation_cache", lambda: tmp_path / "a file" / "_jit_cache")
+    (tmp_path / "a file").write_text("")  # (as a read-only installation: it cannot be made)
+    assert jit._shared_root(root) == root
 
 
 @pytest.mark.parametrize("where", ["build_dir", "sources"])
@@ -241,12 +268,40 @@ def test_hostile_cache_root_and_source_directory(tmp_path: Path, monkeypatch: py
     assert not list(tmp_path.rglob("pwned"))
 
 
+@pytest.mark.slow
+def test_cache_roots_share_the_installation_precompiled_header(tmp_path: Path) -> None:
+    """Precompiled once per installation (not per cache root), and used by every op TU, whatever
+    the sources' include directories: gcc says nothing about an invalid .gch (-Winvalid-pch)."""
+    inst = tmp_path / "installation cache"
+    spec = write_spec(tmp_path / "specs", "sp_shared")
+    rows, kernel = write_cpp_op(tmp_path / "kernels", "shared_rows")
+    outputs = []
+    for root, specs, sources in ((tmp_path / "a", [spec], []), (tmp_path / "b", [spec, rows], [kernel])):
+        code = textwrap.dedent(f"""
+            import pathlib, opforge
+            from opforge import jit
+            jit._installation_cache = lambda: pathlib.Path({str(inst)!r})
+            m = opforge.load('jit_shared', specs={list(map(str, specs))!r}, sources={list(map(str, sources))!r},
+                             build_dir={str(root)!r}, verbose=True)
+            print(m.sp_shared(__import__('numpy').array(0.0)).item())
+        """)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.splitlines()[-1] == LOG2, r.stdout + r.stderr
+        outputs.append(r.stdout)
+        assert not (root / "_pch").exists() and not (root / "_known").exists()
+    assert ["precompiling the runtime header" in out for out in outputs] == [True, False]
+    assert not any("pch" in line and "warning" in line for out in outputs for line in out.splitlines()), outputs
+    (gch,) = inst.glob("_pch/*/opforge_module_pch.h.gch")
+    assert jit._manifest_problem(gch.with_name("pch.json"), [gch.name]) is None
+    assert stat.S_IMODE(inst.stat().st_mode) == 0o700
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A cache root holding module jit_cache (built by another process), and its spec."""
     d = tmp_path_factory.mktemp("jit-built")
     spec = write_spec(d / "specs")
-    r = load_in_process("jit_cache", spec, d / "cache")
+    r = load_in_process("jit_cache", spec, d / "cache", shared=d / "cache")  # (its precompiled header in it)
     assert r.returncode == 0 and r.stdout.splitlines() == [f"True {LOG2}"], r.stderr
     return spec, d / "cache"
 
@@ -366,7 +421,7 @@ def test_damaged_precompiled_header_is_made_again(built: tuple[Path, Path], tmp_
     stale = gch.with_name(f".{gch.name}.99999999.tmp")  # what a process killed while precompiling leaves
     stale.write_bytes(b"partial")
     spec = write_spec(tmp_path / "specs", "sp_other")
-    r = load_in_process("jit_other", spec, root)
+    r = load_in_process("jit_other", spec, root, shared=root)
     assert r.returncode == 0, r.stderr
     built_line, warning = r.stdout.splitlines()
     assert built_line == f"True {LOG2}"

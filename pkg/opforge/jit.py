@@ -18,7 +18,10 @@ the specs, the sources, opforge's version and library, the codegen, the compiler
 - spec mistakes raise ``opforge.codegen.SpecError`` (``file:line:col: key: message``) before
   any compiler runs.
 
-The cache root is ``build_dir``, else ``$OPFORGE_CACHE_DIR``, else ``~/.cache/opforge/jit``.
+The cache root is ``build_dir``, else ``$OPFORGE_CACHE_DIR``, else ``~/.cache/opforge/jit``. What
+every module shares, whatever its cache root (the runtime's precompiled header, opforge's parsed
+specs), is kept once per installation, in ``opforge/_jit_cache/``, when this user can keep private
+files there; else (a read-only or another user's installation) in the cache root.
 
 Whoever can write the cache can run code in every process that loads from it, so the cache is
 trusted only when it is private: each of its directories must belong to this user and be
@@ -46,11 +49,12 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar, Union
 
 from opforge import _build_info, _native
 from opforge._native import BuildError
@@ -58,6 +62,7 @@ from opforge._native import BuildError
 __all__ = ["load", "BuildError", "default_cache_dir"]
 
 PathLike = Union[str, "os.PathLike[str]"]
+T = TypeVar("T")
 CPP_SUFFIXES = (".cpp", ".cc", ".cxx")
 HEADER_SUFFIXES = (".h", ".hpp", ".inc")
 
@@ -113,6 +118,7 @@ def load(name: str, specs: Sequence[PathLike], sources: Sequence[PathLike] = (),
         seen[(kind, p.stem)] = p
     cxx = tuple(_native.compiler())
     includes = sorted({str(s.parent) for s in source_files})
+    pch_cflags = [*_native.cflags(), *extra_cflags]
     cflags = [*_native.cflags(), *(f"-I{d}" for d in includes), *extra_cflags]
     ldflags = [*_native.ldflags(), *extra_ldflags]
     root = Path(build_dir) if build_dir is not None else default_cache_dir()
@@ -130,7 +136,7 @@ def load(name: str, specs: Sequence[PathLike], sources: Sequence[PathLike] = (),
         _private_dir(root)
         _private_dir(home)
         module = _cached_module(name, home, entry, target, info, verbose, lambda: _build(
-            name, spec_files, source_files, cxx, cflags, ldflags, root, home, entry, target, verbose))
+            name, spec_files, source_files, cxx, cflags, pch_cflags, ldflags, root, home, entry, target, verbose))
     info["seconds"] = time.perf_counter() - start
     module.__opforge_build__ = info  # type: ignore[attr-defined]
     if verbose:
@@ -397,10 +403,27 @@ def _locked(path: Path, what: str, verbose: bool) -> Iterator[None]:
 # ---------------------------------------------------------------------------- build
 
 
+def _installation_cache() -> Path:
+    """The cache of this opforge installation: what every module built on it shares, whatever
+    its cache root (the precompiled header, opforge's parsed specs)."""
+    return _native.PACKAGE_DIR / "_jit_cache"
+
+
+def _shared_root(root: Path) -> Path:
+    """Where what every module shares is kept (``_pch/``, ``_known/``): the installation's cache,
+    made once per opforge installation, where this user may keep private files (a virtual
+    environment of their own); else the cache root, once per cache root (an installation that is
+    read-only or another user's: it is never written, nor read, unless it passes the cache's checks)."""
+    try:
+        return _private_dir(_installation_cache())
+    except OSError:  # (PermissionError: another user's, or writable by others; read-only; no such parent)
+        return root
+
+
 def _known_specs(root: Path) -> list[Any]:
-    """opforge's own specs (formulas may call those ops), parsed once per cache root (parsing
-    them takes about 0.5 s) and kept as JSON data keyed by the specs' and the codegen's content
-    (never a pickle: reading it runs no code and can make nothing but the codegen's model)."""
+    """opforge's own specs (formulas may call those ops), parsed once (parsing them takes about
+    0.5 s) and kept under root (the shared root) as JSON data keyed by the specs' and the codegen's
+    content (never a pickle: reading it runs no code and can make nothing but the codegen's model)."""
     import opforge
 
     spec_dir = _native.PACKAGE_DIR / "op_specs"
@@ -466,13 +489,17 @@ def _from_data(data: Any) -> Any:
 
 
 def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tuple[str, ...],
-           cflags: list[str], ldflags: list[str], root: Path, home: Path, entry: Path, target: Path,
-           verbose: bool) -> list[str]:
+           cflags: list[str], pch_cflags: list[str], ldflags: list[str], root: Path, home: Path, entry: Path,
+           target: Path, verbose: bool) -> list[str]:
     """Generate, compile and link the module into the cache entry; returns the TUs compiled."""
     from opforge.codegen import SpecError, load_specs
     from opforge.codegen.gen import render_module, write_if_changed
 
-    known = _known_specs(root)
+    shared = _shared_root(root)
+    header, gch = _pch_paths(shared, cxx, pch_cflags)
+    pch_problem = _in_background(_manifest_problem, gch.with_name("pch.json"), [gch.name])  # (a digest of
+    # a hundred megabytes or more: taken while the specs are parsed and the code generated)
+    known = _known_specs(shared)
     ops = load_specs(spec_files, known=known)  # SpecErrors: before any compiler runs
     kernels = {p.stem for p in source_files if p.suffix in CPP_SUFFIXES}
     for op in ops:
@@ -499,7 +526,6 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
     tus = [Path("gen", f"{o.name}.cpp") for o in ops]
     tus += [p.resolve() for p in source_files if p.suffix in CPP_SUFFIXES]
     lib = name + _native.extension_suffix()
-    header, gch = _pch_paths(root, cxx, cflags)
     lines = [
         "ninja_required_version = 1.3",
         "pipe = |",  # (no $-escape writes | in a path: _ninja_path writes it as $pipe)
@@ -507,13 +533,14 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
         f"cflags = {_ninja_text(_shell(['-Igen', *cflags]))}",
         f"ldflags = {_ninja_text(_shell(ldflags))}",
         f"pch = {_ninja_text(_shell([os.path.relpath(header, build)]))}",
-        "rule cxx",  # op TUs and kernels: with the precompiled header when there is one (gcc
-        # reads <header>.gch if it is valid, else the header's text: the same command either way)
+        "rule cxx",  # op TUs: with the precompiled header when there is one (gcc reads
+        # <header>.gch if it is valid, else the header's text: the same command either way)
         "  command = $cxx -MMD -MF $out.d $cflags -include $pch -Winvalid-pch -c $in -o $out",
         "  depfile = $out.d",
         "  deps = gcc",
         "  description = compile $in",
-        "rule cxx_module",  # the module's PyInit: plain Python C API
+        "rule cxx_plain",  # the module's PyInit (plain Python C API) and the kernels (the runtime's
+        # header): neither needs pybind11, whose inline code costs seconds in every TU that includes it
         "  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out",
         "  depfile = $out.d",
         "  deps = gcc",
@@ -525,14 +552,17 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
     objects = []
     for tu in tus:  # ($in and $out: ninja quotes them for the shell)
         objects.append(_ninja_path(f"obj/{'src' if tu.is_absolute() else 'gen'}/{tu.stem}.o"))
-        lines.append(f"build {objects[-1]}: cxx {_ninja_path(tu)}")
+        lines.append(f"build {objects[-1]}: {'cxx_plain' if tu.is_absolute() else 'cxx'} {_ninja_path(tu)}")
     objects.append(_ninja_path(f"obj/gen/{name}.module.o"))
-    lines.append(f"build {objects[-1]}: cxx_module {_ninja_path(Path('gen', f'{name}.cpp'))}")
+    lines.append(f"build {objects[-1]}: cxx_plain {_ninja_path(Path('gen', f'{name}.module.cpp'))}")
     lines.append(f"build {_ninja_path(lib)}: link {' '.join(objects)}")
     lines.append(f"default {_ninja_path(lib)}")
     write_if_changed(build / "build.ninja", "\n".join(lines) + "\n")
 
-    with _precompiling(header, gch, cxx, cflags, verbose):
+    # a missing precompiled header is made beside the TUs, which then parse its text, when there are
+    # cores to spare; else first (the TUs then spend a fraction of the time)
+    first = len(ops) >= len(os.sched_getaffinity(0))
+    with _precompiling(header, gch, pch_problem(), cxx, pch_cflags, first, verbose):
         output = []
         with subprocess.Popen([_ninja(), "-C", str(build)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) as proc:
@@ -555,9 +585,10 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
 
 
 def _pch_paths(root: Path, cxx: tuple[str, ...], cflags: list[str]) -> tuple[Path, Path]:
-    """The precompiled header (pybind11 and the runtime) for these flags: one per cache root,
-    shared by every module; it saves the parsing of each op TU. Returns (header, its .gch); the
-    header's text is always there (the .gch may not be yet)."""
+    """The precompiled header (pybind11 and the runtime) for these flags (opforge's, and
+    extra_cflags: not the sources' include directories, which do not change it), kept under root
+    (the shared root) and shared by every module; it saves the parsing of each op TU. Returns
+    (header, its .gch); the header's text is always there (the .gch may not be yet)."""
     h = hashlib.sha256()
     for part in (_native.PCH_TEXT, _build_info.VERSION, _library_id(),
                  _native.compiler_version(cxx), "\0".join(cflags)):
@@ -578,13 +609,14 @@ def _pch_paths(root: Path, cxx: tuple[str, ...], cflags: list[str]) -> tuple[Pat
 
 
 @contextlib.contextmanager
-def _precompiling(header: Path, gch: Path, cxx: tuple[str, ...], cflags: list[str],
-                  verbose: bool) -> Iterator[None]:
-    """Builds the .gch beside the module's TUs (which parse the header's text meanwhile) when it
-    is missing (or damaged: it does not match its manifest) and no other process is building it;
-    it is in place for the next build."""
+def _precompiling(header: Path, gch: Path, problem: Optional[str], cxx: tuple[str, ...], cflags: list[str],
+                  first: bool, verbose: bool) -> Iterator[None]:
+    """Builds the .gch when it is missing or damaged (problem: what _manifest_problem said of it
+    just before) and no other process is building it: first (then the module's TUs use it) or,
+    if not first, beside the module's TUs (which parse the header's text meanwhile; it is in
+    place for the next build)."""
     manifest = gch.with_name("pch.json")
-    if gch.exists() and _manifest_problem(manifest, [gch.name]) is None:
+    if problem is None:
         yield
         return
     with _lock_file(header.parent / ".lock") as lock:
@@ -612,9 +644,8 @@ def _precompiling(header: Path, gch: Path, cxx: tuple[str, ...], cflags: list[st
                 print(f"[opforge.load] precompiling the runtime header into {gch.parent}", flush=True)
             proc = subprocess.Popen([*cxx, *cflags, "-x", "c++-header", str(header), "-o", str(tmp)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            try:
-                yield
-            finally:
+
+            def finish() -> None:
                 _, err = proc.communicate()
                 if proc.returncode == 0 and not gch.exists():
                     os.chmod(tmp, 0o644)
@@ -625,8 +656,45 @@ def _precompiling(header: Path, gch: Path, cxx: tuple[str, ...], cflags: list[st
                     if proc.returncode != 0 and verbose:
                         print(f"[opforge.load] precompiling failed (builds go on without it):\n"
                               f"{err.decode(errors='replace')[-2000:]}", flush=True)
+
+            if first:
+                try:
+                    finish()
+                except BaseException:
+                    proc.kill()
+                    tmp.unlink(missing_ok=True)
+                    raise
+                yield
+            else:
+                try:
+                    yield
+                finally:
+                    finish()
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _in_background(fn: Callable[..., T], *args: object) -> Callable[[], T]:
+    """fn(*args) run in a thread; the function returned waits for its result (or raises its exception)."""
+    results: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(fn(*args))
+        except BaseException as exc:  # (handed to the caller)
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def result() -> T:
+        thread.join()
+        if errors:
+            raise errors[0]
+        return results[0]
+
+    return result
 
 
 def _ninja() -> str:
