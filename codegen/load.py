@@ -115,7 +115,8 @@ def _schema_message(err: cerberus.errors.ValidationError, doc: Any, base: Sequen
     if code == cerberus.errors.REGEX_MISMATCH.code:
         # keysrules violations point at the key: report it as a bad name.
         return SpecError(locate(doc, keys, key=True), kp(keys[:-1]) or str(keys[-1]),
-                         f"invalid name {_shown(value)}: must match {err.constraint.removesuffix(chr(92) + 'Z')}")
+                         f"invalid name {_shown(value)}: must match "
+                         f"{schema.REGEX_SHOWN.get(err.constraint, err.constraint.removesuffix(chr(92) + 'Z'))}")
     if code == cerberus.errors.EMPTY_NOT_ALLOWED.code:
         return SpecError(locate(doc, keys), kp(keys), "must not be empty")
     if code == cerberus.errors.MIN_LENGTH.code:
