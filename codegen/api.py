@@ -8,7 +8,7 @@ from typing import Any, Mapping, Optional
 
 from . import escape
 from .formula.expr import LoweredExpr, lower_expr
-from .formula.graph import GraphScope, OpSignature, lower_graph
+from .formula.graph import GraphScope, OpSignature, lower_graph, lower_outputs
 from .formula.lang import CPP, CppLang
 from .formula.syntax import names_in
 from .model import Attr, AttrType, CompositeImpl, DType, ExprImpl, Format, OpSpec, expr_scope
@@ -106,7 +106,7 @@ def signature(op: OpSpec) -> OpSignature:
         op.name,
         tuple((i.name, i.optional) for i in op.inputs),
         tuple((a.name, a.type, a.required, attr_cpp_default(a) or "", py_default(a)) for a in op.attrs),
-        len(op.outputs),
+        tuple(o.name for o in op.outputs),
     )
 
 
@@ -171,8 +171,8 @@ def docstring(op: OpSpec) -> str:
             lines.append(f"    {t.name}: {desc} (formats: {', '.join(t.formats)})")
     if op.bprop is not None:
         lines.append("Gradients:")
-        for n, f in op.bprop.lets:
-            lines.append(f"    let {n} = {f.text}")
+        for ns, f in op.bprop.lets:
+            lines.append(f"    let {', '.join(ns)} = {f.text}")
         for n, f in op.bprop.grads:
             lines.append(f"    d{n} = {f.text}")
     return "\n".join(lines)
@@ -182,8 +182,15 @@ def docstring(op: OpSpec) -> str:
 
 
 def lowered_expr(op: OpSpec) -> Optional[LoweredExpr]:
-    """An expr op's formula as a C++ expression over compute type C (None for other kinds)."""
-    return lower_expr(op.impl.formula, expr_scope(op.inputs, op.attrs)) if isinstance(op.impl, ExprImpl) else None
+    """An expr op's formulas as one C++ expression over compute type C (None for other kinds): the
+    value of its one output, or a tuple of one value per output."""
+    if not isinstance(op.impl, ExprImpl):
+        return None
+    scope = expr_scope(op.inputs, op.attrs)
+    flags: dict[str, str] = {}
+    codes = [lower_expr(f, scope, flags).code for _, f in op.impl.formulas]
+    code = codes[0] if len(codes) == 1 else "std::make_tuple(" + ", ".join(codes) + ")"
+    return LoweredExpr(code, tuple(flags.items()))
 
 
 
@@ -236,11 +243,23 @@ def lower_formulas(op: OpSpec, table: Mapping[str, OpSpec], lang: CppLang = CPP)
         optional = {i.name for i in op.inputs if i.optional}
         index = {i.name: k for k, i in enumerate(op.inputs)}
         deps: dict[str, set[str]] = {}
-        lets: list[tuple[str, str, str]] = []
+        lets: list[tuple[str, str, str, tuple[str, ...]]] = []  # (name, code, C++ type, names it feeds)
         bscope_used: set[str] = set()
         scalars = _attr_scope(op, prefix)
-        for name, f in op.bprop.lets:
+        for k, (names, f) in enumerate(op.bprop.lets):
             scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs)
+            refs = names_in(f.ast)
+            if len(names) > 1:
+                # the call's outputs (`v_<k>`: no spec name starts with a digit), then one let per name
+                code = lower_outputs(f, names, scope, lang)
+                lets.append((str(k), code, "TensorList", names))
+                bscope_used |= scope.used_ops
+                for j, name in enumerate(names):
+                    tensors[name] = f"v_{name}"
+                    deps[name] = set().union(*[{r} | deps.get(r, set()) for r in refs]) if refs else set()
+                    lets.append((name, lang.output(f"v_{k}", j), "TensorPtr", (name,)))
+                continue
+            name = names[0]
             code, kind = lower_graph(f, scope, lang)
             if kind == "tensor":
                 tensors[name] = f"v_{name}"
@@ -249,10 +268,9 @@ def lower_formulas(op: OpSpec, table: Mapping[str, OpSpec], lang: CppLang = CPP)
             else:
                 raise f.error(0, f"a let must give a tensor or a number, got {kind}")
             bscope_used |= scope.used_ops
-            refs = names_in(f.ast)
             # everything a let reads, transitively (intermediate lets included)
             deps[name] = set().union(*[{r} | deps.get(r, set()) for r in refs]) if refs else set()
-            lets.append((name, code, "TensorPtr" if kind == "tensor" else "double"))
+            lets.append((name, code, "TensorPtr" if kind == "tensor" else "double", (name,)))
         grads: list[tuple[int, str, str]] = []
         needers: dict[str, set[int]] = {}
         for name, f in op.bprop.grads:
@@ -267,7 +285,8 @@ def lower_formulas(op: OpSpec, table: Mapping[str, OpSpec], lang: CppLang = CPP)
                     needers.setdefault(needed, set()).add(index[name])
         saveable = [i.name for i in op.inputs] + [o.name for o in op.outputs]
         saved = tuple((n, tuple(sorted(needers[n]))) for n in saveable if n in needers)
-        let_rows = tuple((n, c, t, tuple(sorted(needers.get(n, set())))) for n, c, t in lets)
+        let_rows = tuple((n, c, t, tuple(sorted(set().union(*[needers.get(m, set()) for m in feeds]))))
+                         for n, c, t, feeds in lets)
         uses_attrs = any(a.name in needers for a in op.attrs)
         bprop = LoweredBprop(let_rows, tuple(grads), saved, uses_attrs, tuple(sorted(bscope_used)))
         used |= bscope_used

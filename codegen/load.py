@@ -34,6 +34,12 @@ _TYPE_NAMES = {"string": "a string", "dict": "a mapping", "list": "a list", "boo
                "number": "a number", "integer": "an integer"}
 
 
+def _type_names(constraint: Any) -> str:
+    """A cerberus type constraint (one type or a list of them) in words."""
+    types = constraint if isinstance(constraint, list) else [constraint]
+    return " or ".join(_TYPE_NAMES.get(str(t), str(t)) for t in types)
+
+
 def _yaml_type(value: Any) -> str:
     if value is None:
         return "null"
@@ -97,7 +103,7 @@ def _schema_message(err: cerberus.errors.ValidationError, doc: Any, base: Sequen
                          f"missing required key '{keys[-1]}'")
     if code == cerberus.errors.BAD_TYPE.code:
         return SpecError(locate(doc, keys), kp(keys),
-                         f"must be {_TYPE_NAMES.get(err.constraint, err.constraint)}, got {_yaml_type(value)}")
+                         f"must be {_type_names(err.constraint)}, got {_yaml_type(value)}")
     if code == cerberus.errors.UNALLOWED_VALUE.code and "keysrules" in err.schema_path:
         allowed = [str(a) for a in err.constraint]
         return SpecError(locate(doc, keys, key=True), kp(keys[:-1]) or str(keys[-1]),
@@ -109,7 +115,8 @@ def _schema_message(err: cerberus.errors.ValidationError, doc: Any, base: Sequen
     if code == cerberus.errors.REGEX_MISMATCH.code:
         # keysrules violations point at the key: report it as a bad name.
         return SpecError(locate(doc, keys, key=True), kp(keys[:-1]) or str(keys[-1]),
-                         f"invalid name {_shown(value)}: must match {err.constraint.removesuffix(chr(92) + 'Z')}")
+                         f"invalid name {_shown(value)}: must match "
+                         f"{schema.REGEX_SHOWN.get(err.constraint, err.constraint.removesuffix(chr(92) + 'Z'))}")
     if code == cerberus.errors.EMPTY_NOT_ALLOWED.code:
         return SpecError(locate(doc, keys), kp(keys), "must not be empty")
     if code == cerberus.errors.MIN_LENGTH.code:

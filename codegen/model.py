@@ -193,10 +193,16 @@ class Impl:
 
 @dataclass(frozen=True)
 class ExprImpl(Impl):
-    """An elementwise expression over the inputs and attrs, compiled per dtype."""
+    """Elementwise expressions over the inputs and attrs, one per output in output order, compiled
+    per dtype into one kernel that writes every output in one pass."""
 
     kind: ClassVar[ImplKind] = ImplKind.EXPR
-    formula: Formula
+    formulas: tuple[tuple[str, Formula], ...]   # output name -> formula
+
+    @property
+    def mapping(self) -> bool:
+        """Written as a mapping output -> formula (``expr: {s: sin(x), c: cos(x)}``), not one string."""
+        return any(f.key != "impl.expr" for _, f in self.formulas)
 
 
 @dataclass(frozen=True)
@@ -225,7 +231,7 @@ class AotImpl(Impl):
 
 @dataclass(frozen=True)
 class Bprop:
-    lets: tuple[tuple[str, Formula], ...]
+    lets: tuple[tuple[tuple[str, ...], Formula], ...]   # names bound (several: the outputs of one call)
     grads: tuple[tuple[str, Formula], ...]   # input name -> formula
     loc: Loc
 
@@ -353,14 +359,18 @@ def _yaml_body(op: OpSpec) -> dict[str, Any]:
     body["targets"] = {str(t.name): {**({"dtypes": {v: _plain(ds) for v, ds in t.dtypes}} if t.dtypes else {}),
                                      "formats": _plain(t.formats)} for t in op.targets}
     impl = op.impl
-    if isinstance(impl, (ExprImpl, CompositeImpl)):
+    if isinstance(impl, ExprImpl):
+        body["impl"] = {"expr": {n: f.text for n, f in impl.formulas} if impl.mapping
+                        else impl.formulas[0][1].text}
+    elif isinstance(impl, CompositeImpl):
         body["impl"] = {str(impl.kind): impl.formula.text}
     elif isinstance(impl, AotImpl):
         body["impl"] = {"aot": {"library": impl.library, "symbol": impl.symbol}}
     else:
         body["impl"] = {str(impl.kind): {}}
     if op.bprop is not None:
-        bprop: dict[str, Any] = {"let": {n: f.text for n, f in op.bprop.lets}} if op.bprop.lets else {}
+        bprop: dict[str, Any] = ({"let": {", ".join(ns): f.text for ns, f in op.bprop.lets}}
+                                 if op.bprop.lets else {})
         bprop.update({n: f.text for n, f in op.bprop.grads})
         body["bprop"] = bprop
     t = op.tests
@@ -655,28 +665,55 @@ class _Builder:
             return AotImpl(loc, str(aot["library"]), str(aot["symbol"]))
         if infer:
             self.err(keys, "shape rule infer() needs a cpp impl (the function lives in its kernel file)")
+        if kind == ImplKind.EXPR:
+            return self.expr_impl(loc, inputs, attrs, outputs)
         try:
             formula = self.formula(impl, str(kind), keys)
         except SpecError as exc:
             self.errors.append(exc)
             return None
-        if kind == ImplKind.COMPOSITE:
-            if len(outputs) != 1:
-                self.err(keys, "a composite op has exactly one output")
-            return CompositeImpl(loc, formula)
+        if len(outputs) != 1:
+            self.err(keys, "a composite op has exactly one output")
+        return CompositeImpl(loc, formula)
+
+    def expr_impl(self, loc: Loc, inputs: list[Input], attrs: list[Attr], outputs: list[Output]) -> Optional[ExprImpl]:
+        """One formula per output: ``expr: f`` for a single output, ``expr: {out: f, ...}`` for any."""
+        keys: tuple[Any, ...] = ("impl", "expr")
         self.check_expr_shapes(keys, inputs, outputs)
-        # checked by lowering it (the code is dest's to make again): what is checked is what is emitted
-        try:
-            lower_expr(formula, expr_scope(inputs, attrs))
-        except SpecError as exc:
-            self.errors.append(exc)
+        impl: LocMap = self.body["impl"]
+        names = [o.name for o in outputs]
+        given: list[tuple[str, LocMap, str, tuple[Any, ...]]] = []  # (output, container, key, keys)
+        if isinstance(impl["expr"], str):
+            if len(outputs) != 1:
+                self.err(keys, f"an expr op with {len(outputs)} outputs gives one formula per output: "
+                         f"expr: {{{', '.join(n + ': ...' for n in names)}}}")
+                return None
+            given.append((names[0], impl, "expr", keys))
+        else:
+            spec: LocMap = impl["expr"]
+            for n in spec:
+                if n not in names:
+                    self.err(keys + (n,), f"'{n}' is not an output{did_you_mean(n, names)}", key=True)
+                else:
+                    given.append((n, spec, n, keys + (n,)))
+            for n in names:
+                if n not in spec:
+                    self.err(keys, f"missing formula for output '{n}'")
+        # checked by lowering (the code is dest's to make again): what is checked is what is emitted
+        scope = expr_scope(inputs, attrs)
+        formulas: dict[str, Formula] = {}
+        for n, container, k, fkeys in given:
+            try:
+                formulas[n] = self.formula(container, k, fkeys)
+                lower_expr(formulas[n], scope)
+            except SpecError as exc:
+                self.errors.append(exc)
+        if len(formulas) != len(outputs):
             return None
-        return ExprImpl(loc, formula)
+        return ExprImpl(loc, tuple((n, formulas[n]) for n in names))
 
     def check_expr_shapes(self, keys: tuple[Any, ...], inputs: list[Input], outputs: list[Output]) -> None:
-        """An expr op's kernel reads every input at each position of its one output."""
-        if len(outputs) != 1:
-            self.err(keys, "an expr op has exactly one output; use a cpp impl for several")
+        """An expr op's kernel reads every input at each position of its outputs, which share one shape."""
         for o in outputs:
             if o.shape.kind not in (ShapeKind.SAME, ShapeKind.BROADCAST):
                 self.err(keys, f"an expr op's output shape is same() or broadcast(), not {o.shape.kind}()")
@@ -709,12 +746,21 @@ class _Builder:
         let_spec: LocMap = spec.get("let") or LocMap()
         taken = {i.name for i in inputs} | {o.name for o in outputs} | {o.grad_name for o in outputs}
         taken |= {a for a in (self.body.get("attrs") or {})}
-        for n in let_spec:
-            if n in taken:
-                self.err(("bprop", "let", n), f"let name '{n}' shadows an input, output, attr or gradient", key=True)
+        bound: set[str] = set()
+        for key in let_spec:  # `name: f`, or `a, b, c: op(...)` binding each output of a call
+            names = tuple(n.strip() for n in key.split(","))
+            clash = next((n for n in names if n in taken), None)
+            twice = next((n for k, n in enumerate(names) if n in bound or n in names[:k]), None)
+            if clash is not None:
+                self.err(("bprop", "let", key), f"let name '{clash}' shadows an input, output, attr or gradient",
+                         key=True)
                 continue
+            if twice is not None:
+                self.err(("bprop", "let", key), f"let name '{twice}' is bound twice", key=True)
+                continue
+            bound.update(names)
             try:
-                lets.append((n, self.formula(let_spec, n, ("bprop", "let", n))))
+                lets.append((names, self.formula(let_spec, key, ("bprop", "let", key))))
             except SpecError as exc:
                 self.errors.append(exc)
         for n in spec:

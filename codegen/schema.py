@@ -14,6 +14,9 @@ TARGETS = [str(b) for b in Backend]
 ATTR_TYPES = [str(t) for t in AttrType]
 
 IDENT = {"type": "string", "regex": r"[a-z_][a-z0-9_]*\Z"}
+LET_KEY = r"[a-z_][a-z0-9_]*(\s*,\s*[a-z_][a-z0-9_]*)*\Z"  # one name, or several comma-separated
+# how error messages show a regex
+REGEX_SHOWN = {LET_KEY: "[a-z_][a-z0-9_]* (or several, comma-separated)"}
 TYPEVAR = {"type": "string", "regex": r"[A-Z][A-Za-z0-9_]*\Z"}
 FORMULA = {"type": "string", "empty": False}
 DOC = {"type": "string"}
@@ -53,7 +56,8 @@ TARGET: dict[str, Any] = {
 }
 
 IMPL: dict[str, Any] = {  # one key per ImplKind
-    "expr": FORMULA,
+    # one formula, or for any number of outputs a mapping output -> formula
+    "expr": {"type": ["string", "dict"], "empty": False, "keysrules": IDENT, "valuesrules": FORMULA},
     "composite": FORMULA,
     "cpp": {"type": "dict", "nullable": True, "schema": {}},
     # a kernel in an external shared library with MindSpore's AOT C ABI
@@ -65,7 +69,9 @@ IMPL: dict[str, Any] = {  # one key per ImplKind
 
 BPROP: dict[str, Any] = {
     "type": "dict",
-    "schema": {"let": {"type": "dict", "keysrules": IDENT, "valuesrules": FORMULA}},
+    # a let key is a name, or several (`y, mean, rstd: layer_norm(x)`) bound to a call's outputs
+    "schema": {"let": {"type": "dict", "valuesrules": FORMULA,
+                       "keysrules": {"type": "string", "regex": LET_KEY}}},
     "allow_unknown": FORMULA,
     "keysrules": IDENT,
 }

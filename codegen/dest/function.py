@@ -131,12 +131,20 @@ def _kernel_branches(op: OpSpec) -> list[tuple[str, str, str]]:
     for b in _bindings(op):
         if isinstance(op.impl, ExprImpl):
             out = op.outputs[0]
-            tys = ", ".join([_storage(out.dtype, b)] + [_storage(i.dtype, b) for i in inputs])
             ctype = (f"compute_t<{_storage(inputs[[i.dtype for i in inputs].index(tvars[0])].dtype, b)}>"
                      if tvars and any(i.dtype == tvars[0] for i in inputs)
                      else f"compute_t<{_storage(out.dtype, b)}>")
+            in_tys = [_storage(i.dtype, b) for i in inputs]
             ins = ", ".join(f"v_{i.name}.get()" for i in inputs)
-            body = f"elementwise<{tys}>(*v_{out.name}, {op.class_name}Expr<{ctype}>{{attrs}}, {{{ins}}});"
+            functor = f"{op.class_name}Expr<{ctype}>{{attrs}}"
+            if len(op.outputs) == 1:
+                tys = ", ".join([_storage(out.dtype, b)] + in_tys)
+                body = f"elementwise<{tys}>(*v_{out.name}, {functor}, {{{ins}}});"
+            else:  # one pass writing every output
+                outs = ", ".join(_storage(o.dtype, b) for o in op.outputs)
+                tys = ", ".join([f"std::tuple<{outs}>"] + in_tys)
+                ptrs = ", ".join(f"v_{o.name}.get()" for o in op.outputs)
+                body = f"elementwise_n<{tys}>({{{ptrs}}}, {functor}, {{{ins}}});"
         else:
             args = ", ".join([f"c_{i.name}" for i in inputs] + [f"v_{o.name}" for o in op.outputs] + ["attrs"])
             targs = f"<{_template_args(op, b)}>" if tvars else ""

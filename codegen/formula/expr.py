@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from .. import escape
 from ..errors import did_you_mean
-from .syntax import Binary, BoolLit, Call, Formula, ListLit, Name, Node, Num, Str, Unary
+from .syntax import Binary, BoolLit, Call, Formula, ListLit, Name, Node, Num, Select, Str, Unary
 
 # scalar functions usable in ``impl.expr``: name -> (arity, C++ function)
 EXPR_FUNCTIONS: Mapping[str, tuple[int, str]] = {
@@ -39,13 +39,14 @@ class LoweredExpr:
     flags: tuple[tuple[str, str], ...]         # (member, initializer): str attr tests, once per call
 
 
-def lower_expr(formula: Formula, scope: ExprScope) -> LoweredExpr:
+def lower_expr(formula: Formula, scope: ExprScope, flags: dict[str, str] | None = None) -> LoweredExpr:
     """Check an elementwise formula and lower it to a C++ expression over compute type ``C``.
 
     A str attr may only be compared with a string literal (``approximate == "tanh"``); the test
-    becomes a bool member of the functor, computed once per call rather than per element.
+    becomes a bool member of the functor, computed once per call rather than per element. The
+    formulas of one functor (one per output) share ``flags``, the members made so far.
     """
-    flags: dict[str, str] = {}
+    flags = {} if flags is None else flags
     present: set[str] = set()  # optional attrs known to be given (inside if_given's first branch)
 
     def str_test(node: Binary) -> str | None:
@@ -123,6 +124,9 @@ def lower_expr(formula: Formula, scope: ExprScope) -> LoweredExpr:
             if node.func == "where":
                 return f"(({args[0]}) ? C({args[1]}) : C({args[2]}))"
             return f"{cpp}({', '.join(args)})"
+        if isinstance(node, Select):
+            raise formula.error(node.pos, "an elementwise expression calls scalar functions, which have no "
+                                "outputs to select")
         if isinstance(node, (Str, ListLit)):
             raise formula.error(node.pos, "strings and lists are not allowed in an elementwise expression")
         raise formula.error(0, "unsupported expression")  # pragma: no cover

@@ -10,7 +10,8 @@ from typing import Callable, Mapping
 
 from ..errors import SpecError, did_you_mean
 from .lang import CPP, CppLang
-from .syntax import COMPARE_OPS, OPERATOR_OPS, Binary, BoolLit, Call, Formula, ListLit, Name, Node, Num, Str, Unary
+from .syntax import (COMPARE_OPS, OPERATOR_OPS, Binary, BoolLit, Call, Formula, ListLit, Name, Node, Num, Select,
+                     Str, Unary)
 
 # helpers usable in graph formulas: name -> (parameter kinds, result kind)
 HELPERS: Mapping[str, tuple[tuple[str, ...], str]] = {
@@ -30,7 +31,10 @@ class OpSignature:
     name: str
     inputs: tuple[tuple[str, bool], ...]          # (name, optional)
     attrs: tuple[tuple[str, str, bool, str, str], ...]  # (name, type, required, C++ default, Python default)
-    num_outputs: int
+    outputs: tuple[str, ...]
+
+    def outputs_text(self) -> str:
+        return f"{len(self.outputs)} output{'s' if len(self.outputs) != 1 else ''} ({', '.join(self.outputs)})"
 
     def default_code(self, attr: str, lang: CppLang) -> str:
         """The attr's default value as code in lang."""
@@ -100,6 +104,8 @@ class _Lowering:
             return self.lang.negate(code), kind
         if isinstance(node, Binary):
             return self.binary(node)
+        if isinstance(node, Select):
+            return self.select(node)
         if isinstance(node, Call):
             if node.func in HELPERS:
                 return self.if_given(node) if node.func == "if_given" else self.helper(node)
@@ -149,11 +155,31 @@ class _Lowering:
             return self.bind_like(lc, lambda t: lang.op(fn, [t, lang.scalar_like(rc, t)])), "tensor"
         return self.bind_like(rc, lambda t: lang.op(fn, [lang.scalar_like(lc, t), t])), "tensor"
 
-    def call_op(self, node: Call) -> Lowered:
+    def select(self, node: Select) -> Lowered:
+        """``op(...).output``: one output of a multi-output op's call."""
+        call = node.call
+        if call.func not in self.scope.ops:
+            if call.func in HELPERS:
+                raise self.error(node.pos, f"{call.func}() has one result: nothing to select")
+            return self.go(call)  # reports the unknown op
+        sig = self.scope.ops[call.func]
+        if len(sig.outputs) == 1:
+            raise self.error(node.pos, f"op '{call.func}' has one output: call it without selecting")
+        if node.name not in sig.outputs:
+            raise self.error(node.pos, f"op '{call.func}' has no output '{node.name}'"
+                             f"{did_you_mean(node.name, sig.outputs)}; it has {sig.outputs_text()}")
+        code, _ = self.call_op(call, whole=True)
+        return self.lang.output(code, sig.outputs.index(node.name)), "tensor"
+
+    def call_op(self, node: Call, whole: bool = False) -> Lowered:
+        """A call of an op: a tensor, or with ``whole`` the outputs of a multi-output op (kind
+        "outputs"), which a let binds or ``.output`` selects from."""
         sig = self.need_op(node.func, node.pos, "this formula")
-        if sig.num_outputs != 1:
-            raise self.error(node.pos, f"op '{node.func}' has {sig.num_outputs} outputs; "
-                             "only single-output ops can be called in a formula")
+        if len(sig.outputs) != 1 and not whole:
+            raise self.error(node.pos, f"op '{node.func}' has {sig.outputs_text()}: select one "
+                             f"({node.func}(...).{sig.outputs[0]}) or bind them all in a let "
+                             f"({', '.join(sig.outputs)}: {node.func}(...))")
+        result = "tensor" if len(sig.outputs) == 1 else "outputs"
         required = [n for n, opt in sig.inputs if not opt]
         if not (len(required) <= len(node.args) <= len(sig.inputs)):
             names = ", ".join(n for n, _ in sig.inputs)
@@ -175,8 +201,8 @@ class _Lowering:
             return self.lang.op(node.func, ins + tail + args)
 
         if like is None or all(kind == "tensor" for _, kind in lowered):
-            return build(lowered[like][0] if like is not None else ""), "tensor"
-        return self.bind_like(lowered[like][0], build), "tensor"
+            return build(lowered[like][0] if like is not None else ""), result
+        return self.bind_like(lowered[like][0], build), result
 
     def op_attrs(self, node: Call, sig: OpSignature) -> list[str]:
         """The called op's attrs as code: the keyword arguments given, converted to each attr's
@@ -253,6 +279,22 @@ class _Lowering:
                 raise self.error(arg.pos, f"{node.func}(): expected {want}, got {kind}")
             codes.append(converted)
         return self.lang.helper(node.func, codes), HELPERS[node.func][1]
+
+
+def lower_outputs(formula: Formula, names: tuple[str, ...], scope: GraphScope, lang: CppLang = CPP) -> str:
+    """Check a formula whose value a let binds to several ``names`` (a call of an op with that many
+    outputs) and lower it to ``lang``: the op's outputs, in order."""
+    node = formula.ast
+    binding = ", ".join(names)
+    if not (isinstance(node, Call) and node.func in scope.ops):
+        raise formula.error(0, f"a let binding {len(names)} names ({binding}) needs a call of an op with "
+                            f"{len(names)} outputs")
+    sig = scope.ops[node.func]
+    if len(sig.outputs) != len(names):
+        raise formula.error(node.pos, f"op '{node.func}' has {sig.outputs_text()}, but the let binds "
+                            f"{len(names)} name{'s' if len(names) != 1 else ''} ({binding})")
+    code, _ = _Lowering(formula, scope, lang).call_op(node, whole=True)
+    return code
 
 
 def lower_graph(formula: Formula, scope: GraphScope, lang: CppLang = CPP) -> Lowered:

@@ -23,6 +23,10 @@ class CppLang:
     def scalar_like(self, value: str, like: str) -> str:
         return f"scalar_like({value}, {like})"
 
+    def output(self, outputs: str, k: int) -> str:
+        """Output k of a multi-output op's call (a TensorList in C++, a tuple in Python)."""
+        return f"{outputs}[{k}]"
+
     def bind_like(self, code: str, name: str, body: str) -> str:
         return f"[&](const TensorPtr& {name}) {{ return {body}; }}({code})"
 

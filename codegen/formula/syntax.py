@@ -2,7 +2,8 @@
 (never ``eval``) and the source mapping that points errors at a formula's characters.
 
 Grammar: numbers, strings, ``True``/``False``, names, lists, unary ``-``, ``+ - * /``,
-comparisons, calls with positional and keyword arguments. Checking and lowering live in
+comparisons, calls with positional and keyword arguments, and one output of a call selected by name
+(``layer_norm(x).mean``). Checking and lowering live in
 ``expr`` (elementwise) and ``graph`` (bprop and composite formulas).
 """
 
@@ -72,7 +73,16 @@ class Call:
     pos: int
 
 
-Node = Union[Num, Str, BoolLit, Name, ListLit, Unary, Binary, Call]
+@dataclass(frozen=True)
+class Select:
+    """One output of a multi-output op's call, by name: ``layer_norm(x).mean``."""
+
+    call: Call
+    name: str
+    pos: int  # of the name
+
+
+Node = Union[Num, Str, BoolLit, Name, ListLit, Unary, Binary, Call, Select]
 
 # ---------------------------------------------------------------------------- parsing
 
@@ -89,7 +99,7 @@ _TOKEN = re.compile(r"""
   | (?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<str>"[^"\\]*"|'[^'\\]*')
-  | (?P<op>>=|<=|==|!=|\*\*|[-+*/()<>,=\[\]])
+  | (?P<op>>=|<=|==|!=|\*\*|[-+*/()<>,=\[\].])
 """, re.VERBOSE | re.ASCII)
 
 COMPARE_OPS = (">", "<", ">=", "<=", "==", "!=")
@@ -195,7 +205,7 @@ class _Parser:
                 return BoolLit(text in ("True", "true"), pos)
             nk, nt, _ = self.peek()
             if nk == "op" and nt == "(":
-                return self.call(text, pos)
+                return self.selected(self.call(text, pos))
             return Name(text, pos)
         if kind == "op" and text == "(":
             node = self.comparison()
@@ -212,6 +222,19 @@ class _Parser:
             return ListLit(tuple(items), pos)
         found = "end of formula" if kind == "end" else repr(text)
         raise FormulaSyntaxError(pos, f"unexpected {found}")
+
+    def selected(self, call: Call) -> Node:
+        """A call, or ``call.output``."""
+        if self.peek()[1] != ".":
+            return call
+        self.take()
+        kind, text, pos = self.take()
+        if kind != "name":
+            found = "end of formula" if kind == "end" else repr(text)
+            raise FormulaSyntaxError(pos, f"expected an output name after '.', found {found}")
+        if self.peek()[1] == ".":
+            raise FormulaSyntaxError(self.peek()[2], "an output is a tensor: nothing to select from it")
+        return Select(call, text, pos)
 
     def call(self, func: str, pos: int) -> Call:
         self.expect("(")
@@ -256,6 +279,8 @@ def _depth(node: Node) -> int:
             children = list(n.items)
         elif isinstance(n, Call):
             children = list(n.args) + [a for _, a, _ in n.kwargs]
+        elif isinstance(n, Select):
+            children = [n.call]
         stack.extend((c, d + 1) for c in children)
     return deepest
 
@@ -275,6 +300,8 @@ def names_in(node: Node) -> set[str]:
     """Every plain name a formula refers to (not function names)."""
     if isinstance(node, Name):
         return {node.id}
+    if isinstance(node, Select):
+        return names_in(node.call)
     out: set[str] = set()
     if isinstance(node, (Unary,)):
         return names_in(node.operand)
@@ -300,6 +327,8 @@ def ops_in(node: Node) -> set[str]:
         for _, a, _ in node.kwargs:
             out |= ops_in(a)
         return out
+    if isinstance(node, Select):
+        return ops_in(node.call)
     if isinstance(node, Unary):
         return {"neg"} | ops_in(node.operand)
     if isinstance(node, Binary):

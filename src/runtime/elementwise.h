@@ -88,20 +88,47 @@ OPFORGE_INLINE void check_input(size_t index, const Tensor& in, const Shape& out
   if (in.shape() != out_shape) check_input_broadcasts(current_op(), index, in.shape(), out_shape);
 }
 
-template <typename Out, typename... In, typename F, size_t... I>
-void elementwise_impl(const Tensor& out, const F& f, const std::array<const Tensor*, sizeof...(In)>& ins,
-                      std::index_sequence<I...>) {
-  // every input must broadcast to the output: the loops below read inputs through that assumption
+// Where an elementwise loop writes: one pointer per output (`Outs` = std::tuple<Out...>). put()
+// stores a result at position i: the value itself for one output, else a tuple of one per output.
+template <typename Outs, typename K = std::make_index_sequence<std::tuple_size_v<Outs>>>
+struct Sink;
+
+template <typename... Out, size_t... K>
+struct Sink<std::tuple<Out...>, std::index_sequence<K...>> {
+  std::tuple<Out*...> p;
+
+  static Sink of(const std::array<const Tensor*, sizeof...(Out)>& outs) {
+    return {std::tuple<Out*...>{outs[K]->template data<Out>()...}};
+  }
+  template <typename R>
+  OPFORGE_INLINE void put(int64_t i, const R& r) const {
+    if constexpr (sizeof...(Out) == 1) {
+      ((std::get<K>(p)[i] = convert<Out>(r)), ...);
+    } else {
+      ((std::get<K>(p)[i] = convert<Out>(std::get<K>(r))), ...);
+    }
+  }
+};
+
+template <typename Outs, typename... In, typename F, size_t... I>
+void elementwise_impl(const std::array<const Tensor*, std::tuple_size_v<Outs>>& outs, const F& f,
+                      const std::array<const Tensor*, sizeof...(In)>& ins, std::index_sequence<I...>) {
+  // every output has the first one's shape (an expr op's outputs share one shape rule) ...
+  const Shape& shape = outs[0]->shape();
+  for (size_t k = 1; k < outs.size(); ++k) {
+    if (outs[k]->shape() != shape) fail<RuntimeError>(current_op(), "elementwise output ", k, " has another shape");
+  }
+  // ... and every input must broadcast to it: the loops below read inputs through that assumption
   // (a user kernel or an op whose shape rule left an input out must not read past its view)
-  (check_input(I, *ins[I], out.shape()), ...);
-  const int64_t n = out.numel();
+  (check_input(I, *ins[I], shape), ...);
+  const int64_t n = outs[0]->numel();
   if (n == 0) return;
-  Out* o = out.data<Out>();
+  const Sink<Outs> o = Sink<Outs>::of(outs);
   const std::tuple<const In*...> p{ins[I]->template data<In>()...};
   const bool same = ((ins[I]->numel() == n && ins[I]->is_contiguous()) && ... && true);
   if (same) {
     parallel_for(n, kParallelThreshold, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) o[i] = convert<Out>(f(load<In>(std::get<I>(p) + i)...));
+      for (int64_t i = begin; i < end; ++i) o.put(i, f(load<In>(std::get<I>(p) + i)...));
     });
     return;
   }
@@ -109,12 +136,11 @@ void elementwise_impl(const Tensor& out, const F& f, const std::array<const Tens
   if (flat) {
     const std::array<int64_t, sizeof...(In)> s{(ins[I]->numel() == n ? int64_t(1) : int64_t(0))...};
     parallel_for(n, kParallelThreshold, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) o[i] = convert<Out>(f(load<In>(std::get<I>(p) + i * s[I])...));
+      for (int64_t i = begin; i < end; ++i) o.put(i, f(load<In>(std::get<I>(p) + i * s[I])...));
     });
     return;
   }
   // General case: broadcasting and/or strided inputs. Iterate rows of the last dimension.
-  const Shape& shape = out.shape();
   const int64_t nd = static_cast<int64_t>(shape.size());
   const std::array<Shape, sizeof...(In)> st{broadcast_strides(*ins[I], shape)...};
   const int64_t inner = shape[nd - 1];
@@ -130,9 +156,9 @@ void elementwise_impl(const Tensor& out, const F& f, const std::array<const Tens
       rem /= shape[d];
       ((base[I] += idx * st[I][d]), ...);
     }
-    Out* orow = o + r * inner;
+    const int64_t row = r * inner;
     for (int64_t j = 0; j < inner; ++j) {
-      orow[j] = convert<Out>(f(load<In>(std::get<I>(p) + base[I] + j * inner_st[I])...));
+      o.put(row + j, f(load<In>(std::get<I>(p) + base[I] + j * inner_st[I])...));
     }
   }
   });
@@ -144,7 +170,15 @@ void elementwise_impl(const Tensor& out, const F& f, const std::array<const Tens
 // broadcast shape. Inputs are read as their storage types `In...` and passed to f as compute types.
 template <typename Out, typename... In, typename F>
 void elementwise(const Tensor& out, const F& f, const std::array<const Tensor*, sizeof...(In)>& ins) {
-  detail::elementwise_impl<Out, In...>(out, f, ins, std::index_sequence_for<In...>{});
+  detail::elementwise_impl<std::tuple<Out>, In...>({&out}, f, ins, std::index_sequence_for<In...>{});
+}
+
+// The same loop writing several outputs in one pass (`Outs` = std::tuple<Out...>): f returns a
+// tuple, one value per output, stored as that output's type. Every output has the same shape.
+template <typename Outs, typename... In, typename F>
+void elementwise_n(const std::array<const Tensor*, std::tuple_size_v<Outs>>& outs, const F& f,
+                   const std::array<const Tensor*, sizeof...(In)>& ins) {
+  detail::elementwise_impl<Outs, In...>(outs, f, ins, std::index_sequence_for<In...>{});
 }
 
 }  // namespace opforge

@@ -289,10 +289,31 @@ CASES = [
          "specs/leaky.yaml:15:11: impl.expr: an expr op's output shape is same() or broadcast(), not reduce()"),
     case("expr-op-with-optional-input", "scale", scale("cpp: {}", "expr: x * w"),
          "specs/scale.yaml:13:11: impl.expr: an expr op cannot have optional inputs"),
-    case("expr-op-with-two-outputs", "leaky",
+    case("expr-op-with-two-outputs-one-formula", "leaky",
          leaky("    out: {dtype: T, shape: same(x)}\n",
                "    out: {dtype: T, shape: same(x)}\n    out2: {dtype: T, shape: same(x)}\n"),
-         "specs/leaky.yaml:15:11: impl.expr: an expr op has exactly one output; use a cpp impl for several"),
+         "specs/leaky.yaml:15:11: impl.expr: an expr op with 2 outputs gives one formula per output: "
+         "expr: {out: ..., out2: ...}"),
+    case("expr-op-formula-for-unknown-output", "leaky",
+         leaky("    out: {dtype: T, shape: same(x)}\n",
+               "    out: {dtype: T, shape: same(x)}\n    out2: {dtype: T, shape: same(x)}\n").replace(
+             "expr: where(x > 0, x, alpha * x)", "expr: {out: x, ou2: alpha * x}"),
+         """
+         specs/leaky.yaml:15:11: impl.expr: missing formula for output 'out2'
+         specs/leaky.yaml:15:20: impl.expr.ou2: 'ou2' is not an output (did you mean 'out2'?)
+         """),
+    case("expr-op-mapping-formula-error-located", "leaky",
+         leaky("expr: where(x > 0, x, alpha * x)", "expr: {out: alhpa * x}"),
+         "specs/leaky.yaml:14:17: impl.expr.out: unknown name 'alhpa' (did you mean 'alpha'?)"),
+    case("expr-op-outputs-of-other-shapes", "leaky",
+         leaky("    out: {dtype: T, shape: same(x)}\n",
+               "    out: {dtype: T, shape: same(x)}\n    red: {dtype: T, shape: \"reduce(x, axis, true)\"}\n"
+               ).replace("  outputs:", '    axis: {type: "list[int]", default: [0]}\n  outputs:').replace(
+             "expr: where(x > 0, x, alpha * x)", "expr: {out: x, red: x}"),
+         "specs/leaky.yaml:16:11: impl.expr: an expr op's output shape is same() or broadcast(), not reduce()"),
+    case("expr-op-select-output", "leaky", leaky("alpha * x)", "sin(x).y)"),
+         "specs/leaky.yaml:14:34: impl.expr: an elementwise expression calls scalar functions, which have no "
+         "outputs to select"),
     case("expr-unknown-function-did-you-mean", "leaky", leaky("alpha * x)", "alpha * tahn(x))"),
          "specs/leaky.yaml:14:35: impl.expr: unknown function 'tahn' in an elementwise expression "
          "(did you mean 'tanh'?)"),
@@ -359,8 +380,28 @@ CASES = [
     case("formula-op-arity", "leaky", leaky("where(x > 0, dout, alpha * dout)", "mul(dout)"),
          "specs/leaky.yaml:16:8: bprop.x: mul() takes 2 inputs (x, y), got 1"),
     case("formula-multi-output-op", "leaky", leaky("where(x > 0, dout, alpha * dout)", "layer_norm(dout)"),
-         "specs/leaky.yaml:16:8: bprop.x: op 'layer_norm' has 3 outputs; only single-output ops can be "
-         "called in a formula"),
+         "specs/leaky.yaml:16:8: bprop.x: op 'layer_norm' has 3 outputs (y, mean, rstd): select one "
+         "(layer_norm(...).y) or bind them all in a let (y, mean, rstd: layer_norm(...))"),
+    case("formula-unknown-output", "leaky", leaky("where(x > 0, dout, alpha * dout)", "layer_norm(dout).mea"),
+         "specs/leaky.yaml:16:25: bprop.x: op 'layer_norm' has no output 'mea' (did you mean 'mean'?); "
+         "it has 3 outputs (y, mean, rstd)"),
+    case("formula-select-single-output", "leaky", leaky("where(x > 0, dout, alpha * dout)", "mean(dout).out"),
+         "specs/leaky.yaml:16:19: bprop.x: op 'mean' has one output: call it without selecting"),
+    case("formula-select-nothing", "leaky", leaky("where(x > 0, dout, alpha * dout)", "layer_norm(dout)."),
+         "specs/leaky.yaml:16:25: bprop.x: syntax error: expected an output name after '.', found end of formula"),
+    case("let-binding-wrong-arity", "leaky",
+         leaky("    x: where(x > 0, dout, alpha * dout)", "    let:\n      y, m: layer_norm(dout)\n    x: y + m"),
+         "specs/leaky.yaml:17:13: bprop.let.y, m: op 'layer_norm' has 3 outputs (y, mean, rstd), but the let "
+         "binds 2 names (y, m)"),
+    case("let-binding-not-a-call", "leaky",
+         leaky("    x: where(x > 0, dout, alpha * dout)",
+               "    let:\n      y, m, r: 2 * layer_norm(dout)\n    x: y + m"),
+         "specs/leaky.yaml:17:16: bprop.let.y, m, r: a let binding 3 names (y, m, r) needs a call of an op "
+         "with 3 outputs"),
+    case("let-binding-name-twice", "leaky",
+         leaky("    x: where(x > 0, dout, alpha * dout)",
+               "    let:\n      y, y, r: layer_norm(dout)\n    x: y + r"),
+         "specs/leaky.yaml:17:7: bprop.let.y, y, r: let name 'y' is bound twice"),
     case("formula-unknown-attr-keyword", "leaky", leaky("where(x > 0, dout, alpha * dout)", "sum(dout, axes=[0])"),
          "specs/leaky.yaml:16:18: bprop.x: sum() has no attr 'axes' (did you mean 'axis'?)"),
     case("formula-attr-wrong-type", "leaky", leaky("where(x > 0, dout, alpha * dout)", "sum(dout, keepdims=1.5)"),

@@ -1,0 +1,52 @@
+"""Multi-output ops in formulas: ``op(...).output`` selects one output, a let binds them all; both
+are lowered to C++ (an element of the TensorList ops::<op> returns) and to Python (of the tuple the
+framework's op returns)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from codegen import load_specs
+from codegen.gen import render_formulas, render_op
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SPEC = """\
+centered:
+  doc: x minus its mean over the last axis.
+  inputs:
+    x: T
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float32, float64]
+  targets:
+    cpu: {}
+  impl:
+    composite: x - layer_norm(x).mean
+  bprop:
+    let:
+      y, m, r: layer_norm(dout)
+    x: y / r + m - rms_norm(dout).y * 0
+"""
+
+
+def test_select_and_bind_lower_to_cpp_and_python(tmp_path: Path) -> None:
+    (tmp_path / "centered.yaml").write_text(textwrap.dedent(SPEC), encoding="utf-8")
+    ops = load_specs([ROOT / "op_specs"])
+    (op,) = load_specs([tmp_path], known=ops)
+    table = {o.name: o for o in ops + [op]}
+    cpp = next(r.text for r in render_op(op, table, "centered.yaml") if r.name == "centered.cpp")
+    assert "ops::sub(v_x, ops::layer_norm(v_x, nullptr, nullptr, std::vector<int64_t>{-1}, 1e-05)[1])" in cpp
+    assert "TensorList v_0{};" in cpp
+    assert "if (need_0) v_0 = ops::layer_norm(v_dout, nullptr, nullptr, std::vector<int64_t>{-1}, 1e-05);" in cpp
+    assert "if (need_0) v_m = v_0[1];" in cpp and "if (need_0) v_r = v_0[2];" in cpp
+    assert "ops::rms_norm(v_dout, nullptr, 1e-06, std::vector<int64_t>{-1})[0]" in cpp
+    py = render_formulas([op], ["centered.yaml"], table).text
+    assert "return F.sub(v_x, F.layer_norm(v_x, None, None, [-1], 1e-05)[1])" in py
+    assert "v_0 = F.layer_norm(v_dout, None, None, [-1], 1e-05) if need[0] else None" in py
+    assert "v_y = v_0[0] if need[0] else None" in py
+    assert "let y, m, r = layer_norm(dout)" in cpp  # the docstring
+    # the model writes the binding back as it was written
+    assert "y, m, r: layer_norm(dout)" in op.to_yaml()
