@@ -88,6 +88,7 @@ class ImplKind(StrEnum):
     COMPOSITE = "composite"
     CPP = "cpp"
     AOT = "aot"
+    PYFUNC = "pyfunc"
 
 
 MAX_INPUTS = 8  # see _Builder.build
@@ -221,6 +222,14 @@ class AotImpl(Impl):
     kind: ClassVar[ImplKind] = ImplKind.AOT
     library: str
     symbol: str
+
+
+@dataclass(frozen=True)
+class PyfuncImpl(Impl):
+    """A Python function ``module:function`` on NumPy arrays (CPU; for prototyping)."""
+
+    kind: ClassVar[ImplKind] = ImplKind.PYFUNC
+    function: str         # "module:function"
 
 
 @dataclass(frozen=True)
@@ -363,6 +372,8 @@ def _yaml_body(op: OpSpec) -> dict[str, Any]:
         body["impl"] = {str(impl.kind): impl.formula.text}
     elif isinstance(impl, AotImpl):
         body["impl"] = {"aot": {"library": impl.library, "symbol": impl.symbol}}
+    elif isinstance(impl, PyfuncImpl):
+        body["impl"] = {"pyfunc": impl.function}
     else:
         body["impl"] = {str(impl.kind): {}}
     if op.bprop is not None:
@@ -666,6 +677,8 @@ class _Builder:
             return AotImpl(loc, str(aot["library"]), str(aot["symbol"]))
         if infer:
             self.err(keys, "shape rule infer() needs a cpp impl (the function lives in its kernel file)")
+        if kind == ImplKind.PYFUNC:  # (its module is imported at the first call)
+            return PyfuncImpl(loc, str(impl["pyfunc"]))
         try:
             formula = self.formula(impl, str(kind), keys)
         except SpecError as exc:

@@ -61,6 +61,8 @@ IMPL: dict[str, Any] = {  # one key per ImplKind
         "library": {"type": "string", "required": True, "empty": False},
         "symbol": {"type": "string", "required": True, "regex": r"[A-Za-z_][A-Za-z0-9_]*\Z"},
     }},
+    # a Python function on NumPy arrays, "module:function" (for prototyping)
+    "pyfunc": {"type": "string", "regex": r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*\Z"},
 }
 
 BPROP: dict[str, Any] = {
