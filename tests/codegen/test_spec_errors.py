@@ -317,6 +317,16 @@ CASES = [
          specs/leaky.yaml:14:11: impl.expr: shape rule infer() needs a cpp impl (the function lives in its kernel file)
          specs/leaky.yaml:14:11: impl.expr: an expr op's output shape is same() or broadcast(), not infer()
          """),
+    case("pyfunc-infer-shape", "leaky", leaky("same(x)", "infer(leaky_shape)").replace(
+             "expr: where(x > 0, x, alpha * x)", "pyfunc: my_ops:leaky"),
+         "specs/leaky.yaml:14:13: impl.pyfunc: shape rule infer() needs a cpp impl (the function lives in its kernel file)"),
+    case("pyfunc-not-module-colon-function", "leaky", leaky("expr: where(x > 0, x, alpha * x)", "pyfunc: my_ops.leaky"),
+         "specs/leaky.yaml:14:5: impl: invalid name 'my_ops.leaky': must match "
+         "[A-Za-z_][A-Za-z0-9_]*(\\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"),
+    case("pyfunc-missing-bprop", "leaky", leaky("expr: where(x > 0, x, alpha * x)", "pyfunc: my_ops:leaky").replace(
+             "  bprop:\n    x: where(x > 0, dout, alpha * dout)\n", ""),
+         "specs/leaky.yaml:1:1: bprop: missing: give a formula for each differentiable input (x), "
+         "or mark inputs differentiable: false"),
     # ------------------------------------------------------------------ bprop
     case("bprop-missing", "leaky", leaky("  bprop:\n    x: where(x > 0, dout, alpha * dout)\n", ""),
          "specs/leaky.yaml:1:1: bprop: missing: give a formula for each differentiable input (x), "
