@@ -88,6 +88,7 @@ class ImplKind(StrEnum):
     COMPOSITE = "composite"
     CPP = "cpp"
     AOT = "aot"
+    PYFUNC = "pyfunc"
 
 
 MAX_INPUTS = 8  # see _Builder.build
@@ -230,6 +231,14 @@ class AotImpl(Impl):
 
 
 @dataclass(frozen=True)
+class PyfuncImpl(Impl):
+    """A Python function ``module:function`` on NumPy arrays (CPU; for prototyping)."""
+
+    kind: ClassVar[ImplKind] = ImplKind.PYFUNC
+    function: str         # "module:function"
+
+
+@dataclass(frozen=True)
 class Bprop:
     lets: tuple[tuple[tuple[str, ...], Formula], ...]   # names bound (several: the outputs of one call)
     grads: tuple[tuple[str, Formula], ...]   # input name -> formula
@@ -260,6 +269,10 @@ class OpSpec:
     impl: Impl
     bprop: Optional[Bprop]
     tests: Optional[TestSpec]
+    # no `targets` key: the rows were derived (every built target, every declared dtype, every
+    # format), as MindSpore derives registration info from the inputs when none is given; kept so
+    # that to_yaml leaves the key out again (naming the built targets would fix them to this build's)
+    targets_derived: bool = False
 
     @property
     def class_name(self) -> str:
@@ -294,8 +307,9 @@ class OpSpec:
         return _Builder(name, doc).build()
 
     def to_yaml(self) -> str:
-        """The spec file text of this op, every derived default written out: parsing it gives an
-        OpSpec equal to this one but for locations."""
+        """The spec file text of this op, every derived default written out (but `targets`, left
+        out when the spec left it out): parsing it gives an OpSpec equal to this one but for
+        locations."""
         return yaml.dump({self.name: _yaml_body(self)}, Dumper=_Dumper, sort_keys=False, allow_unicode=True,
                          default_flow_style=False, width=100)
 
@@ -356,8 +370,9 @@ def _yaml_body(op: OpSpec) -> dict[str, Any]:
                        for o in op.outputs}
     if op.typevars:
         body["dtypes"] = {v: _plain(ds) for v, ds in op.typevars}
-    body["targets"] = {str(t.name): {**({"dtypes": {v: _plain(ds) for v, ds in t.dtypes}} if t.dtypes else {}),
-                                     "formats": _plain(t.formats)} for t in op.targets}
+    if not op.targets_derived:
+        body["targets"] = {str(t.name): {**({"dtypes": {v: _plain(ds) for v, ds in t.dtypes}} if t.dtypes else {}),
+                                             "formats": _plain(t.formats)} for t in op.targets}
     impl = op.impl
     if isinstance(impl, ExprImpl):
         body["impl"] = {"expr": {n: f.text for n, f in impl.formulas} if impl.mapping
@@ -366,6 +381,8 @@ def _yaml_body(op: OpSpec) -> dict[str, Any]:
         body["impl"] = {str(impl.kind): impl.formula.text}
     elif isinstance(impl, AotImpl):
         body["impl"] = {"aot": {"library": impl.library, "symbol": impl.symbol}}
+    elif isinstance(impl, PyfuncImpl):
+        body["impl"] = {"pyfunc": impl.function}
     else:
         body["impl"] = {str(impl.kind): {}}
     if op.bprop is not None:
@@ -530,7 +547,8 @@ class _Builder:
         if self.errors or impl is None:
             raise SpecErrors(self.errors)
         return OpSpec(self.name, self.path, self.doc.key_locs[self.name], b["doc"].strip(), tuple(inputs),
-                      tuple(outputs), tuple(attrs), typevars, targets, impl, bprop, tests)
+                      tuple(outputs), tuple(attrs), typevars, targets, impl, bprop, tests,
+                      targets_derived="targets" not in b)
 
     def attr(self, n: str, spec: LocMap) -> Attr:
         keys = ("attrs", n)
@@ -625,8 +643,12 @@ class _Builder:
         return ShapeRule(kind, args, text)
 
     def targets(self, declared: dict[str, tuple[DType, ...]]) -> tuple[Target, ...]:
+        """The registration rows per target; without a `targets` key, every built target with every
+        declared dtype and format (the same rows as `targets: {<built target>: {}}`)."""
+        given = self.body.get("targets")
+        spec = dict(given) if given is not None else {str(b): None for b in BUILT_BACKENDS}
         out = []
-        for tname, tspec in self.body["targets"].items():
+        for tname, tspec in spec.items():
             tspec = tspec or {}
             narrowed = dict(tspec.get("dtypes") or {})
             for v, ds in narrowed.items():
@@ -665,6 +687,8 @@ class _Builder:
             return AotImpl(loc, str(aot["library"]), str(aot["symbol"]))
         if infer:
             self.err(keys, "shape rule infer() needs a cpp impl (the function lives in its kernel file)")
+        if kind == ImplKind.PYFUNC:  # (its module is imported at the first call)
+            return PyfuncImpl(loc, str(impl["pyfunc"]))
         if kind == ImplKind.EXPR:
             return self.expr_impl(loc, inputs, attrs, outputs)
         try:

@@ -65,6 +65,8 @@ IMPL: dict[str, Any] = {  # one key per ImplKind
         "library": {"type": "string", "required": True, "empty": False},
         "symbol": {"type": "string", "required": True, "regex": r"[A-Za-z_][A-Za-z0-9_]*\Z"},
     }},
+    # a Python function on NumPy arrays, "module:function" (for prototyping)
+    "pyfunc": {"type": "string", "regex": r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*\Z"},
 }
 
 BPROP: dict[str, Any] = {
@@ -99,7 +101,7 @@ OP: dict[str, Any] = {
     "dtypes": {"type": "dict", "keysrules": TYPEVAR,
                "valuesrules": {"type": "list", "empty": False,
                                "schema": {"type": "string", "allowed": DTYPES}}},
-    "targets": {"type": "dict", "required": True, "empty": False,
+    "targets": {"type": "dict", "empty": False,  # absent: every built target (model.BUILT_BACKENDS)
                 "keysrules": {"type": "string", "allowed": TARGETS},
                 "valuesrules": {"type": "dict", "nullable": True, "schema": TARGET}},
     "impl": {"type": "dict", "required": True, "schema": IMPL},

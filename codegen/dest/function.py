@@ -8,8 +8,8 @@ from typing import Any, Mapping, Optional
 
 from .. import api, escape
 from ..api import Lowered, LoweredBprop
-from ..model import (BUILT_BACKENDS, AotImpl, Attr, AttrType, CppImpl, DType, ExprImpl, OpSpec, ShapeKind,
-                     ShapeRule)
+from ..model import (BUILT_BACKENDS, AotImpl, Attr, AttrType, CppImpl, DType, ExprImpl, OpSpec, PyfuncImpl,
+                     ShapeKind, ShapeRule)
 
 _cpp_str = escape.cpp_str
 
@@ -166,6 +166,17 @@ def _forward(op: OpSpec, lowered: Lowered) -> tuple[list[str], list[tuple[str, s
             fwd.append(f"TensorPtr v_{o.name} = empty({dtype_expr(op, o.dtype)}, "
                        f"{shape_expr(op, o.shape)}, call.format);")
         return fwd, _kernel_branches(op)
+    if isinstance(impl, PyfuncImpl):
+        for o in op.outputs:
+            fwd.append(f"TensorPtr v_{o.name} = empty({dtype_expr(op, o.dtype)}, "
+                       f"{shape_expr(op, o.shape)}, call.format);")
+        fwd.append("pyfunc::Kwargs kwargs;")
+        fwd += [f"kwargs.add({_cpp_str(a.name)}, attrs.{a.name});" for a in op.attrs]
+        ins = ", ".join(f"v_{i.name}" for i in op.inputs)
+        names = ", ".join(_cpp_str(o.name) for o in op.outputs)
+        outs = ", ".join(f"v_{o.name}" for o in op.outputs)
+        fwd.append(f"pyfunc::call(kName, {_cpp_str(impl.function)}, {{{ins}}}, {{{names}}}, {{{outs}}}, kwargs);")
+        return fwd, []
     if isinstance(impl, AotImpl):
         ins = ", ".join(f"v_{i.name}" for i in op.inputs)
         shapes = ", ".join(shape_expr(op, o.shape) for o in op.outputs)
@@ -264,6 +275,7 @@ def context(op: OpSpec, lowered: Lowered) -> dict[str, Any]:
     return {
         "name": op.name, "cls": cls,
         "includes": sorted(f"{o}.h" for o in lowered.used_ops if o != op.name),
+        "pyfunc": isinstance(op.impl, PyfuncImpl),  # (its kernel is runtime/pyfunc.h's call)
         "expr": _expr_functor(op),
         "attr_params": ", ".join(f"{api.attr_cpp_type(a)} v_{a.name}" for a in op.attrs),
         "attr_assign": [f"attrs.{a.name} = v_{a.name};" for a in op.attrs],

@@ -187,8 +187,6 @@ _SPEC = """\
     out: {{dtype: T, shape: same(x)}}
   dtypes:
     T: [float32, float64]
-  targets:
-    cpu: {{}}
   impl:
     expr: x * x * 0.5
   bprop:

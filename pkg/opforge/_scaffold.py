@@ -27,8 +27,7 @@ _EXPR = _HEAD + """\
     out: {{dtype: T, shape: same(x)}}       # same(x) or broadcast(x, y) for an expr op
   dtypes:
     T: [float32, float64]                 # the dtypes T may take
-  targets:
-    cpu: {{}}                               # every dtype of T, formats DefaultFormat/NCHW/NHWC
+  # no targets: every built target, every dtype of T, formats DefaultFormat/NCHW/NHWC
   impl:
     expr: where(x > 0, alpha * x, x)      # elementwise expression (op_specs/README.md, 4.2)
   bprop:
@@ -48,8 +47,6 @@ _COMPOSITE = _HEAD + """\
     out: {{dtype: T, shape: "broadcast(x, y)"}}  # quoted: a comma would split the {{...}}
   dtypes:
     T: [float32, float64]
-  targets:
-    cpu: {{}}
   impl:
     composite: add(mul(x, x), y)          # a formula over other ops (op_specs/README.md, 4.3)
   # no bprop: the gradient is composed from those of mul and add
@@ -69,8 +66,6 @@ _CPP = _HEAD + """\
     out: {{dtype: T, shape: same(x)}}       # preallocated before the kernel runs
   dtypes:
     T: [float32, float64]
-  targets:
-    cpu: {{}}
   impl:
     cpp: {{}}                               # kernel: {kernel}
   bprop:

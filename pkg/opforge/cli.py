@@ -63,11 +63,12 @@ def _list(args: argparse.Namespace) -> int:
 
 def _info(args: argparse.Namespace) -> int:
     from opforge.codegen.api import docstring
-    from opforge.codegen.model import AotImpl
+    from opforge.codegen.model import AotImpl, PyfuncImpl
 
     op = _find(_load(args.specs), args.op)
     print(docstring(op))
-    impl = op.impl.kind + (f" (function {op.impl.symbol} of {op.impl.library})" if isinstance(op.impl, AotImpl) else "")
+    impl = op.impl.kind + (f" (function {op.impl.symbol} of {op.impl.library})" if isinstance(op.impl, AotImpl)
+                           else f" (Python function {op.impl.function})" if isinstance(op.impl, PyfuncImpl) else "")
     print(f"Impl: {impl}")
     diff = [i.name for i in op.inputs if i.differentiable]
     print(f"Differentiable inputs: {', '.join(diff) or 'none'}")

@@ -1,5 +1,6 @@
 // Python side of the runtime: the Tensor class, NumPy/DLPack exchange, input and attr
-// conversion, autograd entry points, op_info, and C++ -> Python exception mapping.
+// conversion, autograd entry points, op_info, C++ -> Python exception mapping, and the kernel of
+// pyfunc ops (runtime/pyfunc.h).
 #include "runtime/python.h"
 
 #include <pybind11/numpy.h>
@@ -17,6 +18,7 @@
 #include "runtime/autograd.h"
 #include "runtime/dlpack.h"
 #include "runtime/functional.h"
+#include "runtime/pyfunc.h"
 
 namespace opforge::python {
 
@@ -1081,3 +1083,139 @@ PyObject* create_op_module(PyModuleDef* def, const char* name, const char* doc, 
 }
 
 }  // namespace opforge::python
+
+// ---------------------------------------------------------------------------- pyfunc ops
+
+namespace opforge::pyfunc {
+
+namespace {
+
+namespace py = pybind11;
+
+// The exception being handled, raised again as the same type with "[op] pyfunc 'target': " before
+// its message and the original as its __cause__ (a type that cannot be made from one message
+// keeps the original exception, with that text added as a note).
+[[noreturn]] void raise_naming(const std::string& op, const std::string& target, py::error_already_set& e) {
+  py::object type = e.type();
+  py::object original = e.value();
+  const std::string text = "[" + op + "] pyfunc '" + target + "': " + py::str(original).cast<std::string>();
+  PyObject* fresh = PyObject_CallOneArg(type.ptr(), py::str(text).ptr());
+  if (fresh == nullptr || !PyExceptionInstance_Check(fresh)) {
+    Py_XDECREF(fresh);
+    PyErr_Clear();
+    py::object add_note = py::getattr(original, "add_note", py::none());
+    if (!add_note.is_none()) add_note(text);
+    e.restore();
+    throw py::error_already_set();
+  }
+  PyException_SetCause(fresh, original.release().ptr());  // (steals the reference)
+  PyErr_SetObject(type.ptr(), fresh);
+  Py_DECREF(fresh);
+  throw py::error_already_set();
+}
+
+// The function named by target ("module:function"), imported once per process (a failed import is
+// tried again at the next call). A dict, not a C++ lock: an import may let other threads take the
+// GIL, and one waiting on a lock held by the importing thread would never give it back.
+py::object resolve(const char* op, const char* target) {
+  static PyObject* cache = PyDict_New();  // (leaked: outlives every op call, even at exit)
+  if (PyObject* hit = PyDict_GetItemString(cache, target)) return py::reinterpret_borrow<py::object>(hit);
+  const std::string text(target);
+  const size_t colon = text.find(':');
+  const std::string module = text.substr(0, colon), name = text.substr(colon + 1);
+  py::object fn;
+  try {
+    fn = py::module_::import(module.c_str()).attr(name.c_str());
+  } catch (py::error_already_set& e) {
+    raise_naming(op, text, e);  // ImportError / AttributeError, naming the op and target
+  }
+  if (!PyCallable_Check(fn.ptr())) {
+    fail<TypeError>(op, "pyfunc '", text, "' is not callable: a ", python::type_name(fn));
+  }
+  PyDict_SetItemString(cache, target, fn.ptr());
+  return fn;
+}
+
+py::object to_python(const Value& v) {
+  return std::visit([](const auto& x) -> py::object {
+    using X = std::decay_t<decltype(x)>;
+    if constexpr (std::is_same_v<X, std::monostate>) return py::none();
+    else if constexpr (std::is_same_v<X, std::vector<int64_t>> || std::is_same_v<X, std::vector<double>>) {
+      py::list out;
+      for (auto item : x) out.append(py::cast(item));
+      return std::move(out);
+    } else return py::cast(x);
+  }, v);
+}
+
+// A read-only NumPy array over the input (zero copy; the array holds the tensor, so the memory
+// outlives anything the function keeps).
+py::object input_array(const char* op, const TensorPtr& t) {
+  if (!t) return py::none();
+  if (!python::buffer_format(t->dtype())) {
+    fail<TypeError>(op, "a pyfunc op cannot take ", dtype_name(t->dtype()), " (NumPy has no ",
+                    dtype_name(t->dtype()), " dtype)");
+  }
+  py::object arr = python::numpy_view(t);
+  arr.attr("setflags")(py::arg("write") = false);
+  return arr;
+}
+
+std::string shape_text(const Shape& s) {
+  std::string out = "(";
+  for (size_t i = 0; i < s.size(); ++i) out += std::to_string(s[i]) + (s.size() == 1 ? "," : i + 1 < s.size() ? ", " : "");
+  return out + ")";
+}
+
+void fill_output(const char* op, const char* target, const char* name, py::handle r, const TensorPtr& out) {
+  py::module_ np = py::module_::import("numpy");
+  if (!py::isinstance(r, np.attr("ndarray")) && !py::isinstance(r, np.attr("generic"))) {
+    fail<TypeError>(op, "pyfunc '", target, "' must return a NumPy array for output '", name, "', got ",
+                    python::type_name(r));
+  }
+  py::object a = np.attr("asarray")(r);
+  const std::string got = py::str(a.attr("dtype").attr("name")).cast<std::string>();
+  if (got != dtype_name(out->dtype())) {
+    fail<TypeError>(op, "pyfunc '", target, "' returned output '", name, "' of dtype ", got, "; expected ",
+                    dtype_name(out->dtype()), " (convert it with .astype)");
+  }
+  const TensorPtr src = python::to_tensor(a, op, name);
+  if (src->shape() != out->shape()) {
+    fail<ValueError>(op, "pyfunc '", target, "' returned output '", name, "' of shape ", shape_text(src->shape()),
+                     "; expected ", shape_text(out->shape()));
+  }
+  copy_into(out, src);
+}
+
+}  // namespace
+
+void call(const char* op, const char* target, const TensorList& inputs, const std::vector<const char*>& output_names,
+          const TensorList& outputs, const Kwargs& kwargs) {
+  if (!Py_IsInitialized()) {
+    fail<RuntimeError>(op, "pyfunc '", target, "' needs a Python interpreter (none is running)");
+  }
+  py::gil_scoped_acquire gil;  // (held or not: kernels may run with the GIL released, or on another thread)
+  py::object fn = resolve(op, target);
+  py::tuple args(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) args[i] = input_array(op, inputs[i]);
+  py::dict kw;
+  for (const auto& [name, value] : kwargs.items()) kw[name] = to_python(value);
+  py::object result;
+  try {
+    result = fn(*args, **kw);
+  } catch (py::error_already_set& e) {
+    raise_naming(op, target, e);
+  }
+  if (outputs.size() == 1) {
+    fill_output(op, target, output_names[0], result, outputs[0]);
+    return;
+  }
+  if (!py::isinstance<py::tuple>(result) || py::len(result) != outputs.size()) {
+    fail<TypeError>(op, "pyfunc '", target, "' must return a tuple of ", outputs.size(), " arrays (",
+                    outputs.size(), " outputs), got ", python::type_name(result));
+  }
+  const auto items = py::reinterpret_borrow<py::tuple>(result);
+  for (size_t k = 0; k < outputs.size(); ++k) fill_output(op, target, output_names[k], items[k], outputs[k]);
+}
+
+}  // namespace opforge::pyfunc

@@ -41,7 +41,7 @@ RENDERED = {r.name: r.text for r in rendered()}
 
 def test_fixtures_cover_each_impl_kind() -> None:
     ops = {o.name: o for o in load_specs([FIXTURES, ROOT / "op_specs"]) if o.name in FIXTURE_OPS}
-    assert sorted({o.impl.kind for o in ops.values()}) == ["composite", "cpp", "expr"]
+    assert sorted({o.impl.kind for o in ops.values()}) == ["composite", "cpp", "expr", "pyfunc"]
     assert any(o.impl.kind == "expr" and len(o.outputs) > 1 for o in ops.values())
     assert any(len(o.outputs) > 1 and any(i.optional for i in o.inputs) for o in ops.values())
 

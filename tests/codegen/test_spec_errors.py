@@ -147,8 +147,8 @@ CASES = [
          "specs/leaky.yaml:2:3: missing required key 'doc'"),
     case("missing-outputs", "leaky", leaky("  outputs:\n    out: {dtype: T, shape: same(x)}\n", ""),
          "specs/leaky.yaml:2:3: missing required key 'outputs'"),
-    case("missing-targets", "leaky", leaky("  targets:\n    cpu: {}\n", ""),
-         "specs/leaky.yaml:2:3: missing required key 'targets'"),
+    case("empty-targets", "leaky", leaky("  targets:\n    cpu: {}\n", "  targets: {}\n"),
+         "specs/leaky.yaml:11:12: targets: must not be empty"),
     case("missing-impl", "leaky", leaky("  impl:\n    expr: where(x > 0, x, alpha * x)\n", ""),
          "specs/leaky.yaml:2:3: missing required key 'impl'"),
     case("missing-nested-key", "leaky", leaky("{type: float, default: 0.01}", "{default: 0.01}"),
@@ -262,7 +262,7 @@ CASES = [
          "specs/scale.yaml:7:28: outputs.out.shape: shape rule same() cannot read optional input 'w'"),
     # ------------------------------------------------------------------ impl
     case("impl-two-kinds", "leaky", leaky("  impl:\n", "  impl:\n    cpp: {}\n"),
-         "specs/leaky.yaml:14:5: impl: give exactly one of expr, composite, cpp, aot"),
+         "specs/leaky.yaml:14:5: impl: give exactly one of expr, composite, cpp, aot, pyfunc"),
     case("aot-op-with-attrs", "leaky", leaky("    expr: where(x > 0, x, alpha * x)", "    aot: {library: libx.so, symbol: f}"),
          "specs/leaky.yaml:14:10: impl.aot: an aot op takes no attrs: MindSpore's AOT C ABI passes tensors only "
          "(MindSpore's extra is not there when opforge calls the kernel)"),
@@ -338,6 +338,16 @@ CASES = [
          specs/leaky.yaml:14:11: impl.expr: shape rule infer() needs a cpp impl (the function lives in its kernel file)
          specs/leaky.yaml:14:11: impl.expr: an expr op's output shape is same() or broadcast(), not infer()
          """),
+    case("pyfunc-infer-shape", "leaky", leaky("same(x)", "infer(leaky_shape)").replace(
+             "expr: where(x > 0, x, alpha * x)", "pyfunc: my_ops:leaky"),
+         "specs/leaky.yaml:14:13: impl.pyfunc: shape rule infer() needs a cpp impl (the function lives in its kernel file)"),
+    case("pyfunc-not-module-colon-function", "leaky", leaky("expr: where(x > 0, x, alpha * x)", "pyfunc: my_ops.leaky"),
+         "specs/leaky.yaml:14:5: impl: invalid name 'my_ops.leaky': must match "
+         "[A-Za-z_][A-Za-z0-9_]*(\\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"),
+    case("pyfunc-missing-bprop", "leaky", leaky("expr: where(x > 0, x, alpha * x)", "pyfunc: my_ops:leaky").replace(
+             "  bprop:\n    x: where(x > 0, dout, alpha * dout)\n", ""),
+         "specs/leaky.yaml:1:1: bprop: missing: give a formula for each differentiable input (x), "
+         "or mark inputs differentiable: false"),
     # ------------------------------------------------------------------ bprop
     case("bprop-missing", "leaky", leaky("  bprop:\n    x: where(x > 0, dout, alpha * dout)\n", ""),
          "specs/leaky.yaml:1:1: bprop: missing: give a formula for each differentiable input (x), "
