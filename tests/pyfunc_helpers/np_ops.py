@@ -38,5 +38,5 @@ def keeps(x: np.ndarray, beta: float = 1.0) -> np.ndarray:
 KEPT: list[np.ndarray] = []
 
 
-def split(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return x + y, (x * y).sum(axis=-1, keepdims=True)
+def split(x: np.ndarray, y: np.ndarray, axis: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    return x + y, (x * y).sum(axis=tuple(axis), keepdims=True)
