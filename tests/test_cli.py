@@ -225,7 +225,7 @@ def test_build_errors(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "opforge", "build", "--specs", "op_specs", "--backend", "cpu"],
                        capture_output=True, text=True, cwd=tmp_path / "pk")
     assert r.returncode == 1
-    assert r.stderr.splitlines() == ["op_specs/pk_half_square.yaml:15:15: bprop.x: unknown name 'y'", "1 error"]
+    assert r.stderr.splitlines() == ["op_specs/pk_half_square.yaml:13:15: bprop.x: unknown name 'y'", "1 error"]
     assert not (tmp_path / "pk" / "dist").exists()
 
 

@@ -196,7 +196,7 @@ def test_module_named_like_its_op(tmp_path: Path, cache: Path) -> None:
 
 
 def test_generated_file_names_never_collide() -> None:
-    from opforge.codegen.emit import module_output_names
+    from opforge.codegen.gen import module_output_names
 
     for module, ops in [("cube", ["cube"]), ("ops", ["ops", "_formulas"]), ("_ops", ["_ops", "module"]),
                         ("Cube", ["cube"])]:

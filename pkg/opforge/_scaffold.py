@@ -122,7 +122,7 @@ def new_op(name: str, kind: str, spec_dir: Path) -> list[Path]:
     spec_dir.mkdir(parents=True, exist_ok=True)
     spec.write_text(text)
     if kind == "cpp":
-        from opforge.codegen.model import class_name
+        from opforge.codegen.names import class_name
 
         kernel.parent.mkdir(parents=True, exist_ok=True)
         kernel.write_text(_KERNEL.format(name=name, cls=class_name(name), upper=name.upper()))
