@@ -308,3 +308,51 @@ def test_toolchain_must_match_opforge_build(tmp_path: Path, monkeypatch: pytest.
     with pytest.raises(BuildError, match=r"cannot run the C\+\+ compiler '.*no-such-compiler'.*install g\+\+ or set CXX"):
         opforge.load("tc_none", specs=[spec], build_dir=tmp_path / "cache")
     assert not list((tmp_path / "cache").glob("*/????????????????/*.so"))
+
+
+LN_CENTER = """\
+ln_center:
+  doc: x minus its mean over the last axis (composite, selecting one output of layer_norm).
+  inputs:
+    x: T
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float64]
+  impl:
+    composite: sub(x, layer_norm(x).mean)
+"""
+
+TWICE = """\
+twice:
+  doc: 2 x, whose bprop binds every output of layer_norm (dout = yn / r + m).
+  inputs:
+    x: T
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float64]
+  impl:
+    expr: 2 * x
+  bprop:
+    let:
+      yn, m, r: layer_norm(dout)
+    x: 2 * (yn / r + m)
+"""
+
+
+@pytest.mark.slow
+def test_formulas_select_and_bind_outputs_of_multi_output_ops(tmp_path: Path, cache: Path) -> None:
+    (tmp_path / "ln_center.yaml").write_text(LN_CENTER)
+    (tmp_path / "twice.yaml").write_text(TWICE)
+    m = opforge.load("jit_multi_calls", specs=[tmp_path / "ln_center.yaml", tmp_path / "twice.yaml"], build_dir=cache)
+    x0 = np.random.default_rng(0).normal(size=(3, 5))
+    x = opforge.tensor(x0, requires_grad=True)
+    y = m.ln_center(x)
+    np.testing.assert_allclose(y.numpy(), x0 - x0.mean(axis=-1, keepdims=True), atol=1e-12)
+    w = np.random.default_rng(1).normal(size=(3, 5))
+    opforge.ops.sum(opforge.ops.mul(y, opforge.tensor(w))).backward()  # through layer_norm's mean output
+    np.testing.assert_allclose(x.grad.numpy(), w - w.mean(axis=-1, keepdims=True), atol=1e-12)
+    x = opforge.tensor(x0, requires_grad=True)
+    opforge.ops.sum(opforge.ops.mul(m.twice(x), opforge.tensor(w))).backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * w, rtol=1e-9, atol=1e-9)  # (y / rstd + mean == dout)
