@@ -113,10 +113,11 @@ def _schema_message(err: cerberus.errors.ValidationError, doc: Any, base: Sequen
         return SpecError(locate(doc, keys), kp(keys),
                          f"'{value}' is not one of: {', '.join(allowed)}{did_you_mean(str(value), allowed)}")
     if code == cerberus.errors.REGEX_MISMATCH.code:
-        # keysrules violations point at the key: report it as a bad name.
-        return SpecError(locate(doc, keys, key=True), kp(keys[:-1]) or str(keys[-1]),
-                         f"invalid name {_shown(value)}: must match "
-                         f"{schema.REGEX_SHOWN.get(err.constraint, err.constraint.removesuffix(chr(92) + 'Z'))}")
+        shown = schema.REGEX_SHOWN.get(err.constraint, err.constraint.removesuffix(chr(92) + 'Z'))
+        if "keysrules" in err.schema_path:  # a key: report it as a bad name, where the key is
+            return SpecError(locate(doc, keys, key=True), kp(keys[:-1]) or str(keys[-1]),
+                             f"invalid name {_shown(value)}: must match {shown}")
+        return SpecError(locate(doc, keys), kp(keys), f"invalid value {_shown(value)}: must be {shown}")
     if code == cerberus.errors.EMPTY_NOT_ALLOWED.code:
         return SpecError(locate(doc, keys), kp(keys), "must not be empty")
     if code == cerberus.errors.MIN_LENGTH.code:

@@ -15,8 +15,10 @@ ATTR_TYPES = [str(t) for t in AttrType]
 
 IDENT = {"type": "string", "regex": r"[a-z_][a-z0-9_]*\Z"}
 LET_KEY = r"[a-z_][a-z0-9_]*(\s*,\s*[a-z_][a-z0-9_]*)*\Z"  # one name, or several comma-separated
+PYFUNC = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*\Z"  # module:function
 # how error messages show a regex
-REGEX_SHOWN = {LET_KEY: "[a-z_][a-z0-9_]* (or several, comma-separated)"}
+REGEX_SHOWN = {LET_KEY: "[a-z_][a-z0-9_]* (or several, comma-separated)",
+               PYFUNC: "'module:function' (an importable, possibly dotted, module; a colon; a function name)"}
 TYPEVAR = {"type": "string", "regex": r"[A-Z][A-Za-z0-9_]*\Z"}
 FORMULA = {"type": "string", "empty": False}
 DOC = {"type": "string"}
@@ -66,7 +68,7 @@ IMPL: dict[str, Any] = {  # one key per ImplKind
         "symbol": {"type": "string", "required": True, "regex": r"[A-Za-z_][A-Za-z0-9_]*\Z"},
     }},
     # a Python function on NumPy arrays, "module:function" (for prototyping)
-    "pyfunc": {"type": "string", "regex": r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*\Z"},
+    "pyfunc": {"type": "string", "regex": PYFUNC},
 }
 
 BPROP: dict[str, Any] = {
