@@ -138,15 +138,21 @@ def test_lock_file_is_never_opened_through_a_link(tmp_path: Path) -> None:
     assert not victim.exists()
 
 
-def test_new_cache_directories_are_private_whatever_the_umask(tmp_path: Path) -> None:
+def test_new_cache_directories_are_private_whatever_the_umask(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "a" / "cache"
+    shared = tmp_path / "installation"
+    monkeypatch.setattr(jit, "_installation_cache", lambda: shared)
     old = os.umask(0o002)
     try:
-        with pytest.raises(SpecError):  # (after the module's directories are made)
+        with pytest.raises(SpecError):  # (after the module's directories and opforge's parsed specs are made)
             opforge.load("m", specs=[write_spec(tmp_path, bad=True)], build_dir=root)
     finally:
         os.umask(old)
     assert [stat.S_IMODE(d.stat().st_mode) for d in (root, root / "m")] == [0o700, 0o700]
+    # what is written for every module (opforge's parsed specs) is the owner's to write only: a later
+    # load checks that and would refuse it
+    written = [f for f in shared.rglob("*") if f.is_file()]
+    assert written and all(stat.S_IMODE(f.stat().st_mode) & 0o022 == 0 for f in written), written
 
 
 def test_no_pickle_from_the_cache_is_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

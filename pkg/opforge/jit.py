@@ -318,14 +318,20 @@ def _manifest_problem(manifest: Path, names: list[str]) -> Optional[str]:
     return None
 
 
+def _replace_text(path: Path, text: str) -> None:
+    """Writes path whole (a temporary file renamed over it), writable by its owner only whatever
+    the umask: the cache's checks refuse files others may write."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
 def _write_manifest(manifest: Path, files: dict[str, Path]) -> None:
     """Writes manifest: each name with the size and digest of its file (the file, or the one that
     is about to be renamed to it)."""
     listed = {fname: {"size": p.stat().st_size, "sha256": _sha256(p)} for fname, p in files.items()}
-    tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"format": _FORMAT, "files": listed}, indent=1, sort_keys=True) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, manifest)
+    _replace_text(manifest, json.dumps({"format": _FORMAT, "files": listed}, indent=1, sort_keys=True) + "\n")
 
 
 def _entry_id(target: Path) -> tuple[int, int]:
@@ -445,9 +451,7 @@ def _known_specs(root: Path) -> list[Any]:
             raise TypeError("not the same specs once read back")
     except (TypeError, ValueError):  # (a model this codec cannot say: no cache, the specs parsed each time)
         return known
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    _replace_text(path, text)
     return known
 
 
@@ -602,9 +606,7 @@ def _pch_paths(root: Path, cxx: tuple[str, ...], cflags: list[str]) -> tuple[Pat
     except FileNotFoundError:
         intact = False
     if not intact:
-        tmp = d / f".{header.name}.{os.getpid()}.tmp"
-        tmp.write_text(_native.PCH_TEXT)
-        os.replace(tmp, header)
+        _replace_text(header, _native.PCH_TEXT)
     return header, d / (header.name + ".gch")
 
 
