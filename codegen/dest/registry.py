@@ -42,7 +42,7 @@ def context(op: OpSpec) -> dict[str, Any]:
 
 
 def render_registry(ops: Sequence[OpSpec], sources: Sequence[str]) -> Rendered:
-    """``ops_registry.cpp``: register_all_ops, calling each op's register function."""
+    """``ops_registry.cpp``: all_ops(), every op's register function, which opforge._C defines."""
     text = render("registry.cpp.j2", banner=banner("//", shown_sources(list(sources)), "registry.cpp.j2"),
                   names=[o.name for o in ops])
     return Rendered("ops_registry.cpp", text)

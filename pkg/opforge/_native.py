@@ -1,10 +1,12 @@
 """How an op module is compiled against this opforge: include paths, flags and the check that
-the compiler and pybind11 are the ones libopforge.so was built with.
+the compiler is the one libopforge.so was built with.
 
 An op module (``opforge.load``, a package made by ``opforge init``) is a Python extension that
 links libopforge.so and includes its headers (``opforge/include``): its ops share opforge's
 Tensor, registry and autograd. C++ has no stable ABI, so the module must be compiled by the same
-compiler family with the same standard, and against the pybind11 opforge used.
+compiler family with the same standard. It needs no pybind11: its generated code exports plain
+entries (``runtime/binding.h``) that libopforge.so's Python face binds, and its PyInit uses
+Python's C API only.
 """
 
 from __future__ import annotations
@@ -50,13 +52,7 @@ def compiler_version(cxx: tuple[str, ...]) -> str:
 
 
 def check_toolchain(cxx: tuple[str, ...]) -> None:
-    """BuildError unless cxx and pybind11 match what libopforge.so was built with."""
-    import pybind11
-
-    if pybind11.__version__ != _build_info.PYBIND11_VERSION:
-        raise BuildError(f"opforge was built with pybind11 {_build_info.PYBIND11_VERSION}, but pybind11 "
-                         f"{pybind11.__version__} is installed: op modules must use the same one "
-                         f"(pip install pybind11=={_build_info.PYBIND11_VERSION})")
+    """BuildError unless cxx is of the compiler family libopforge.so was built with."""
     banner = compiler_version(cxx).lower()
     # how each family's --version banner names it (GCC's may say only "c++ (Debian 12.2.0...)")
     marks = {"gcc": ("g++", "gcc", "free software foundation"), "clang": ("clang",)}
@@ -68,11 +64,9 @@ def check_toolchain(cxx: tuple[str, ...]) -> None:
 
 def include_dirs() -> list[str]:
     """Where an op module's headers come from: the runtime's and opforge's generated op headers
-    (formulas may call any of opforge's ops), pybind11's and Python's."""
-    import pybind11
-
+    (formulas may call any of opforge's ops) and Python's (for the module's PyInit)."""
     inc = PACKAGE_DIR / "include"
-    return [str(inc), str(inc / "ops"), pybind11.get_include(), sysconfig.get_paths()["include"]]
+    return [str(inc), str(inc / "ops"), sysconfig.get_paths()["include"]]
 
 
 def library_dir() -> str:
@@ -96,10 +90,7 @@ def extension_suffix() -> str:
 
 #: The precompiled header of op module TUs: what every generated op TU includes.
 PCH_TEXT = """// Precompiled header of op modules built against opforge (see opforge/_native.py).
-#include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
-
-#include "runtime/runtime.h"
 #include "runtime/aot.h"
-#include "runtime/python.h"
+#include "runtime/binding.h"
+#include "runtime/runtime.h"
 """

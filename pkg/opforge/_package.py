@@ -16,13 +16,13 @@ NAME = re.compile(r"[a-z_][a-z0-9_]*\Z")
 
 _PYPROJECT = """\
 # An op package built against the installed opforge (`opforge init`). Its extension links
-# opforge's libopforge.so and must be compiled by the same compiler, against the same opforge and
-# pybind11: build it in the environment where opforge is installed, without build isolation:
+# opforge's libopforge.so and must be compiled by the same compiler, against the same opforge:
+# build it in the environment where opforge is installed, without build isolation:
 #
 #     pip install --no-build-isolation .        (or: opforge build --specs op_specs --backend {backend})
 [build-system]
 build-backend = "mesonpy"
-requires = ["meson-python>=0.16", "meson>=1.3", "ninja", "pybind11=={pybind11}", "opforge=={version}"]
+requires = ["meson-python>=0.16", "meson>=1.3", "ninja", "opforge=={version}"]
 
 [project]
 name = "{name}"
@@ -55,8 +55,8 @@ project(
 py = import('python').find_installation(pure: false)
 backend = get_option('ops_backend')
 
-# Include paths and flags of the installed opforge, one per line; it checks the backend, the
-# compiler and pybind11 against its own build
+# Include paths and flags of the installed opforge, one per line; it checks the backend and the
+# compiler against its own build
 config = run_command(py, '-m', 'opforge', 'config', '--backend', backend, '--cflags', '--ldflags', check: false)
 if config.returncode() != 0
   error('opforge config: ' + config.stderr().strip())
@@ -224,8 +224,7 @@ def init_package(directory: Path, name: str) -> list[Path]:
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise ScaffoldError(f"{directory} exists and is not an empty directory; nothing written")
     op = f"{name}_half_square"
-    fields = {"name": name, "op": op, "version": _build_info.VERSION, "backend": _build_info.BACKEND,
-              "pybind11": _build_info.PYBIND11_VERSION}
+    fields = {"name": name, "op": op, "version": _build_info.VERSION, "backend": _build_info.BACKEND}
     files = {
         "pyproject.toml": _PYPROJECT, "meson.build": _MESON, "meson.options": _OPTIONS, "README.md": _README,
         f"src/{name}/__init__.py": _INIT, f"src/{name}/ops.py": _OPS, "tests/test_ops.py": _TEST,

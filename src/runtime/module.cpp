@@ -2,10 +2,12 @@
 // (and their output-shape rules in opforge._C._meta).
 #include <pybind11/pybind11.h>
 
+#include <vector>
+
 #include "runtime/python.h"
 
 namespace opforge {
-void register_all_ops(pybind11::module_& m, pybind11::module_& meta);  // generated: ops_registry.cpp
+std::vector<binding::RegisterOp> all_ops();  // generated: ops_registry.cpp
 }
 
 PYBIND11_MODULE(_C, m) {
@@ -15,5 +17,5 @@ PYBIND11_MODULE(_C, m) {
   pybind11::options options;
   options.disable_function_signatures();  // each op's docstring starts with its typed signature
   auto meta = m.def_submodule("_meta", "Output shapes and dtypes of each op's call, computed without running it.");
-  opforge::register_all_ops(ops, meta);
+  for (opforge::binding::RegisterOp op : opforge::all_ops()) opforge::python::def_op(ops, meta, op());
 }

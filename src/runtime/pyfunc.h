@@ -3,20 +3,17 @@
 // in python.cpp, beside the other Python glue.
 #pragma once
 
-#include <cstdint>
 #include <optional>
-#include <string>
 #include <utility>
-#include <variant>
 #include <vector>
 
+#include "runtime/binding.h"
 #include "runtime/tensor.h"
 
 namespace opforge::pyfunc {
 
 // An attr's value as the Python function gets it (monostate: None).
-using Value = std::variant<std::monostate, bool, int64_t, double, std::string, std::vector<int64_t>,
-                           std::vector<double>>;
+using Value = AttrValue;
 
 // The attrs of one call, in spec order, passed as keyword arguments.
 class Kwargs {

@@ -12,7 +12,9 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <sstream>
+#include <string_view>
 
 #include "runtime/aot.h"
 #include "runtime/autograd.h"
@@ -634,10 +636,92 @@ void set_python_error() {
   }
 }
 
+enum class AttrKind : uint8_t { Bool, Int, Float, Str, IntList, FloatList };
+
+AttrKind attr_kind(const OpInfo& info, const AttrInfo& a) {
+  static const std::pair<std::string_view, AttrKind> kinds[] = {
+      {"bool", AttrKind::Bool}, {"int", AttrKind::Int}, {"float", AttrKind::Float},
+      {"str", AttrKind::Str}, {"list[int]", AttrKind::IntList}, {"list[float]", AttrKind::FloatList}};
+  for (const auto& [type, kind] : kinds) {
+    if (a.type == type) return kind;
+  }
+  fail<RuntimeError>(info.name, "attr '", a.name, "' has a type the Python binding does not know: ", a.type);
+}
+
+// One op's Python function, or its meta rule: the entry and what binding its arguments needs.
+struct OpCaller {
+  const binding::OpEntry* entry;
+  std::vector<py::object> defaults;  // per parameter (inputs, then attrs); null object: required
+  std::vector<AttrKind> kinds;       // per attr
+  std::vector<char> nullable;        // per attr: an optional attr (None allowed)
+  bool meta;
+};
+
+AttrValue convert_attr(const OpInfo& info, const OpCaller& c, size_t k, py::handle v) {
+  if (c.nullable[k] && v.is_none()) return {};
+  const char* name = info.attrs[k].name;
+  switch (c.kinds[k]) {
+    case AttrKind::Bool: return attr_bool(info.name, name, v);
+    case AttrKind::Int: return attr_int(info.name, name, v);
+    case AttrKind::Float: return attr_float(info.name, name, v);
+    case AttrKind::Str: return attr_str(info.name, name, v);
+    case AttrKind::IntList: return attr_int_list(info.name, name, v);
+    case AttrKind::FloatList: return attr_float_list(info.name, name, v);
+  }
+  return {};
+}
+
+// Room for up to N values of T on the stack, of which the first n are constructed (and destroyed):
+// a call pays for the attrs and outputs its op has, not for the most any op may have.
+template <typename T, size_t N>
+class Slots {
+ public:
+  explicit Slots(size_t n) : n_(n) {
+    for (size_t i = 0; i < n_; ++i) new (&data()[i]) T();
+  }
+  ~Slots() {
+    for (size_t i = 0; i < n_; ++i) data()[i].~T();
+  }
+  Slots(const Slots&) = delete;
+  Slots& operator=(const Slots&) = delete;
+  T* data() { return std::launder(reinterpret_cast<T*>(buf_)); }
+  T& operator[](size_t i) { return data()[i]; }
+
+ private:
+  alignas(T) unsigned char buf_[N * sizeof(T)];
+  size_t n_;
+};
+
+// Converts the bound parameters and runs the op (or its meta rule).
+py::object run(const OpCaller& c, const py::handle* params) {
+  const binding::OpEntry& e = *c.entry;
+  const OpInfo& info = *e.info;
+  const size_t n_in = info.inputs.size();
+  InputConverter in(info);
+  for (size_t i = 0; i < n_in; ++i) in.add(params[i]);
+  in.finish();
+  Slots<AttrValue, kMaxParams> attrs(info.attrs.size());
+  for (size_t k = 0; k < info.attrs.size(); ++k) attrs[k] = convert_attr(info, c, k, params[n_in + k]);
+  const TensorPtr* inputs = &in[0];
+  if (c.meta) return metas(e.meta(inputs, attrs.data()));
+  const size_t n_out = info.outputs.size();
+  Slots<TensorPtr, kMaxParams> outputs(n_out);
+  if (in.release_gil()) {
+    py::gil_scoped_release nogil;
+    e.call(inputs, attrs.data(), outputs.data());
+  } else {
+    e.call(inputs, attrs.data(), outputs.data());
+  }
+  if (n_out == 1) return wrap(std::move(outputs[0]));
+  py::tuple out(n_out);
+  for (size_t i = 0; i < n_out; ++i) out[i] = wrap(std::move(outputs[i]));
+  return std::move(out);
+}
+
 // METH_FASTCALL entry of every op: binds positional and keyword arguments to parameter slots.
 PyObject* call_op(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   auto* caller = static_cast<OpCaller*>(PyCapsule_GetPointer(self, "opforge.OpCaller"));
-  const OpInfo& info = *caller->info;
+  const OpInfo& info = *caller->entry->info;
   const size_t n = info.inputs.size() + info.attrs.size();
   try {
     py::handle bound[kMaxParams];
@@ -676,27 +760,59 @@ PyObject* call_op(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObj
       }
       bound[i] = caller->defaults[i];
     }
-    return caller->impl(bound).release().ptr();
+    return run(*caller, bound).release().ptr();
   } catch (...) {
     set_python_error();
     return nullptr;
   }
 }
 
-}  // namespace
-
-void def_op(py::module_& m, const char* name, const char* doc, OpCaller* caller) {
-  if (caller->info->inputs.size() > kMaxInputs ||
-      caller->info->inputs.size() + caller->info->attrs.size() > kMaxParams) {
-    fail<RuntimeError>(name, "has more parameters than the Python binding supports");
-  }
-  // Both live as long as the process: module functions are never unloaded.
+// Adds caller's function to m (the caller lives as long as the process: module functions are
+// never unloaded).
+void def_function(py::module_& m, const char* name, const char* doc, OpCaller* caller) {
   auto* def = new PyMethodDef{name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op)),
                               METH_FASTCALL | METH_KEYWORDS, doc};
   py::capsule self(caller, "opforge.OpCaller");
   py::object fn = py::reinterpret_steal<py::object>(PyCFunction_NewEx(def, self.ptr(), m.attr("__name__").ptr()));
   if (!fn) throw py::error_already_set();
   m.attr(name) = fn;
+}
+
+py::object to_python(const AttrValue& v) {
+  return std::visit([](const auto& x) -> py::object {
+    using X = std::decay_t<decltype(x)>;
+    if constexpr (std::is_same_v<X, std::monostate>) return py::none();
+    else if constexpr (std::is_same_v<X, std::vector<int64_t>> || std::is_same_v<X, std::vector<double>>) {
+      py::list out;
+      for (auto item : x) out.append(py::cast(item));
+      return std::move(out);
+    } else return py::cast(x);
+  }, v);
+}
+
+}  // namespace
+
+void def_op(py::module_& m, py::module_& meta, const binding::OpEntry& entry) {
+  const OpInfo& info = *entry.info;
+  if (info.inputs.size() > kMaxInputs || info.inputs.size() + info.attrs.size() > kMaxParams ||
+      info.outputs.size() > kMaxParams) {
+    fail<RuntimeError>(info.name, "has more parameters than the Python binding supports");
+  }
+  if (entry.defaults.size() != info.attrs.size()) {
+    fail<RuntimeError>(info.name, "its entry has ", entry.defaults.size(), " attr defaults for ", info.attrs.size(), " attrs");
+  }
+  auto* caller = new OpCaller{&entry, {}, {}, {}, false};
+  for (const ArgInfo& a : info.inputs) caller->defaults.push_back(a.optional ? py::none() : py::object());
+  for (size_t k = 0; k < info.attrs.size(); ++k) {
+    const auto& d = entry.defaults[k];
+    caller->defaults.push_back(d ? to_python(*d) : py::object());
+    caller->kinds.push_back(attr_kind(info, info.attrs[k]));
+    caller->nullable.push_back(d && std::holds_alternative<std::monostate>(*d));
+  }
+  auto* meta_caller = new OpCaller{*caller};
+  meta_caller->meta = true;
+  def_function(m, info.name, entry.doc, caller);
+  def_function(meta, info.name, entry.doc, meta_caller);
 }
 
 bool attr_bool(const char* op, const char* name, py::handle v) {
@@ -1064,7 +1180,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
   m.attr("backend") = built_target();
 }
 
-PyObject* create_op_module(PyModuleDef* def, const char* name, const char* doc, const RegisterOp* ops,
+PyObject* create_op_module(PyModuleDef* def, const char* name, const char* doc, const binding::RegisterOp* ops,
                            size_t n) {
   try {
     py::module_::import("opforge");  // opforge's Python types (Tensor) are registered first
@@ -1072,7 +1188,7 @@ PyObject* create_op_module(PyModuleDef* def, const char* name, const char* doc, 
     py::options options;
     options.disable_function_signatures();  // each op's docstring starts with its typed signature
     auto meta = m.def_submodule("_meta", "Output shapes and dtypes of each op's call, computed without running it.");
-    for (size_t i = 0; i < n; ++i) ops[i](m, meta);
+    for (size_t i = 0; i < n; ++i) def_op(m, meta, ops[i]());
     return m.release().ptr();
   } catch (py::error_already_set& e) {
     e.restore();
@@ -1136,18 +1252,6 @@ py::object resolve(const char* op, const char* target) {
   return fn;
 }
 
-py::object to_python(const Value& v) {
-  return std::visit([](const auto& x) -> py::object {
-    using X = std::decay_t<decltype(x)>;
-    if constexpr (std::is_same_v<X, std::monostate>) return py::none();
-    else if constexpr (std::is_same_v<X, std::vector<int64_t>> || std::is_same_v<X, std::vector<double>>) {
-      py::list out;
-      for (auto item : x) out.append(py::cast(item));
-      return std::move(out);
-    } else return py::cast(x);
-  }, v);
-}
-
 // A read-only NumPy array over the input (zero copy; the array holds the tensor, so the memory
 // outlives anything the function keeps).
 py::object input_array(const char* op, const TensorPtr& t) {
@@ -1199,7 +1303,7 @@ void call(const char* op, const char* target, const TensorList& inputs, const st
   py::tuple args(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) args[i] = input_array(op, inputs[i]);
   py::dict kw;
-  for (const auto& [name, value] : kwargs.items()) kw[name] = to_python(value);
+  for (const auto& [name, value] : kwargs.items()) kw[name] = python::to_python(value);
   py::object result;
   try {
     result = fn(*args, **kw);

@@ -1,4 +1,4 @@
-// Python conversions shared by the runtime module and the generated op bindings.
+// Python conversions of the runtime module (opforge._C) and of every op's entry (binding.h).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/autograd.h"
+#include "runtime/binding.h"
 #include "runtime/registry.h"
 #include "runtime/tensor.h"
 
@@ -54,17 +55,12 @@ class OPFORGE_PY_API InputConverter {
   int64_t elements_ = 0;
 };
 
-// One op's Python entry point: a METH_FASTCALL function binding arguments without building
-// tuples or dicts. Errors name the op: "[op] unexpected keyword 'alhpa' (did you mean 'alpha'?)",
-// "[op] missing required attr 'axis'". `impl` receives every parameter (inputs, then attrs), defaults filled in.
-struct OPFORGE_PY_API OpCaller {
-  const OpInfo* info;
-  std::vector<py::object> defaults;  // null object: required parameter
-  py::object (*impl)(const py::handle* params);
-};
-
-// Adds `name` to module m as a fast builtin calling caller (which must outlive the module).
-OPFORGE_PY_API void def_op(py::module_& m, const char* name, const char* doc, OpCaller* caller);
+// Adds the op of `entry` (which must outlive the modules) to m as a fast builtin and to meta as
+// its meta rule (returning [(shape, dtype), ...] per output). Each is a METH_FASTCALL function
+// binding arguments without building tuples or dicts; errors name the op: "[op] unexpected keyword
+// 'alhpa' (did you mean 'alpha'?)", "[op] missing required attr 'axis'", "[op] attr 'axis' must be
+// an int ...". The attrs are converted by their AttrInfo::type before the entry is called.
+OPFORGE_PY_API void def_op(py::module_& m, py::module_& meta, const binding::OpEntry& entry);
 
 // Attr conversion with "[op] attr 'name' must be ..." errors.
 OPFORGE_PY_API bool attr_bool(const char* op, const char* name, py::handle v);
@@ -74,23 +70,16 @@ OPFORGE_PY_API std::string attr_str(const char* op, const char* name, py::handle
 OPFORGE_PY_API std::vector<int64_t> attr_int_list(const char* op, const char* name, py::handle v);
 OPFORGE_PY_API std::vector<double> attr_float_list(const char* op, const char* name, py::handle v);
 
-template <typename F>
-auto attr_optional(py::handle v, F convert) -> std::optional<decltype(convert(v))> {
-  if (v.is_none()) return std::nullopt;
-  return convert(v);
-}
-
 OPFORGE_PY_API py::object wrap(TensorPtr t);
 OPFORGE_PY_API py::object wrap(const TensorList& ts);
 // [(shape tuple, dtype name), ...]: what opforge._C._meta.<op> returns.
 OPFORGE_PY_API py::object metas(const std::vector<TensorMeta>& ms);
 
 // PyInit_<module> of an op module (codegen's module.cpp.j2, which declares this itself so that
-// it compiles without pybind11): the module `name` with each op's register function called on it
-// and on its `_meta` submodule. `def` must outlive the module.
-using RegisterOp = void (*)(py::module_& m, py::module_& meta);
+// it compiles without pybind11): the module `name` with each op's register function called and
+// its entry defined in it and in its `_meta` submodule. `def` must outlive the module.
 OPFORGE_PY_API PyObject* create_op_module(PyModuleDef* def, const char* name, const char* doc,
-                                          const RegisterOp* ops, size_t n);
+                                          const binding::RegisterOp* ops, size_t n);
 
 OPFORGE_PY_API void bind_runtime(py::module_& m);
 

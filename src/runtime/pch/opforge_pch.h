@@ -1,7 +1,7 @@
-// Precompiled header of the extension: pybind11 and the runtime, which every generated op
-// translation unit includes (compiling them once instead of once per op).
+// Precompiled header of libopforge: the runtime, which every generated op translation unit and
+// kernel includes (parsed once instead of once per op). The Python face (python.cpp, module.cpp)
+// includes pybind11 itself; generated code never does.
 
-#include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
-
+#include "runtime/aot.h"
+#include "runtime/binding.h"
 #include "runtime/runtime.h"

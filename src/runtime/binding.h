@@ -1,0 +1,55 @@
+// An op's entry points as the Python face calls them, declared without Python or pybind11: a
+// generated op translation unit exports one OpEntry (plain data and two functions), and
+// python.cpp, the only pybind11 code, binds Python arguments to it by the OpInfo's parameters.
+// Keeping pybind11 out of generated code is what makes an op module compile in about a second.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "runtime/autograd.h"  // TensorMeta
+#include "runtime/registry.h"
+#include "runtime/tensor.h"
+
+namespace opforge {
+
+// One attr's value (monostate: None, an optional attr without a value).
+using AttrValue = std::variant<std::monostate, bool, int64_t, double, std::string, std::vector<int64_t>,
+                               std::vector<double>>;
+
+namespace binding {
+
+// An op's Python-facing entry: its row, its docstring, its attrs' defaults and two functions taking
+// the converted parameters (inputs: null for absent optional ones; attrs: one value per attr, of
+// the type AttrInfo::type names, or monostate for an optional attr given None).
+struct OpEntry {
+  const OpInfo* info;
+  const char* doc;
+  std::vector<std::optional<AttrValue>> defaults;  // per attr; nullopt: required
+  // Runs the op; writes one tensor per output.
+  void (*call)(const TensorPtr* inputs, const AttrValue* attrs, TensorPtr* outputs);
+  // The outputs' shapes and dtypes, without running it.
+  std::vector<TensorMeta> (*meta)(const TensorPtr* inputs, const AttrValue* attrs);
+};
+
+// An attr's value as the op's C++ API takes it (python.cpp converted it to T by its AttrInfo).
+template <typename T>
+const T& get(const AttrValue& v) {
+  return *std::get_if<T>(&v);
+}
+
+template <typename T>
+std::optional<T> get_optional(const AttrValue& v) {
+  if (const T* p = std::get_if<T>(&v)) return *p;
+  return std::nullopt;
+}
+
+// What each generated `register_<op>()` is: it adds the op's row to the registry and returns its entry.
+using RegisterOp = const OpEntry& (*)();
+
+}  // namespace binding
+
+}  // namespace opforge
