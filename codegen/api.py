@@ -4,7 +4,7 @@ formulas lowered to them: what the dest modules place."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Protocol, Sequence, Union
 
 from . import escape
 from .formula.expr import LoweredExpr, lower_expr
@@ -100,14 +100,68 @@ def aot_symbols(op: OpSpec) -> list[tuple[int, str]]:
     return out
 
 
-def signature(op: OpSpec) -> OpSignature:
+# An op a formula may call: its spec, or only its signature (opforge's own ops, as an installed
+# opforge's op table gives them: no YAML is parsed for them).
+Callee = Union[OpSpec, OpSignature]
+
+
+def signature(op: Callee) -> OpSignature:
     """What a formula calling op needs to know of it."""
+    if isinstance(op, OpSignature):
+        return op
     return OpSignature(
         op.name,
         tuple((i.name, i.optional) for i in op.inputs),
         tuple((a.name, a.type, a.required, attr_cpp_default(a) or "", py_default(a)) for a in op.attrs),
         tuple(o.name for o in op.outputs),
     )
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class _InputRecord(_Named, Protocol):
+    @property
+    def optional(self) -> bool: ...
+
+
+class _AttrRecord(_Named, Protocol):
+    @property
+    def type(self) -> str: ...
+    @property
+    def required(self) -> bool: ...
+    @property
+    def default(self) -> Any: ...
+
+
+class OpRecord(_Named, Protocol):
+    """An op as the generated op table (``_formulas.py``, ``opforge/_opdef.py``'s OpDef) has it."""
+
+    @property
+    def inputs(self) -> Sequence[_InputRecord]: ...
+    @property
+    def attrs(self) -> Sequence[_AttrRecord]: ...
+    @property
+    def outputs(self) -> Sequence[_Named]: ...
+
+
+def record_signature(op: OpRecord) -> OpSignature:
+    """An op's signature from its op-table record (the same as signature() of its spec)."""
+    attrs = []
+    for a in op.attrs:
+        t = AttrType(a.type)
+        if a.required:
+            cpp, py = "", ""
+        elif a.default is None:  # optional, without a value
+            cpp, py = "std::nullopt", "None"
+        else:
+            v = tuple(a.default) if isinstance(a.default, list) else a.default
+            cpp, py = cpp_literal(t, v), py_literal(v)
+        attrs.append((a.name, t, a.required, cpp, py))
+    return OpSignature(op.name, tuple((i.name, i.optional) for i in op.inputs), tuple(attrs),
+                       tuple(o.name for o in op.outputs))
 
 
 # ---------------------------------------------------------------------------- the Python API
@@ -218,7 +272,7 @@ def _attr_scope(op: OpSpec, prefix: str) -> dict[str, tuple[str, str]]:
     return out
 
 
-def lower_formulas(op: OpSpec, table: Mapping[str, OpSpec], lang: CppLang = CPP) -> Lowered:
+def lower_formulas(op: OpSpec, table: Mapping[str, Callee], lang: CppLang = CPP) -> Lowered:
     """Check and lower the op's composite and bprop formulas to ``lang`` (raises SpecError).
 
     Tensors are ``v_<name>`` in every language; attrs are ``attrs.<name>`` in C++ and

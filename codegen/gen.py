@@ -34,7 +34,7 @@ def write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
-def render_op(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str,
+def render_op(op: OpSpec, table: Mapping[str, api.Callee], spec_source: str,
               aot_entry_points: bool = True) -> list[Rendered]:
     """The op's header and TU; its formulas may call the ops of table. ``aot_entry_points``: with
     the exported C ABI entry points (MindSpore's ``ops.Custom(func_type="aot")`` calls them)."""
@@ -48,7 +48,7 @@ def render_op(op: OpSpec, table: Mapping[str, OpSpec], spec_source: str,
 
 def render_all(ops: Sequence[OpSpec], sources: Mapping[str, str]) -> list[Rendered]:
     """Every generated file for ops; `sources` maps op name -> spec path shown in banners."""
-    table = {o.name: o for o in ops}
+    table: dict[str, api.Callee] = {o.name: o for o in ops}
     out: list[Rendered] = []
     for op in ops:
         out.extend(render_op(op, table, sources[op.name]))
@@ -60,13 +60,13 @@ def render_all(ops: Sequence[OpSpec], sources: Mapping[str, str]) -> list[Render
 
 
 def render_module(ops: Sequence[OpSpec], sources: Mapping[str, str], module: str,
-                  known: Sequence[OpSpec] = (), qualname: str = "",
+                  known: Sequence[api.Callee] = (), qualname: str = "",
                   aot_entry_points: bool = True) -> list[Rendered]:
     """Every generated file of an op module built against an installed opforge (``opforge.load``,
     ``opforge init`` packages): per-op header/TU, ``<module>.module.cpp`` (its PyInit), ``ops.pyi`` and
     ``_formulas.py`` (its op table, which ``opforge.torch.register_module`` reads). Formulas may
-    call ``known`` ops (opforge's own), whose headers opforge ships."""
-    table = {o.name: o for o in known}
+    call ``known`` ops (opforge's own, as specs or signatures), whose headers opforge ships."""
+    table: dict[str, api.Callee] = {o.name: o for o in known}
     table.update({o.name: o for o in ops})
     out: list[Rendered] = []
     for op in ops:

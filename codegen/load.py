@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import cerberus
 
 from . import schema
-from .api import lower_formulas
+from .api import Callee, lower_formulas
 from .errors import Loc, SpecError, SpecErrors, did_you_mean
 from .formula.graph import HELPERS
 from .formula.syntax import ops_in
@@ -244,11 +244,12 @@ def spec_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
 
 
 def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Path] = None,
-               known: Sequence[OpSpec] = ()) -> list[OpSpec]:
+               known: Sequence[Callee] = ()) -> list[OpSpec]:
     """Load every spec, then run the cross-op checks; raises SpecErrors with all mistakes.
 
     ``kernel_root`` is where ``src/kernels/<target>/<op>.cpp`` of cpp ops must exist (not
-    checked when None); ``known`` are already-built ops that formulas may call.
+    checked when None); ``known`` are already-built ops that formulas may call (their specs, or
+    only their signatures), whose names a spec may not take.
     """
     errors: list[SpecError] = []
     docs = []
@@ -260,7 +261,7 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
             errors.extend(exc.errors if isinstance(exc, SpecErrors) else [exc])
             broken.add(Path(path).stem)
     ops: list[OpSpec] = []
-    known_names = {k.name: k.loc.path for k in known}
+    known_names = {k.name: f" ({k.loc.path})" if isinstance(k, OpSpec) else "" for k in known}
     seen: dict[str, OpSpec] = {}
     classes: dict[str, OpSpec] = {}
     for name, doc in docs:
@@ -275,8 +276,8 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
                                     f"two ops named '{name}' (also {seen[name].loc.path})"))
             continue
         if name in known_names:
-            errors.append(SpecError(op.loc, name, f"'{name}' is already an op of opforge "
-                                    f"({known_names[name]}): an op module cannot redefine it; pick another name"))
+            errors.append(SpecError(op.loc, name, f"'{name}' is already an op of opforge"
+                                    f"{known_names[name]}: an op module cannot redefine it; pick another name"))
             continue
         if op.class_name in classes:
             errors.append(SpecError(op.loc, name, f"generates class {op.class_name}, as op "
@@ -294,7 +295,7 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
 # ---------------------------------------------------------------------------- cross-op checks
 
 
-def check_ops(ops: Sequence[OpSpec], extra: Sequence[OpSpec] = (),
+def check_ops(ops: Sequence[OpSpec], extra: Sequence[Callee] = (),
               broken: frozenset[str] = frozenset()) -> list[SpecError]:
     """Checks that need every op: the ops that formulas call exist and are called correctly.
 
@@ -302,7 +303,7 @@ def check_ops(ops: Sequence[OpSpec], extra: Sequence[OpSpec] = (),
     are checked again once that spec is fixed, rather than reported as calling an unknown op.
     """
     errors: list[SpecError] = []
-    table = {o.name: o for o in extra}
+    table: dict[str, Callee] = {o.name: o for o in extra}
     table.update({o.name: o for o in ops})
     for op in ops:
         if broken & _called_ops(op):

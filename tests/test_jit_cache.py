@@ -149,8 +149,8 @@ def test_new_cache_directories_are_private_whatever_the_umask(tmp_path: Path, mo
     finally:
         os.umask(old)
     assert [stat.S_IMODE(d.stat().st_mode) for d in (root, root / "m")] == [0o700, 0o700]
-    # what is written for every module (opforge's parsed specs) is the owner's to write only: a later
-    # load checks that and would refuse it
+    # what is written for every module (the precompiled header's text and manifest) is the owner's
+    # to write only: a later load checks that and would refuse it
     written = [f for f in shared.rglob("*") if f.is_file()]
     assert written and all(stat.S_IMODE(f.stat().st_mode) & 0o022 == 0 for f in written), written
 
@@ -177,26 +177,43 @@ def test_no_pickle_from_the_cache_is_loaded(tmp_path: Path, monkeypatch: pytest.
     assert not marker.exists()
 
 
-def test_opforge_specs_are_kept_as_json_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root, bad = tmp_path / "cache", write_spec(tmp_path, bad=True)
-    monkeypatch.setattr(jit, "_installation_cache", lambda: root / "shared")
-    with pytest.raises(SpecError):
-        opforge.load("m", specs=[bad], build_dir=root)
-    (path,) = (root / "shared" / "_known").glob("*.json")
-    good = path.read_bytes()
-    assert jit._known_specs(root / "shared") == list(opforge._specs().values())
-    with monkeypatch.context() as m:
-        m.setattr(opforge, "_specs", lambda: pytest.fail("opforge's specs parsed again"))
-        with pytest.raises(SpecError, match=r"impl\.expr: .*exq"):
-            opforge.load("m", specs=[bad], build_dir=tmp_path / "another cache root")
-    # damaged, or naming something else than the codegen's model: parsed again and rewritten
-    for text in ("\0 not json", json.dumps({"tuple": [{"class": "subprocess:Popen", "fields": {"args": "true"}}]}),
-                 json.dumps({"tuple": [{"class": "opforge.codegen.load:LocMap", "fields": {}}]}),
-                 json.dumps({"tuple": [{"class": "opforge.codegen.model:OpSpec", "fields": {"name": "x"}}]})):
-        path.write_text(text)
-        with pytest.raises(SpecError, match=r"impl\.expr: .*exq"):
-            opforge.load("m", specs=[bad], build_dir=root)
-        assert path.read_bytes() == good
+CENTERED = """\
+{name}:
+  doc: x minus its mean over the last axis (a composite of opforge's ops).
+  inputs:
+    x: T
+  outputs:
+    out: {{dtype: T, shape: same(x)}}
+  dtypes:
+    T: [float32, float64]
+  impl:
+    composite: x - mean(x, {axis}=[-1], keepdims=true)
+"""
+
+
+def test_opforge_ops_are_known_from_the_op_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Formulas may call opforge's ops: load knows their signatures from the generated op table,
+    parsing none of opforge's specs and keeping nothing of them in the cache."""
+    from opforge import _formulas
+    from opforge.codegen import api
+    from opforge.codegen import load as spec_load
+
+    assert ([api.record_signature(d) for d in _formulas.OPS.values()]
+            == [api.signature(opforge.spec(n)) for n in _formulas.OPS])
+    parsed: list[str] = []
+    read = spec_load.read_spec_document
+    monkeypatch.setattr(spec_load, "read_spec_document", lambda p: parsed.append(Path(p).name) or read(p))
+    monkeypatch.setattr(jit, "_installation_cache", lambda: tmp_path / "shared")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "centered_bad.yaml").write_text(CENTERED.format(name="centered_bad", axis="axs"))
+    with pytest.raises(SpecError, match=r"mean.*'axs'.*did you mean 'axis'"):
+        opforge.load("centered_bad", specs=[tmp_path / "bad"], build_dir=tmp_path / "cache")
+    (tmp_path / "centered.yaml").write_text(CENTERED.format(name="centered", axis="axis"))
+    m = opforge.load("centered", specs=[tmp_path / "centered.yaml"], build_dir=tmp_path / "cache")
+    x = np.random.default_rng(0).standard_normal((3, 4))
+    np.testing.assert_allclose(m.centered(x).numpy(), x - x.mean(axis=-1, keepdims=True), atol=1e-12)
+    assert parsed == ["centered_bad.yaml", "centered.yaml"]
+    assert not list((tmp_path / "shared").glob("_known*")) and not list((tmp_path / "cache").glob("_known*"))
 
 
 def test_installation_cache_is_used_only_when_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,7 +33,7 @@ def _bprop(op: OpSpec, lb: api.LoweredBprop) -> list[str]:
     return lines
 
 
-def _context(op: OpSpec, table: Mapping[str, OpSpec]) -> dict[str, Any]:
+def _context(op: OpSpec, table: Mapping[str, api.Callee]) -> dict[str, Any]:
     lowered = api.lower_formulas(op, table, PY)
     attr_params = [f"a_{a.name}" for a in op.attrs]
     aot = (op.impl.library, op.impl.symbol) if isinstance(op.impl, AotImpl) else None
@@ -62,9 +62,10 @@ def _context(op: OpSpec, table: Mapping[str, OpSpec]) -> dict[str, Any]:
 
 
 def render_formulas(ops: Sequence[OpSpec], sources: Sequence[str],
-                    table: Optional[Mapping[str, OpSpec]] = None) -> Rendered:
+                    table: Optional[Mapping[str, api.Callee]] = None) -> Rendered:
     """The adapters' op table for ops; their formulas may call any op of table (default: ops)."""
-    table = table if table is not None else {o.name: o for o in ops}
+    if table is None:
+        table = {o.name: o for o in ops}
     text = render("formulas.py.j2", banner=banner("#", f"{len(sources)} specs", "formulas.py.j2"),
                   ops=[_context(op, table) for op in ops])
     return Rendered("_formulas.py", text)

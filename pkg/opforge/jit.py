@@ -36,7 +36,6 @@ commands, quoted for the shell; a path with a line break is refused.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -416,7 +415,7 @@ def _installation_cache() -> Path:
 
 
 def _shared_root(root: Path) -> Path:
-    """Where what every module shares is kept (``_pch/``, ``_known/``): the installation's cache,
+    """Where what every module shares is kept (``_pch/``): the installation's cache,
     made once per opforge installation, where this user may keep private files (a virtual
     environment of their own); else the cache root, once per cache root (an installation that is
     read-only or another user's: it is never written, nor read, unless it passes the cache's checks)."""
@@ -426,70 +425,13 @@ def _shared_root(root: Path) -> Path:
         return root
 
 
-def _known_specs(root: Path) -> list[Any]:
-    """opforge's own specs (formulas may call those ops), parsed once (parsing them takes about
-    0.5 s) and kept under root (the shared root) as JSON data keyed by the specs' and the codegen's
-    content (never a pickle: reading it runs no code and can make nothing but the codegen's model)."""
-    import opforge
+def _opforge_signatures() -> list[Any]:
+    """The signatures of opforge's own ops (formulas may call them, specs may not take their
+    names), from its generated op table: no YAML is parsed."""
+    from opforge import _formulas
+    from opforge.codegen.api import record_signature
 
-    spec_dir = _native.PACKAGE_DIR / "op_specs"
-    h = hashlib.sha256(_codegen_digest().encode())
-    for p in sorted(spec_dir.glob("*.yaml")):
-        h.update(p.name.encode() + b"\0" + p.read_bytes())
-    path = _private_dir(root / "_known") / f"{h.hexdigest()[:16]}.json"
-    try:
-        _trusted_file(path)
-        return list(_from_data(json.loads(path.read_bytes())))
-    except FileNotFoundError:
-        pass
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        pass  # damaged (or not written by this opforge): parsed again and rewritten
-    known = list(opforge._specs().values())
-    try:
-        text = json.dumps(_to_data(tuple(known)))
-        if _from_data(json.loads(text)) != tuple(known):
-            raise TypeError("not the same specs once read back")
-    except (TypeError, ValueError):  # (a model this codec cannot say: no cache, the specs parsed each time)
-        return known
-    _replace_text(path, text)
-    return known
-
-
-def _to_data(obj: object) -> object:
-    """JSON data of parsed specs: the codegen's dataclasses (tagged with their class), tuples,
-    lists and JSON's scalars; TypeError for anything else."""
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    if isinstance(obj, (tuple, list)):
-        return {type(obj).__name__: [_to_data(x) for x in obj]}
-    cls = type(obj)
-    if dataclasses.is_dataclass(obj) and cls.__module__.startswith("opforge.codegen."):
-        return {"class": f"{cls.__module__}:{cls.__qualname__}",
-                "fields": {f.name: _to_data(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
-    raise TypeError(f"{cls.__name__} is not a spec's data")
-
-
-def _from_data(data: Any) -> Any:
-    """The inverse of _to_data: makes nothing but tuples, lists, scalars and dataclasses of the
-    codegen's modules already imported (no code of the data's choosing runs); ValueError else."""
-    if data is None or isinstance(data, (bool, int, float, str)):
-        return data
-    if not isinstance(data, dict):
-        raise ValueError(f"unexpected {type(data).__name__}")
-    if data.keys() == {"tuple"} or data.keys() == {"list"}:
-        items = [_from_data(x) for x in data["tuple" if "tuple" in data else "list"]]
-        return tuple(items) if "tuple" in data else items
-    module, _, qualname = data["class"].partition(":")
-    cls = getattr(sys.modules.get(module), qualname, None) if module.startswith("opforge.codegen.") else None
-    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == module):
-        raise ValueError(f"{data['class']} is not a class of the codegen's model")
-    fields = data["fields"]
-    if set(fields) != {f.name for f in dataclasses.fields(cls)}:
-        raise ValueError(f"{data['class']}: other fields")
-    obj = object.__new__(cls)
-    for k, v in fields.items():
-        object.__setattr__(obj, k, _from_data(v))  # (frozen dataclasses: as their __init__ does)
-    return obj
+    return [record_signature(op) for op in _formulas.OPS.values()]
 
 
 def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tuple[str, ...],
@@ -503,7 +445,7 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
     header, gch = _pch_paths(shared, cxx, pch_cflags)
     pch_problem = _in_background(_manifest_problem, gch.with_name("pch.json"), [gch.name])  # (a digest of
     # a hundred megabytes or more: taken while the specs are parsed and the code generated)
-    known = _known_specs(shared)
+    known = _opforge_signatures()
     ops = load_specs(spec_files, known=known)  # SpecErrors: before any compiler runs
     kernels = {p.stem for p in source_files if p.suffix in CPP_SUFFIXES}
     for op in ops:
@@ -543,8 +485,8 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
         "  depfile = $out.d",
         "  deps = gcc",
         "  description = compile $in",
-        "rule cxx_plain",  # the module's PyInit (plain Python C API) and the kernels (the runtime's
-        # header): neither needs pybind11, whose inline code costs seconds in every TU that includes it
+        "rule cxx_plain",  # the module's PyInit (plain Python C API) and the kernels (which include
+        # what they use themselves)
         "  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out",
         "  depfile = $out.d",
         "  deps = gcc",
@@ -589,7 +531,7 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
 
 
 def _pch_paths(root: Path, cxx: tuple[str, ...], cflags: list[str]) -> tuple[Path, Path]:
-    """The precompiled header (pybind11 and the runtime) for these flags (opforge's, and
+    """The precompiled header (the runtime's headers) for these flags (opforge's, and
     extra_cflags: not the sources' include directories, which do not change it), kept under root
     (the shared root) and shared by every module; it saves the parsing of each op TU. Returns
     (header, its .gch); the header's text is always there (the .gch may not be yet)."""
