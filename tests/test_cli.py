@@ -140,17 +140,18 @@ def _project_copy(dst: Path) -> Path:
 
 def test_new_writes_specs_that_check(tmp_path: Path) -> None:
     specs = tmp_path / "op_specs"
-    for kind in ("expr", "composite", "cpp"):
+    for kind in ("expr", "composite", "cpp", "pyfunc"):
         r = subprocess.run([sys.executable, "-m", "opforge", "new", f"my_{kind}", "--kind", kind, "--dir", "op_specs"],
                            capture_output=True, text=True, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert f"wrote op_specs/my_{kind}.yaml" in r.stdout
     kernel = tmp_path / "src" / "kernels" / "cpu" / "my_cpp.cpp"
     assert "void my_cpp(const TensorPtr& x, const TensorPtr& out, const MyCppAttrs& attrs)" in kernel.read_text()
+    assert "def my_pyfunc(x: np.ndarray, *, beta: float) -> np.ndarray:" in (tmp_path / "my_pyfunc_impl.py").read_text()
     # their formulas use other ops (mul, add, where, ...): check them together with the real specs
     r = run("check", str(specs), str(SPEC_DIR))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == f"{len(list(SPEC_DIR.glob('*.yaml'))) + 3} op specs OK"
+    assert r.stdout.strip() == f"{len(list(SPEC_DIR.glob('*.yaml'))) + 4} op specs OK"
     before = (specs / "my_expr.yaml").read_text()
     r = subprocess.run([sys.executable, "-m", "opforge", "new", "my_expr", "--dir", "op_specs"],
                        capture_output=True, text=True, cwd=tmp_path)
@@ -166,7 +167,7 @@ def test_new_writes_specs_that_check(tmp_path: Path) -> None:
 def test_new_ops_build_and_pass_their_generated_tests(tmp_path: Path) -> None:
     """The scaffolded specs, as written, build into the package and pass the spec-driven tests."""
     project = _project_copy(tmp_path / "project")
-    for kind in ("expr", "composite", "cpp"):
+    for kind in ("expr", "composite", "cpp", "pyfunc"):
         r = subprocess.run([sys.executable, "-m", "opforge", "new", f"scaffold_{kind}", "--kind", kind],
                            capture_output=True, text=True, cwd=project)
         assert r.returncode == 0, r.stderr
@@ -176,7 +177,7 @@ def test_new_ops_build_and_pass_their_generated_tests(tmp_path: Path) -> None:
                        capture_output=True, text=True, cwd=project, env=env, timeout=1800)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     passed = int(r.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
-    assert passed >= 30, r.stdout[-2000:]  # forward, gradient and bad-input cases of the three ops
+    assert passed >= 40, r.stdout[-2000:]  # forward, gradient and bad-input cases of the four ops
 
 
 def test_config_prints_flags() -> None:

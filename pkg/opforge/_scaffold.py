@@ -1,12 +1,13 @@
 """``opforge new``: a commented starting spec (and, for cpp ops, a kernel file with the generated
-signature) that checks, builds and passes its generated tests as written."""
+signature; for pyfunc ops, the Python module of the function) that checks, builds and passes its
+generated tests as written."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-KINDS = ("expr", "cpp", "composite")
+KINDS = ("expr", "cpp", "composite", "pyfunc")
 NAME = re.compile(r"[a-z_][a-z0-9_]*\Z")
 
 _HEAD = """\
@@ -75,6 +76,43 @@ _CPP = _HEAD + """\
     attrs: [{{}}, {{scale: -0.5}}]
 """
 
+_PYFUNC = _HEAD + """\
+{name}:
+  doc: "Softplus log(1 + exp(beta * x)) / beta, computed in Python (a prototype: edit me)."
+  inputs:
+    x: T
+  attrs:
+    beta: {{type: float, default: 1.0, doc: sharpness}}
+  outputs:
+    out: {{dtype: T, shape: same(x)}}       # the function must return exactly this dtype and shape
+  dtypes:
+    T: [float32, float64]
+  impl:
+    pyfunc: "{module}:{name}"     # module:function, called on read-only NumPy arrays (cpu only)
+  bprop:
+    x: dout * sigmoid(beta * x)           # the gradient is built from ops, as for any op
+  tests:
+    reference: np.logaddexp(0, beta * x) / beta
+    attrs: [{{}}, {{beta: 2.0}}]
+"""
+
+_FUNCTION = """\
+\"\"\"The kernel of op `{name}` (impl: pyfunc in {spec}): a Python function on NumPy arrays, for
+prototyping (a starting point: edit me). It must be importable as `{module}` where the op runs
+(beside your script, on sys.path, or moved into your package with the spec's target updated).
+
+opforge calls it with every input as a read-only NumPy array (None for an absent optional input)
+and the attrs as keyword arguments, after checking the call against the spec; it returns one array
+per output (a tuple for several) of exactly the output's dtype and shape.
+\"\"\"
+
+import numpy as np
+
+
+def {name}(x: np.ndarray, *, beta: float) -> np.ndarray:
+    return (np.logaddexp(0, beta * x) / beta).astype(x.dtype, copy=False)
+"""
+
 _KERNEL = """\
 // Kernel of op `{name}` on cpu: out = scale * x (a starting point: edit me).
 // The signature is the one opforge generates in {name}.h from the spec: every input, then every
@@ -97,7 +135,8 @@ OPFORGE_INSTANTIATE_{upper}_CPU  // instantiates {name}<T> for every dtype of T
 
 _WHAT = {"expr": "an elementwise op written as one expression (impl: expr)",
          "composite": "an op composed of other ops (impl: composite)",
-         "cpp": "an op with a hand-written C++ kernel (impl: cpp)"}
+         "cpp": "an op with a hand-written C++ kernel (impl: cpp)",
+         "pyfunc": "an op computed by a Python function on NumPy arrays, for prototyping (impl: pyfunc)"}
 
 
 class ScaffoldError(Exception):
@@ -105,20 +144,23 @@ class ScaffoldError(Exception):
 
 
 def new_op(name: str, kind: str, spec_dir: Path) -> list[Path]:
-    """Writes the spec (and the kernel of a cpp op, at <spec_dir>/../src/kernels/cpu/<name>.cpp);
-    returns the files written. Refuses to overwrite anything."""
+    """Writes the spec (and the kernel of a cpp op, at <spec_dir>/../src/kernels/cpu/<name>.cpp; the
+    function of a pyfunc op, module <name>_impl at <spec_dir>/../<name>_impl.py); returns the files
+    written. Refuses to overwrite anything."""
     if not NAME.match(name):
         raise ScaffoldError(f"'{name}' is not an op name: lowercase letters, digits and _, not starting with a digit")
     if kind not in KINDS:
         raise ScaffoldError(f"unknown kind '{kind}'; kinds: {', '.join(KINDS)}")
     spec = spec_dir / f"{name}.yaml"
+    module = f"{name}_impl"
     kernel = spec_dir.resolve().parent / "src" / "kernels" / "cpu" / f"{name}.cpp"
-    files = [spec] + ([kernel] if kind == "cpp" else [])
+    function = spec_dir.resolve().parent / f"{module}.py"
+    files = [spec] + ([kernel] if kind == "cpp" else [function] if kind == "pyfunc" else [])
     existing = [str(f) for f in files if f.exists()]
     if existing:
         raise ScaffoldError(f"{', '.join(existing)} already exists; nothing written")
-    text = {"expr": _EXPR, "composite": _COMPOSITE, "cpp": _CPP}[kind].format(
-        name=name, what=_WHAT[kind], spec_dir=spec_dir, kernel=f"src/kernels/cpu/{name}.cpp")
+    text = {"expr": _EXPR, "composite": _COMPOSITE, "cpp": _CPP, "pyfunc": _PYFUNC}[kind].format(
+        name=name, what=_WHAT[kind], spec_dir=spec_dir, kernel=f"src/kernels/cpu/{name}.cpp", module=module)
     spec_dir.mkdir(parents=True, exist_ok=True)
     spec.write_text(text)
     if kind == "cpp":
@@ -126,4 +168,6 @@ def new_op(name: str, kind: str, spec_dir: Path) -> list[Path]:
 
         kernel.parent.mkdir(parents=True, exist_ok=True)
         kernel.write_text(_KERNEL.format(name=name, cls=class_name(name), upper=name.upper()))
+    if kind == "pyfunc":
+        function.write_text(_FUNCTION.format(name=name, module=module, spec=spec.name))
     return files

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from opforge._scaffold import KINDS
+
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EPILOG = "Exit status: 0 success, 1 invalid specs (or a failed step), 2 bad usage (path, op, backend)."
@@ -171,6 +173,7 @@ def _build(args: argparse.Namespace) -> int:
     import tomllib
 
     import opforge
+    from opforge import jit
 
     _backend(args.backend)
     specs = _spec_paths([args.specs])[0]
@@ -184,7 +187,7 @@ def _build(args: argparse.Namespace) -> int:
     if project == "opforge" and Path(specs).resolve() != root / "op_specs":
         raise _Usage("opforge's own build takes its specs from its op_specs/")
     # spec mistakes are reported here, before any compiler runs
-    _load([specs], root, known=list(opforge._specs().values()) if project != "opforge" else ())
+    _load([specs], root, known=jit._opforge_signatures() if project != "opforge" else ())
     out = (args.out or root / "dist").resolve()
     cmd = [sys.executable, "-m", "pip", "wheel", str(root), "--no-deps", "-w", str(out), "-v",
            f"-Csetup-args=-Dops_backend={args.backend}"]
@@ -225,10 +228,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = sub.add_parser("new", help="write a commented starting spec", epilog=EPILOG,
                        description="Write DIR/NAME.yaml, a commented spec of the given kind that checks, builds "
                                    "and passes its generated tests as written; for --kind cpp also the kernel "
-                                   "DIR/../src/kernels/cpu/NAME.cpp with the generated signature. Never "
-                                   "overwrites a file.")
+                                   "DIR/../src/kernels/cpu/NAME.cpp with the generated signature, for --kind "
+                                   "pyfunc the function's module DIR/../NAME_impl.py. Never overwrites a file.")
     p.add_argument("name", help="the op's name (lowercase, digits, _)")
-    p.add_argument("--kind", choices=["expr", "cpp", "composite"], default="expr", help="how it is computed")
+    p.add_argument("--kind", choices=list(KINDS), default="expr", help="how it is computed")
     p.add_argument("--dir", type=Path, default=Path("op_specs"), help="spec directory (default: ./op_specs)")
     p.set_defaults(func=_new)
 
@@ -285,7 +288,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = sub.add_parser("config", help="compiler flags for code built against opforge", epilog=EPILOG,
                        description="Print the include paths, compile flags or link flags that an op module "
                                    "needs, one per line (prefixed by its kind when several are asked for), "
-                                   "after checking the compiler and pybind11 against opforge's own build.")
+                                   "after checking the compiler against opforge's own build.")
     p.add_argument("--backend", choices=["cpu", "cuda"], default="cpu", help="backend to build for")
     p.add_argument("--includes", action="store_true", help="-I paths")
     p.add_argument("--cflags", action="store_true", help="compile flags (with the -I paths)")
