@@ -12,7 +12,7 @@ from ..model import Attr, OpSpec
 
 def _attr_arg(a: Attr, index: int) -> str:
     """The attr's value as the op's C++ API takes it, from the entry's converted values."""
-    getter = "get_optional" if a.optional_value else "get"
+    getter = "take_optional" if a.optional_value else "take"
     return f"binding::{getter}<{api.ATTR_CPP[a.type]}>(a[{index}])"
 
 

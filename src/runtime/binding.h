@@ -24,26 +24,28 @@ namespace binding {
 
 // An op's Python-facing entry: its row, its docstring, its attrs' defaults and two functions taking
 // the converted parameters (inputs: null for absent optional ones; attrs: one value per attr, of
-// the type AttrInfo::type names, or monostate for an optional attr given None).
+// the type AttrInfo::type names, or monostate for an optional attr given None). The attrs are the
+// call's own: the functions may move them out.
 struct OpEntry {
   const OpInfo* info;
   const char* doc;
   std::vector<std::optional<AttrValue>> defaults;  // per attr; nullopt: required
   // Runs the op; writes one tensor per output.
-  void (*call)(const TensorPtr* inputs, const AttrValue* attrs, TensorPtr* outputs);
+  void (*call)(const TensorPtr* inputs, AttrValue* attrs, TensorPtr* outputs);
   // The outputs' shapes and dtypes, without running it.
-  std::vector<TensorMeta> (*meta)(const TensorPtr* inputs, const AttrValue* attrs);
+  std::vector<TensorMeta> (*meta)(const TensorPtr* inputs, AttrValue* attrs);
 };
 
-// An attr's value as the op's C++ API takes it (python.cpp converted it to T by its AttrInfo).
+// An attr's value, moved out, as the op's C++ API takes it (python.cpp converted it to T by its
+// AttrInfo).
 template <typename T>
-const T& get(const AttrValue& v) {
-  return *std::get_if<T>(&v);
+T&& take(AttrValue& v) {
+  return std::move(*std::get_if<T>(&v));
 }
 
 template <typename T>
-std::optional<T> get_optional(const AttrValue& v) {
-  if (const T* p = std::get_if<T>(&v)) return *p;
+std::optional<T> take_optional(AttrValue& v) {
+  if (T* p = std::get_if<T>(&v)) return std::move(*p);
   return std::nullopt;
 }
 

@@ -676,8 +676,13 @@ AttrValue convert_attr(const OpInfo& info, const OpCaller& c, size_t k, py::hand
 template <typename T, size_t N>
 class Slots {
  public:
+  Slots() : n_(0) {}
   explicit Slots(size_t n) : n_(n) {
     for (size_t i = 0; i < n_; ++i) new (&data()[i]) T();
+  }
+  void push(T&& v) {  // (counted once constructed: an exception leaves only constructed values)
+    new (&data()[n_]) T(std::move(v));
+    ++n_;
   }
   ~Slots() {
     for (size_t i = 0; i < n_; ++i) data()[i].~T();
@@ -700,8 +705,8 @@ py::object run(const OpCaller& c, const py::handle* params) {
   InputConverter in(info);
   for (size_t i = 0; i < n_in; ++i) in.add(params[i]);
   in.finish();
-  Slots<AttrValue, kMaxParams> attrs(info.attrs.size());
-  for (size_t k = 0; k < info.attrs.size(); ++k) attrs[k] = convert_attr(info, c, k, params[n_in + k]);
+  Slots<AttrValue, kMaxParams> attrs;
+  for (size_t k = 0; k < info.attrs.size(); ++k) attrs.push(convert_attr(info, c, k, params[n_in + k]));
   const TensorPtr* inputs = &in[0];
   if (c.meta) return metas(e.meta(inputs, attrs.data()));
   const size_t n_out = info.outputs.size();
