@@ -9,6 +9,7 @@ from typing import Any, Mapping, Optional, Protocol, Sequence, Union
 from . import escape
 from .formula.expr import LoweredExpr, lower_expr
 from .formula.graph import GraphScope, OpSignature, lower_graph, lower_outputs
+from .formula.kinds import NUMBER, VType, attr_vtype
 from .formula.lang import CPP, CppLang
 from .formula.syntax import names_in
 from .model import Attr, AttrType, CompositeImpl, DType, ExprImpl, Format, OpSpec, expr_scope
@@ -264,12 +265,8 @@ class Lowered:
     used_ops: tuple[str, ...]
 
 
-def _attr_scope(op: OpSpec, prefix: str) -> dict[str, tuple[str, str]]:
-    out = {}
-    for a in op.attrs:
-        kind = ("optional " + a.type) if a.optional_value else str(a.type)
-        out[a.name] = (kind, f"{prefix}{a.name}")
-    return out
+def _attr_scope(op: OpSpec, prefix: str) -> dict[str, tuple[VType, str]]:
+    return {a.name: (attr_vtype(a.type, a.optional_value), f"{prefix}{a.name}") for a in op.attrs}
 
 
 def lower_formulas(op: OpSpec, table: Mapping[str, Callee], lang: CppLang = CPP) -> Lowered:
@@ -285,7 +282,7 @@ def lower_formulas(op: OpSpec, table: Mapping[str, Callee], lang: CppLang = CPP)
         scope = GraphScope({i.name: f"v_{i.name}" for i in op.inputs},
                            {i.name for i in op.inputs if i.optional}, _attr_scope(op, prefix), sigs)
         code, kind = lower_graph(op.impl.formula, scope, lang)
-        if kind != "tensor":
+        if not kind.is_tensor:
             raise op.impl.formula.error(0, f"a composite formula must give a tensor, got {kind}")
         composite = code
         used |= scope.used_ops
@@ -315,22 +312,22 @@ def lower_formulas(op: OpSpec, table: Mapping[str, Callee], lang: CppLang = CPP)
                 continue
             name = names[0]
             code, kind = lower_graph(f, scope, lang)
-            if kind == "tensor":
+            if kind.is_tensor:
                 tensors[name] = f"v_{name}"
-            elif kind in ("number", "int", "float"):
-                scalars[name] = ("number", f"v_{name}")
+            elif kind.is_number:
+                scalars[name] = (NUMBER, f"v_{name}")
             else:
                 raise f.error(0, f"a let must give a tensor or a number, got {kind}")
             bscope_used |= scope.used_ops
             # everything a let reads, transitively (intermediate lets included)
             deps[name] = set().union(*[{r} | deps.get(r, set()) for r in refs]) if refs else set()
-            lets.append((name, code, "TensorPtr" if kind == "tensor" else "double", (name,)))
+            lets.append((name, code, "TensorPtr" if kind.is_tensor else "double", (name,)))
         grads: list[tuple[int, str, str]] = []
         needers: dict[str, set[int]] = {}
         for name, f in op.bprop.grads:
             scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs)
             code, kind = lower_graph(f, scope, lang)
-            if kind != "tensor":
+            if not kind.is_tensor:
                 raise f.error(0, f"a gradient must be a tensor, got {kind}")
             bscope_used |= scope.used_ops
             grads.append((index[name], name, code))

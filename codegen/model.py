@@ -19,6 +19,7 @@ import yaml
 
 from .errors import Loc, SpecError, SpecErrors, did_you_mean
 from .formula.expr import ExprScope, lower_expr
+from .formula.kinds import Kind
 from .formula.syntax import Formula, make_formula
 from .names import RESERVED, class_name, reserved_identifier
 from .source import LocMap, locate
@@ -316,7 +317,7 @@ class OpSpec:
 
 def expr_scope(inputs: Sequence[Input], attrs: Sequence[Attr]) -> ExprScope:
     """The names an expr op's formula sees: its inputs' elements and its scalar attrs."""
-    return ExprScope([i.name for i in inputs], {a.name: a.type for a in attrs},
+    return ExprScope([i.name for i in inputs], {a.name: Kind(str(a.type)) for a in attrs},
                      {a.name for a in attrs if a.optional_value},
                      {a.name: a.choices for a in attrs if a.choices is not None})
 

@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from .. import escape
 from ..errors import did_you_mean
+from .kinds import EXPR_ATTR_KINDS, Kind
 from .syntax import Binary, BoolLit, Call, Formula, ListLit, Name, Node, Num, Select, Str, Unary
 
 # scalar functions usable in ``impl.expr``: name -> (arity, C++ function)
@@ -20,15 +21,13 @@ EXPR_FUNCTIONS: Mapping[str, tuple[int, str]] = {
     "maximum": (2, "fn::maximum"), "minimum": (2, "fn::minimum"), "pow": (2, "fn::pow"),
 }
 
-NUMERIC_ATTRS = ("int", "float", "bool")
-
 
 @dataclass
 class ExprScope:
     """Names visible in an ``impl.expr`` formula: input elements and scalar attrs."""
 
     inputs: Sequence[str]
-    attrs: Mapping[str, str]  # name -> attr type
+    attrs: Mapping[str, Kind]  # name -> the attr's type
     optional_attrs: set[str] = field(default_factory=set)  # attrs without a value by default (None)
     choices: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # str attr -> its choices
 
@@ -54,7 +53,7 @@ def lower_expr(formula: Formula, scope: ExprScope, flags: dict[str, str] | None 
             return None
         name = node.left if isinstance(node.left, Name) else node.right
         lit = node.right if isinstance(node.right, Str) else node.left
-        if not (isinstance(name, Name) and isinstance(lit, Str) and scope.attrs.get(name.id) == "str"):
+        if not (isinstance(name, Name) and isinstance(lit, Str) and scope.attrs.get(name.id) == Kind.STR):
             raise formula.error(node.pos, "a string can only be compared with a str attr")
         if name.id in scope.optional_attrs and name.id not in present:
             raise formula.error(name.pos, f"attr '{name.id}' may be None; use if_given({name.id}, ..., ...)")
@@ -80,12 +79,12 @@ def lower_expr(formula: Formula, scope: ExprScope, flags: dict[str, str] | None 
                 if node.id in scope.optional_attrs and node.id not in present:
                     raise formula.error(node.pos, f"attr '{node.id}' may be None; use "
                                         f"if_given({node.id}, ..., ...) or give it a default")
-                if kind not in NUMERIC_ATTRS:
+                if kind not in EXPR_ATTR_KINDS:
                     raise formula.error(node.pos, f"attr '{node.id}' is {kind}; only int, float and bool attrs "
                                         "(and str attrs compared with a string) can be used in an elementwise "
                                         "expression")
                 value = f"(*a.{node.id})" if node.id in scope.optional_attrs else f"a.{node.id}"
-                return value if kind == "bool" else f"C({value})"
+                return value if kind == Kind.BOOL else f"C({value})"
             known = list(scope.inputs) + list(scope.attrs)
             raise formula.error(node.pos, f"unknown name '{node.id}'{did_you_mean(node.id, known)}")
         if isinstance(node, Unary):

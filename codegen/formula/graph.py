@@ -6,22 +6,37 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from enum import StrEnum
+from typing import Callable, Mapping, Optional
 
 from ..errors import SpecError, did_you_mean
+from .kinds import BOOL, EMPTY_LIST, FLOAT, FLOAT_LIST, INT, INT_LIST, NUMBER, OUTPUTS, STR, TENSOR, Kind, VType
 from .lang import CPP, CppLang
 from .syntax import (COMPARE_OPS, OPERATOR_OPS, Binary, BoolLit, Call, Formula, ListLit, Name, Node, Num, Select,
                      Str, Unary)
 
-# helpers usable in graph formulas: name -> (parameter kinds, result kind)
-HELPERS: Mapping[str, tuple[tuple[str, ...], str]] = {
-    "zeros_like": (("tensor",), "tensor"),
-    "ones_like": (("tensor",), "tensor"),
-    "numel": (("tensor",), "number"),
-    "expand_reduced": (("tensor", "tensor", "axes", "bool"), "tensor"),
-    "if_given": (("optional", "any", "any"), "same"),
+
+class Param(StrEnum):
+    """What a helper's parameter takes."""
+
+    TENSOR = "tensor"
+    AXES = "axes"          # an optional list[int] (an int is one axis)
+    BOOL = "bool"
+    OPTIONAL = "optional"  # an optional input or attr (if_given's test)
+    ANY = "any"
+
+
+# the types a helper's tensor, axes and bool parameters want
+PARAM_TYPES = {Param.TENSOR: TENSOR, Param.AXES: VType(Kind.INT_LIST, optional=True), Param.BOOL: BOOL}
+
+# helpers usable in graph formulas: name -> (parameters, result type; None: its branches' type)
+HELPERS: Mapping[str, tuple[tuple[Param, ...], Optional[VType]]] = {
+    "zeros_like": ((Param.TENSOR,), TENSOR),
+    "ones_like": ((Param.TENSOR,), TENSOR),
+    "numel": ((Param.TENSOR,), NUMBER),
+    "expand_reduced": ((Param.TENSOR, Param.TENSOR, Param.AXES, Param.BOOL), TENSOR),
+    "if_given": ((Param.OPTIONAL, Param.ANY, Param.ANY), None),
 }
-NUMBER_KINDS = ("number", "int", "float")
 
 
 @dataclass(frozen=True)
@@ -30,7 +45,7 @@ class OpSignature:
 
     name: str
     inputs: tuple[tuple[str, bool], ...]          # (name, optional)
-    attrs: tuple[tuple[str, str, bool, str, str], ...]  # (name, type, required, C++ default, Python default)
+    attrs: tuple[tuple[str, str, bool, str, str], ...]  # (name, type (AttrType), required, C++ default, Python default)
     outputs: tuple[str, ...]
 
     def outputs_text(self) -> str:
@@ -48,12 +63,12 @@ class GraphScope:
 
     tensors: Mapping[str, str]         # name -> code (a tensor)
     optional: set[str]                 # tensor names that may be absent (null)
-    attrs: Mapping[str, tuple[str, str]]  # name -> (type, code)
+    attrs: Mapping[str, tuple[VType, str]]  # name -> (type, code): attrs, and number lets
     ops: Mapping[str, OpSignature]
     used_ops: set[str] = field(default_factory=set)
 
 
-Lowered = tuple[str, str]  # (code, kind of value: tensor, number, int, float, bool, str, an attr type...)
+Lowered = tuple[str, VType]  # (code, the value's type)
 
 
 class _Lowering:
@@ -86,21 +101,22 @@ class _Lowering:
     # -- nodes
     def go(self, node: Node) -> Lowered:
         if isinstance(node, Num):
-            return (node.text if isinstance(node.value, int) else repr(float(node.value)),
-                    "int" if isinstance(node.value, int) else "float")
+            if isinstance(node.value, int):
+                return node.text, INT
+            return repr(float(node.value)), FLOAT
         if isinstance(node, BoolLit):
-            return self.lang.boolean(node.value), "bool"
+            return self.lang.boolean(node.value), BOOL
         if isinstance(node, Str):
-            return self.lang.string(node.value), "str"
+            return self.lang.string(node.value), STR
         if isinstance(node, ListLit):
             return self.list_lit(node)
         if isinstance(node, Name):
             return self.name(node)
         if isinstance(node, Unary):
             code, kind = self.go(node.operand)
-            if kind == "tensor":
+            if kind.is_tensor:
                 self.need_op("neg", node.pos, "unary '-'")
-                return self.lang.op("neg", [code]), "tensor"
+                return self.lang.op("neg", [code]), TENSOR
             return self.lang.negate(code), kind
         if isinstance(node, Binary):
             return self.binary(node)
@@ -117,13 +133,13 @@ class _Lowering:
 
     def list_lit(self, node: ListLit) -> Lowered:
         if not node.items:
-            return self.lang.untyped_empty_list, "empty list"
+            return self.lang.untyped_empty_list, EMPTY_LIST
         items = [self.go(i) for i in node.items]
-        kinds = {k for _, k in items}
-        if kinds <= {"int"}:
-            return self.lang.num_list([c for c, _ in items], "int"), "list[int]"
-        if kinds <= {"int", "float", "number"}:
-            return self.lang.num_list([c for c, _ in items], "float"), "list[float]"
+        types = {t for _, t in items}
+        if types <= {INT}:
+            return self.lang.num_list([c for c, _ in items], Kind.INT), INT_LIST
+        if all(t.is_number for t in types):
+            return self.lang.num_list([c for c, _ in items], Kind.FLOAT), FLOAT_LIST
         raise self.error(node.pos, "list items must be numbers")
 
     def name(self, node: Name) -> Lowered:
@@ -132,7 +148,7 @@ class _Lowering:
             if node.id in scope.optional:
                 raise self.error(node.pos, f"optional input '{node.id}' may be absent; "
                                  f"use if_given({node.id}, ..., ...)")
-            return scope.tensors[node.id], "tensor"
+            return scope.tensors[node.id], TENSOR
         if node.id in scope.attrs:
             atype, code = scope.attrs[node.id]
             return code, atype
@@ -144,16 +160,16 @@ class _Lowering:
         lc, lk = self.go(node.left)
         rc, rk = self.go(node.right)
         for k, n in ((lk, node.left), (rk, node.right)):
-            if k not in ("tensor",) + NUMBER_KINDS:
+            if not (k.is_tensor or k.is_number):
                 raise self.error(n.pos, f"operator '{op}' needs tensors or numbers, got {k}")
-        if lk != "tensor" and rk != "tensor":
-            return lang.number(op, lc, rc), ("bool" if op in COMPARE_OPS else "number")
+        if not lk.is_tensor and not rk.is_tensor:
+            return lang.number(op, lc, rc), (BOOL if op in COMPARE_OPS else NUMBER)
         fn = self.need_op(OPERATOR_OPS[op], node.pos, f"operator {op!r}").name
-        if lk == "tensor" and rk == "tensor":
-            return lang.op(fn, [lc, rc]), "tensor"
-        if lk == "tensor":
-            return self.bind_like(lc, lambda t: lang.op(fn, [t, lang.scalar_like(rc, t)])), "tensor"
-        return self.bind_like(rc, lambda t: lang.op(fn, [lang.scalar_like(lc, t), t])), "tensor"
+        if lk.is_tensor and rk.is_tensor:
+            return lang.op(fn, [lc, rc]), TENSOR
+        if lk.is_tensor:
+            return self.bind_like(lc, lambda t: lang.op(fn, [t, lang.scalar_like(rc, t)])), TENSOR
+        return self.bind_like(rc, lambda t: lang.op(fn, [lang.scalar_like(lc, t), t])), TENSOR
 
     def select(self, node: Select) -> Lowered:
         """``op(...).output``: one output of a multi-output op's call."""
@@ -169,17 +185,17 @@ class _Lowering:
             raise self.error(node.pos, f"op '{call.func}' has no output '{node.name}'"
                              f"{did_you_mean(node.name, sig.outputs)}; it has {sig.outputs_text()}")
         code, _ = self.call_op(call, whole=True)
-        return self.lang.output(code, sig.outputs.index(node.name)), "tensor"
+        return self.lang.output(code, sig.outputs.index(node.name)), TENSOR
 
     def call_op(self, node: Call, whole: bool = False) -> Lowered:
-        """A call of an op: a tensor, or with ``whole`` the outputs of a multi-output op (kind
-        "outputs"), which a let binds or ``.output`` selects from."""
+        """A call of an op: a tensor, or with ``whole`` the outputs of a multi-output op (OUTPUTS),
+        which a let binds or ``.output`` selects from."""
         sig = self.need_op(node.func, node.pos, "this formula")
         if len(sig.outputs) != 1 and not whole:
             raise self.error(node.pos, f"op '{node.func}' has {sig.outputs_text()}: select one "
                              f"({node.func}(...).{sig.outputs[0]}) or bind them all in a let "
                              f"({', '.join(sig.outputs)}: {node.func}(...))")
-        result = "tensor" if len(sig.outputs) == 1 else "outputs"
+        result = TENSOR if len(sig.outputs) == 1 else OUTPUTS
         required = [n for n, opt in sig.inputs if not opt]
         if not (len(required) <= len(node.args) <= len(sig.inputs)):
             names = ", ".join(n for n, _ in sig.inputs)
@@ -188,19 +204,19 @@ class _Lowering:
             raise self.error(node.pos, f"{node.func}() takes {count} input"
                              f"{'s' if len(sig.inputs) != 1 else ''} ({names}), got {len(node.args)}")
         lowered = [self.go(a) for a in node.args]
-        like = next((k for k, (_, kind) in enumerate(lowered) if kind == "tensor"), None)
+        like = next((k for k, (_, kind) in enumerate(lowered) if kind.is_tensor), None)
         for (code, kind), arg in zip(lowered, node.args):
-            if kind != "tensor" and (kind not in NUMBER_KINDS or like is None):
+            if not kind.is_tensor and (not kind.is_number or like is None):
                 raise self.error(arg.pos, f"{node.func}(): inputs must be tensors, got {kind}")
         tail = [self.lang.null] * (len(sig.inputs) - len(node.args))
         args = self.op_attrs(node, sig)
 
         def build(t: str) -> str:
-            ins = [t if k == like else (code if kind == "tensor" else self.lang.scalar_like(code, t))
+            ins = [t if k == like else (code if kind.is_tensor else self.lang.scalar_like(code, t))
                    for k, (code, kind) in enumerate(lowered)]
             return self.lang.op(node.func, ins + tail + args)
 
-        if like is None or all(kind == "tensor" for _, kind in lowered):
+        if like is None or all(kind.is_tensor for _, kind in lowered):
             return build(lowered[like][0] if like is not None else ""), result
         return self.bind_like(lowered[like][0], build), result
 
@@ -217,7 +233,7 @@ class _Lowering:
             if name in given:
                 value, p = given[name]
                 code, kind = self.go(value)
-                want = "optional " + atype if default == "std::nullopt" else atype
+                want = VType(Kind(str(atype)), optional=default == "std::nullopt")
                 converted = self.lang.convert_attr(want, code, kind)
                 if converted is None:
                     raise self.error(p, f"{node.func}(): attr '{name}' must be {want}, got {kind}")
@@ -228,7 +244,7 @@ class _Lowering:
                 args.append(sig.default_code(name, self.lang))
         return args
 
-    def check_helper_arity(self, node: Call) -> tuple[str, ...]:
+    def check_helper_arity(self, node: Call) -> tuple[Param, ...]:
         params, _ = HELPERS[node.func]
         if node.kwargs:
             raise self.error(node.kwargs[0][2], f"{node.func}() takes no keyword arguments")
@@ -241,8 +257,7 @@ class _Lowering:
         self.check_helper_arity(node)
         scope, lang = self.scope, self.lang
         cond = node.args[0]
-        is_attr = (isinstance(cond, Name) and cond.id in scope.attrs
-                   and scope.attrs[cond.id][0].startswith("optional "))
+        is_attr = isinstance(cond, Name) and cond.id in scope.attrs and scope.attrs[cond.id][0].optional
         if not (isinstance(cond, Name) and (cond.id in scope.optional or is_attr)):
             raise self.error(cond.pos, "if_given() needs an optional input or optional attr "
                              "as its first argument")
@@ -250,7 +265,7 @@ class _Lowering:
         if is_attr:  # present in the first branch only: there the attr has its plain type
             saved = scope.attrs[cond.id]
             test, inner = lang.given_attr(saved[1])
-            scope.attrs = {**scope.attrs, cond.id: (saved[0][len("optional "):], inner)}
+            scope.attrs = {**scope.attrs, cond.id: (saved[0].given(), inner)}
             try:
                 ac, ak = self.go(node.args[1])
             finally:
@@ -263,7 +278,7 @@ class _Lowering:
                 scope.optional.add(cond.id)
             test = lang.given_tensor(scope.tensors[cond.id])
         bc, bk = self.go(node.args[2])
-        if (ak == "tensor") != (bk == "tensor"):
+        if ak.is_tensor != bk.is_tensor:
             raise self.error(node.pos, "if_given(): both branches must be tensors or both numbers")
         return lang.choose(test, ac, bc), ak
 
@@ -272,13 +287,15 @@ class _Lowering:
         codes = []
         for param, arg in zip(params, node.args):
             code, kind = self.go(arg)
-            want = {"tensor": "tensor", "axes": "optional list[int]", "bool": "bool"}[param]
-            converted = (code if kind == want else self.lang.convert_attr(want, code, kind) if param == "axes"
+            want = PARAM_TYPES[param]
+            converted = (code if kind == want else self.lang.convert_attr(want, code, kind) if param == Param.AXES
                          else None)
             if converted is None:
                 raise self.error(arg.pos, f"{node.func}(): expected {want}, got {kind}")
             codes.append(converted)
-        return self.lang.helper(node.func, codes), HELPERS[node.func][1]
+        result = HELPERS[node.func][1]
+        assert result is not None  # (if_given, whose type is its branches', is lowered apart)
+        return self.lang.helper(node.func, codes), result
 
 
 def lower_outputs(formula: Formula, names: tuple[str, ...], scope: GraphScope, lang: CppLang = CPP) -> str:

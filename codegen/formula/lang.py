@@ -4,6 +4,7 @@ framework adapters' op table). Checking is the same walk for both (``graph.lower
 from __future__ import annotations
 
 from .. import escape
+from .kinds import NUMBER_KINDS, Kind, VType
 from .syntax import COMPARE_OPS
 
 
@@ -44,8 +45,8 @@ class CppLang:
     def string(self, value: str) -> str:
         return f"std::string({escape.cpp_str(value)})"
 
-    def num_list(self, items: list[str], kind: str) -> str:
-        if kind == "int":
+    def num_list(self, items: list[str], kind: Kind) -> str:
+        if kind == Kind.INT:
             return f"std::vector<int64_t>{{{', '.join(items)}}}"
         return f"std::vector<double>{{{', '.join(f'double({c})' for c in items)}}}"
 
@@ -62,29 +63,30 @@ class CppLang:
     def helper(self, name: str, args: list[str]) -> str:
         return f"{name}({', '.join(args)})"
 
-    def convert_attr(self, want: str, code: str, kind: str) -> str | None:
-        """Code passing a value of ``kind`` to an attr of type ``want`` ("optional T" when the
-        attr may be None), or None when the value does not fit."""
-        if want.startswith("optional "):
-            if kind == want:
-                return code
-            want = want[len("optional "):]
-        if kind == want:
+    def convert_attr(self, want: VType, code: str, got: VType) -> str | None:
+        """Code passing a value of type ``got`` to an attr of type ``want`` (optional when the attr
+        may be None), or None when the value does not fit."""
+        if got == want:
             return code
-        if want == "float" and kind in ("int", "number"):
+        if got.optional:
+            return None
+        kind, want_kind = got.kind, want.kind
+        if kind == want_kind:
+            return code
+        if want_kind == Kind.FLOAT and kind in (Kind.INT, Kind.NUMBER):
             return self.as_float(code)
-        if want == "list[int]":
-            if kind == "int":
+        if want_kind == Kind.INT_LIST:
+            if kind == Kind.INT:
                 return self.one_int_list(code)
-            if kind == "empty list":
-                return self.empty_list("int")
-        if want == "list[float]":
-            if kind == "list[int]":
+            if kind == Kind.EMPTY_LIST:
+                return self.empty_list(Kind.INT)
+        if want_kind == Kind.FLOAT_LIST:
+            if kind == Kind.INT_LIST:
                 return self.floats_of_ints(code)
-            if kind in ("int", "float", "number"):
+            if kind in NUMBER_KINDS:
                 return self.one_float_list(code)
-            if kind == "empty list":
-                return self.empty_list("float")
+            if kind == Kind.EMPTY_LIST:
+                return self.empty_list(Kind.FLOAT)
         return None
 
     def as_float(self, code: str) -> str:
@@ -93,8 +95,8 @@ class CppLang:
     def one_int_list(self, code: str) -> str:
         return f"std::vector<int64_t>{{{code}}}"
 
-    def empty_list(self, kind: str) -> str:
-        return "std::vector<int64_t>{}" if kind == "int" else "std::vector<double>{}"
+    def empty_list(self, kind: Kind) -> str:
+        return "std::vector<int64_t>{}" if kind == Kind.INT else "std::vector<double>{}"
 
     def floats_of_ints(self, code: str) -> str:
         return f"to_float_list({code})"
@@ -131,7 +133,7 @@ class PyLang(CppLang):
     def string(self, value: str) -> str:
         return escape.py_str(value)
 
-    def num_list(self, items: list[str], kind: str) -> str:
+    def num_list(self, items: list[str], kind: Kind) -> str:
         return f"[{', '.join(items)}]"
 
     def given_attr(self, code: str) -> tuple[str, str]:
@@ -152,7 +154,7 @@ class PyLang(CppLang):
     def one_int_list(self, code: str) -> str:
         return f"[{code}]"
 
-    def empty_list(self, kind: str) -> str:
+    def empty_list(self, kind: Kind) -> str:
         return "[]"
 
     def floats_of_ints(self, code: str) -> str:

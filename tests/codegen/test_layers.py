@@ -14,7 +14,7 @@ CODEGEN = Path(__file__).resolve().parents[2] / "codegen"
 LAYERS = [
     {"errors", "escape", "names"},
     {"source"},
-    {"formula.syntax"},
+    {"formula.syntax", "formula.kinds"},
     {"formula.lang", "formula.expr"},
     {"formula.graph"},
     {"model"},
