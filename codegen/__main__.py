@@ -20,6 +20,7 @@ from .errors import SpecError, SpecErrors
 from .gen import module_output_names, output_names, render_all, render_module, write_if_changed
 from .load import load_specs, spec_paths
 from .model import BUILT_BACKENDS, CppImpl, OpSpec
+from .targets import TARGETS
 
 
 def _known(module: str | None) -> list[OpSpec]:
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                 if isinstance(op.impl, CppImpl):
                     for t in BUILT_BACKENDS:
                         if op.target(t) is not None:
-                            print((root / "src" / "kernels" / t / f"{op.name}.cpp").as_posix())
+                            print((root / TARGETS[t].kernel_path(op.name)).as_posix())
         elif args.cmd == "generate" and args.module:
             known = _known(args.module)
             ops = _load(args.specs, known)

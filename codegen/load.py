@@ -19,6 +19,7 @@ from .formula.syntax import ops_in
 from .model import BUILT_BACKENDS, ImplKind, OpSpec
 from .names import RESERVED, RUNTIME_CLASSES, class_name, reserved_identifier
 from .source import LocMap, display_path, key_path, locate, read_yaml
+from .targets import TARGETS, Backend
 
 
 def _shown(value: object) -> str:
@@ -195,9 +196,9 @@ def read_spec_document(path: str | os.PathLike[str]) -> tuple[str, LocMap]:
 
 
 def kernel_file_errors(name: str, doc: LocMap, kernel_root: Path) -> list[SpecError]:
-    """A cpp op's kernel files: ``<kernel_root>/src/kernels/<target>/<op>.cpp`` for each of its
-    targets that this build compiles (read from the schema-checked document, so that they are
-    reported beside the op's other mistakes)."""
+    """A cpp op's kernel files, ``<kernel_root>/<the target's kernel_path>`` (targets.py:
+    ``src/kernels/cpu/<op>.cpp``) for each of its targets that this build compiles (read from the
+    schema-checked document, so that they are reported beside the op's other mistakes)."""
     body = doc[name]
     impl = body["impl"]
     if len(impl) != 1 or next(iter(impl)) != ImplKind.CPP:
@@ -206,7 +207,7 @@ def kernel_file_errors(name: str, doc: LocMap, kernel_root: Path) -> list[SpecEr
     for t in body.get("targets") or BUILT_BACKENDS:  # (absent: every built target)
         if t not in BUILT_BACKENDS:
             continue  # kernels for other targets are not built yet
-        kernel = kernel_root / "src" / "kernels" / t / f"{name}.cpp"
+        kernel = kernel_root / TARGETS[Backend(t)].kernel_path(name)
         if not kernel.is_file():
             errors.append(SpecError(locate(doc, [name, "impl", "cpp"]), "impl.cpp",
                                     f"missing kernel file {display_path(str(kernel))} for target {t}"))
@@ -247,7 +248,7 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
                known: Sequence[Callee] = ()) -> list[OpSpec]:
     """Load every spec, then run the cross-op checks; raises SpecErrors with all mistakes.
 
-    ``kernel_root`` is where ``src/kernels/<target>/<op>.cpp`` of cpp ops must exist (not
+    ``kernel_root`` is where the kernel files of cpp ops (targets.py) must exist (not
     checked when None); ``known`` are already-built ops that formulas may call (their specs, or
     only their signatures), whose names a spec may not take.
     """

@@ -23,6 +23,7 @@ from .formula.kinds import Kind
 from .formula.syntax import Formula, make_formula
 from .names import RESERVED, class_name, reserved_identifier
 from .source import LocMap, locate
+from .targets import BUILDS, Backend
 
 # ---------------------------------------------------------------------------- vocabularies
 # (StrEnums: each member is its spec spelling, so a member prints, hashes and compares as that text.
@@ -56,15 +57,7 @@ class Format(StrEnum):
     NHWC = "NHWC"
 
 
-class Backend(StrEnum):
-    """A target an op may register kernels for."""
-
-    CPU = "cpu"
-    CUDA = "cuda"
-    ASCEND = "ascend"
-
-
-BUILT_BACKENDS = (Backend.CPU,)  # targets whose kernels this build compiles
+BUILT_BACKENDS = BUILDS["cpu"].targets  # targets whose kernels this build compiles (targets.BUILDS)
 
 
 class AttrType(StrEnum):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import AttrType, Backend, DType, Format
+from .model import AttrType, DType, Format
+from .targets import Backend
 
 # the closed vocabularies are the model's enums, in their order (messages list them so)
 DTYPES = [str(d) for d in DType]

@@ -10,8 +10,12 @@ from .. import api, escape
 from ..api import Lowered, LoweredBprop
 from ..model import (BUILT_BACKENDS, AotImpl, Attr, AttrType, CppImpl, DType, ExprImpl, OpSpec, PyfuncImpl,
                      ShapeKind, ShapeRule)
+from ..targets import TARGETS, Backend, TargetRow
 
 _cpp_str = escape.cpp_str
+# the target whose kernels Forward calls and whose kernel file holds infer() shape rules (calls are
+# not dispatched by device yet: issue 14)
+HOST: TargetRow = TARGETS[Backend.CPU]
 
 
 # ---------------------------------------------------------------------------- pieces
@@ -148,7 +152,7 @@ def _kernel_branches(op: OpSpec) -> list[tuple[str, str, str]]:
         else:
             args = ", ".join([f"c_{i.name}" for i in inputs] + [f"v_{o.name}" for o in op.outputs] + ["attrs"])
             targs = f"<{_template_args(op, b)}>" if tvars else ""
-            body = f"kernels::cpu::{op.name}{targs}({args});"
+            body = f"{HOST.namespace}::{op.name}{targs}({args});"
         branches.append(("if" if not branches else "else if", _condition(op, b), body))
     return branches
 
@@ -245,14 +249,15 @@ def _expr_functor(op: OpSpec) -> Optional[dict[str, Any]]:
 def header_context(op: OpSpec) -> dict[str, Any]:
     """What templates/op.h.j2 places."""
     tvars = [v for v, _ in op.typevars]
-    kernel = None
-    if isinstance(op.impl, CppImpl):
+    kernels = []
+    for row in (TARGETS[t] for t in BUILT_BACKENDS if isinstance(op.impl, CppImpl) and op.target(t) is not None):
         tparams = ", ".join(f"typename {v}" for v in tvars)
-        inst = [f"template void opforge::kernels::cpu::{op.name}<{_template_args(op, b, True)}>"
+        inst = [f"template void opforge::{row.namespace}::{op.name}<{_template_args(op, b, True)}>"
                 f"({_kernel_params(op, qualified=True)});" for b in (_bindings(op) if tvars else [])]
-        kernel = {"template": f"template <{tparams}>\n" if tvars else "",
-                  "params": _kernel_params(op), "instantiations": inst or ["/* not a template */"],
-                  "macro": f"OPFORGE_INSTANTIATE_{op.name.upper()}_CPU"}
+        kernels.append({"namespace": row.namespace, "path": row.kernel_path(op.name),
+                        "template": f"template <{tparams}>\n" if tvars else "",
+                        "params": _kernel_params(op), "instantiations": inst or ["/* not a template */"],
+                        "macro": f"OPFORGE_INSTANTIATE_{op.name.upper()}_{row.macro_suffix}"})
     attr_fields = []
     for a in op.attrs:
         d = api.attr_cpp_default(a)
@@ -262,7 +267,7 @@ def header_context(op: OpSpec) -> dict[str, Any]:
         "doc_first": escape.cpp_comment(op.doc.splitlines()[0] if op.doc else op.name),
         "attr_fields": attr_fields, "ret_type": _ret_type(op), "params_decl": _params(op, with_defaults=True),
         "infer_fns": sorted({o.shape.args[0] for o in op.outputs if o.shape.kind == ShapeKind.INFER}),
-        "kernel": kernel,
+        "kernels": kernels, "infer_path": HOST.kernel_path(op.name),
     }
 
 

@@ -8,7 +8,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 from .. import api
 from ..formula.lang import PY
-from ..model import AotImpl, OpSpec
+from ..model import BUILT_BACKENDS, AotImpl, OpSpec
+from ..targets import TARGETS
 from .render import Rendered, banner, render
 
 
@@ -66,6 +67,9 @@ def render_formulas(ops: Sequence[OpSpec], sources: Sequence[str],
     """The adapters' op table for ops; their formulas may call any op of table (default: ops)."""
     if table is None:
         table = {o.name: o for o in ops}
+    targets = [f"{str(r.name)!r}: TargetDef({str(r.name)!r}, {r.device_type!r}, {r.torch_dispatch_key!r}, "
+               f"{r.mindspore_target!r}, {r.dlpack_device_type})" for r in TARGETS.values()]
     text = render("formulas.py.j2", banner=banner("#", f"{len(sources)} specs", "formulas.py.j2"),
-                  ops=[_context(op, table) for op in ops])
+                  ops=[_context(op, table) for op in ops], targets=targets,
+                  built_targets=_tuple([repr(str(t)) for t in BUILT_BACKENDS]))
     return Rendered("_formulas.py", text)

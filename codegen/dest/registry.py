@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 from .. import api, escape
 from ..model import OpSpec
+from ..targets import TARGETS
 from .render import Rendered, banner, render, shown_sources
 
 _cpp_str = escape.cpp_str
@@ -28,7 +29,7 @@ def context(op: OpSpec) -> dict[str, Any]:
         for binding, fmt in t.rows():
             vars_ = [api.dtype_enum(binding[v]) for v in tvars] + ["DType::Bool"] * (4 - len(tvars))
             rows.append(f"RowInfo{{{{{{{', '.join(vars_)}}}}}, {api.FORMAT_ENUM[fmt]}}}")
-        info_targets.append((t.name, rows))
+        info_targets.append((t.name, TARGETS[t.name].mindspore_target, rows))
     return {
         "doc": _cpp_str(api.docstring(op)),
         "impl": op.impl.kind,

@@ -17,6 +17,16 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple, Optional
 
 
+class TargetDef(NamedTuple):
+    """A row of the target table (codegen/targets.py): how frameworks name a target's device."""
+
+    name: str                 # cpu | cuda | ascend (a spec's targets key)
+    device_type: str          # Tensor.device's prefix and torch's device type
+    torch_dispatch_key: str
+    mindspore_target: str     # CPU | GPU | Ascend
+    dlpack_device_type: int
+
+
 class InputDef(NamedTuple):
     name: str
     dtype: str            # a type variable or a concrete dtype

@@ -57,6 +57,9 @@ __all__ = ["ops", "functional", "primitive", "LIBRARY", "F", "H"]
 #: The shared library holding every op's AOT entry point (libopforge.so, beside opforge._C).
 LIBRARY: str = opforge.LIBRARY
 
+# the target whose kernels ops.Custom runs here (its row of the target table, codegen/targets.py)
+_CPU = _formulas.TARGETS["cpu"]
+
 _DTYPES = {
     "bool": ms.bool_, "uint8": ms.uint8, "int8": ms.int8, "int16": ms.int16, "int32": ms.int32,
     "int64": ms.int64, "float16": ms.float16, "bfloat16": ms.bfloat16, "float32": ms.float32,
@@ -109,7 +112,7 @@ def _attr_text(atype: str, value: Any) -> str:
 
 def _rows(op: OpDef, present: Sequence[bool]) -> list[tuple[tuple[str, str], ...]]:
     """The op's dtype rows on CPU, as MindSpore DataType pairs for the present inputs and the outputs."""
-    info = next(t for t in _C.op_info(op.name) if t["target"] == "CPU")
+    info = next(t for t in _C.op_info(op.name) if t["target"] == _CPU.mindspore_target)
     keep = [k for k, p in enumerate(present) if p] + list(range(len(op.inputs), len(op.inputs) + len(op.outputs)))
     rows: list[tuple[tuple[str, str], ...]] = []
     for row in info["dtype_format"]:
@@ -134,7 +137,7 @@ def _reg_info(op: OpDef, present: Sequence[bool], attrs: Sequence[Any]) -> dict[
         reg = reg.attr(a.name, "required", "str", value=_attr_text(a.type, v))
     for row in _rows(op, present):
         reg = reg.dtype_format(*row)
-    info: dict[str, Any] = reg.target("CPU").get_op_info()
+    info: dict[str, Any] = reg.target(_CPU.mindspore_target).get_op_info()
     return info
 
 

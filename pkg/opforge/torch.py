@@ -331,7 +331,7 @@ def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: s
 
             lib.impl(op.name, decomposed, "CompositeImplicitAutograd")
             continue
-        lib.impl(op.name, _cpu_kernel(op, getattr(kernels, op.name)), "CPU")
+        lib.impl(op.name, _cpu_kernel(op, getattr(kernels, op.name)), _formulas.TARGETS["cpu"].torch_dispatch_key)
         torch.library.register_fake(f"{namespace}::{op.name}", _fake_kernel(op, getattr(metas, op.name)),
                                     lib=lib)
         # ops without a bprop (comparisons, indices) still get one: their outputs never require grad

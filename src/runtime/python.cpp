@@ -919,12 +919,6 @@ py::object metas(const std::vector<TensorMeta>& ms) {
 
 namespace {
 
-const char* ms_target(const char* t) {
-  if (std::strcmp(t, "cpu") == 0) return "CPU";
-  if (std::strcmp(t, "cuda") == 0) return "GPU";
-  return "Ascend";
-}
-
 py::list target_info(const OpInfo& op) {
   py::list out;
   for (const auto& target : op.targets) {
@@ -968,7 +962,7 @@ py::list target_info(const OpInfo& op) {
     d["outputs"] = outputs;
     d["attr"] = attrs;
     d["dtype_format"] = dtype_format;
-    d["target"] = ms_target(target.name);
+    d["target"] = target.mindspore_target;
     out.append(d);
   }
   return out;

@@ -35,6 +35,7 @@ struct RowInfo {
 
 struct TargetInfo {
   const char* name;     // cpu | cuda | ascend
+  const char* mindspore_target;  // MindSpore's name of the device: CPU | GPU | Ascend (codegen/targets.py)
   std::vector<RowInfo> rows;
 };
 

@@ -12,7 +12,7 @@ CODEGEN = Path(__file__).resolve().parents[2] / "codegen"
 
 # lowest first; a module may import modules of its own or lower layers (never higher)
 LAYERS = [
-    {"errors", "escape", "names"},
+    {"errors", "escape", "names", "targets"},
     {"source"},
     {"formula.syntax", "formula.kinds"},
     {"formula.lang", "formula.expr"},

@@ -1,0 +1,71 @@
+"""The target table (codegen/targets.py) is the one place targets differ: the build's labels and
+availability (tools/version.py, which meson.build runs), kernel paths and namespaces in generated
+code, the registration rows' MindSpore names and the op table's TARGETS all come from it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from codegen import load_specs
+from codegen.gen import render_all
+from codegen.targets import BUILDS, TARGETS, Backend
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CPP_OP = """\
+twice:
+  doc: Twice x (a cpp kernel).
+  inputs:
+    x: {dtype: T, differentiable: false}
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float32]
+  targets:
+    cpu: {}
+    cuda: {}
+  impl:
+    cpp: {}
+"""
+
+
+def test_every_target_key_has_a_row() -> None:
+    assert set(TARGETS) == set(Backend) and all(TARGETS[b].name == b for b in Backend)
+    assert {t for build in BUILDS.values() for t in build.targets} <= set(TARGETS)
+
+
+def test_version_script_reads_the_builds() -> None:
+    for name, build in BUILDS.items():
+        r = subprocess.run([sys.executable, str(ROOT / "tools" / "version.py"), "--build", name],
+                           capture_output=True, text=True, check=True)
+        assert r.stdout.split() == [build.wheel_label, "available" if build.available else "unavailable"]
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "version.py"), "--build", "tpu"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "unknown backend 'tpu'; one of: cpu, cuda" in r.stderr
+
+
+def test_generated_code_takes_paths_namespaces_and_names_from_the_table(tmp_path: Path) -> None:
+    cpu = TARGETS[Backend.CPU]
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "twice.yaml").write_text(textwrap.dedent(CPP_OP))
+    kernel = tmp_path / cpu.kernel_path("twice")
+    kernel.parent.mkdir(parents=True)
+    kernel.write_text("")
+    ops = load_specs([tmp_path / "specs"], kernel_root=tmp_path)
+    out = {r.name: r.text for r in render_all(ops, {"twice": "specs/twice.yaml"})}
+    assert f"namespace {cpu.namespace} {{" in out["twice.h"] and f"Implement in {cpu.kernel_path('twice')}." in out["twice.h"]
+    assert f"OPFORGE_INSTANTIATE_TWICE_{cpu.macro_suffix}" in out["twice.h"]
+    assert f"{cpu.namespace}::twice<float>" in out["twice.cpp"]
+    # registration rows name each target as MindSpore does (op_info's "target")
+    for b in (Backend.CPU, Backend.CUDA):
+        assert f'TargetInfo{{"{b}", "{TARGETS[b].mindspore_target}", {{' in out["twice.cpp"]
+    # the op table carries the table for the Python package and its adapters
+    ns: dict = {}
+    exec(compile(out["_formulas.py"], "_formulas.py", "exec"), ns)
+    assert {k: tuple(v) for k, v in ns["TARGETS"].items()} == {
+        str(b): (str(b), r.device_type, r.torch_dispatch_key, r.mindspore_target, r.dlpack_device_type)
+        for b, r in TARGETS.items()}
+    assert ns["BUILT_TARGETS"] == tuple(str(t) for t in BUILDS["cpu"].targets)
