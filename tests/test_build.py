@@ -24,8 +24,12 @@ def test_wheel_name_says_its_backend(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(tmp_path / wheels[0]).namelist())
     package = {f"opforge/{p.name.removesuffix('.in')}" for p in (ROOT / "pkg" / "opforge").iterdir()}
     generated = {"opforge/ops.pyi", "opforge/_formulas.py", "opforge/libopforge.so", "opforge/_build_info.py"}
-    # what op modules compile against: the runtime's headers and every op's generated header
+    # what op modules compile against: the runtime's and the AOT face's headers, the pyfunc kernel's
+    # declaration and every op's generated header (not the Python face's pybind11 header)
     generated |= {f"opforge/include/runtime/{p.name}" for p in (ROOT / "src" / "runtime").glob("*.h")}
+    generated |= {f"opforge/include/aot/{p.name}" for p in (ROOT / "src" / "aot").glob("*.h")}
+    generated |= {"opforge/include/python/pyfunc.h"}
+    assert "opforge/include/python/python.h" not in names
     generated |= {f"opforge/include/ops/{p.stem}.h" for p in (ROOT / "op_specs").glob("*.yaml")}
     generated |= {f"opforge/codegen/templates/{p.name}" for p in (ROOT / "codegen" / "templates").iterdir()}
     generated |= {f"opforge/codegen/{p.relative_to(ROOT / 'codegen').as_posix()}"

@@ -35,6 +35,8 @@ ln -s "$root/codegen" "$pkg/codegen"
 ln -s "$root/op_specs" "$pkg/op_specs"
 mkdir -p "$pkg/include"
 ln -s "$root/src/runtime" "$pkg/include/runtime"
+ln -s "$root/src/aot" "$pkg/include/aot"
+ln -s "$root/src/python" "$pkg/include/python"
 ln -s "$build/op_specs" "$pkg/include/ops"
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
 

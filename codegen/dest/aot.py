@@ -1,4 +1,4 @@
-"""The op's AOT entry points (MindSpore's AOT C ABI, runtime/aot.h): one exported symbol per combination
+"""The op's AOT entry points (MindSpore's AOT C ABI, aot/aot.h): one exported symbol per combination
 of present optional inputs, each running the op on the host's buffers (MindSpore's
 ``ops.Custom(func_type="aot")`` calls them)."""
 

@@ -280,7 +280,7 @@ def context(op: OpSpec, lowered: Lowered) -> dict[str, Any]:
     return {
         "name": op.name, "cls": cls,
         "includes": sorted(f"{o}.h" for o in lowered.used_ops if o != op.name),
-        "pyfunc": isinstance(op.impl, PyfuncImpl),  # (its kernel is runtime/pyfunc.h's call)
+        "pyfunc": isinstance(op.impl, PyfuncImpl),  # (its kernel is python/pyfunc.h's call)
         "expr": _expr_functor(op),
         "attr_params": ", ".join(f"{api.attr_cpp_type(a)} v_{a.name}" for a in op.attrs),
         "attr_assign": [f"attrs.{a.name} = v_{a.name};" for a in op.attrs],

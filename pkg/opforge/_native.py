@@ -90,7 +90,7 @@ def extension_suffix() -> str:
 
 #: The precompiled header of op module TUs: what every generated op TU includes.
 PCH_TEXT = """// Precompiled header of op modules built against opforge (see opforge/_native.py).
-#include "runtime/aot.h"
+#include "aot/aot.h"
 #include "runtime/binding.h"
 #include "runtime/runtime.h"
 """

@@ -1,7 +1,7 @@
 """opforge ops as MindSpore primitives, in PyNative and Graph mode, with MindSpore's autograd.
 
 Every op of the package is an ``ops.Custom(func_type="aot")`` primitive calling the op's AOT
-entry point in this wheel's shared library (MindSpore's AOT C ABI, see ``runtime/aot.h``), with the
+entry point in this wheel's shared library (MindSpore's AOT C ABI, see ``aot/aot.h``), with the
 ``CustomRegOp`` registration built from the op's registration table and a ``bprop`` built from
 the spec's gradient formulas over these same primitives. Nothing is written per op::
 
@@ -98,7 +98,7 @@ def _dtype_name(op: OpDef, arg: str, d: Any) -> str:
 
 
 def _attr_text(atype: str, value: Any) -> str:
-    """An attr's value as the text the AOT entry point parses (runtime/aot.h)."""
+    """An attr's value as the text the AOT entry point parses (aot/aot.h)."""
     if value is None:
         return "None"
     if atype.startswith("list["):

@@ -1,6 +1,6 @@
 // An op's entry points as the Python face calls them, declared without Python or pybind11: a
 // generated op translation unit exports one OpEntry (plain data and two functions), and
-// python.cpp, the only pybind11 code, binds Python arguments to it by the OpInfo's parameters.
+// python/python.cpp, the only pybind11 code, binds Python arguments to it by the OpInfo's parameters.
 // Keeping pybind11 out of generated code is what makes an op module compile in about a second.
 #pragma once
 

@@ -2,6 +2,6 @@
 // kernel includes (parsed once instead of once per op). The Python face (python.cpp, module.cpp)
 // includes pybind11 itself; generated code never does.
 
-#include "runtime/aot.h"
+#include "aot/aot.h"
 #include "runtime/binding.h"
 #include "runtime/runtime.h"

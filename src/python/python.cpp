@@ -1,7 +1,7 @@
 // Python side of the runtime: the Tensor class, NumPy/DLPack exchange, input and attr
 // conversion, autograd entry points, op_info, C++ -> Python exception mapping, and the kernel of
-// pyfunc ops (runtime/pyfunc.h).
-#include "runtime/python.h"
+// pyfunc ops (python/pyfunc.h).
+#include "python/python.h"
 
 #include <pybind11/numpy.h>
 
@@ -16,11 +16,11 @@
 #include <sstream>
 #include <string_view>
 
-#include "runtime/aot.h"
+#include "aot/aot.h"
 #include "runtime/autograd.h"
-#include "runtime/dlpack.h"
+#include "python/dlpack.h"
 #include "runtime/functional.h"
-#include "runtime/pyfunc.h"
+#include "python/pyfunc.h"
 
 namespace opforge::python {
 

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "runtime/python.h"
+#include "python/python.h"
 
 namespace opforge {
 std::vector<binding::RegisterOp> all_ops();  // generated: ops_registry.cpp

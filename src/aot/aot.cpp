@@ -1,6 +1,6 @@
 // AOT entry points (MindSpore's AOT C ABI) both ways: the host's buffers as opforge tensors for the
 // generated entry points, and calls into external kernels for ops of impl kind `aot`.
-#include "runtime/aot.h"
+#include "aot/aot.h"
 
 #include <dlfcn.h>
 #ifdef _OPENMP
