@@ -9,7 +9,7 @@ from typing import Any, Mapping, Optional, Sequence
 from .. import api
 from ..formula.lang import PY
 from ..model import BUILT_BACKENDS, AotImpl, OpSpec
-from ..targets import TARGETS
+from ..targets import BUILDS, TARGETS
 from .render import Rendered, banner, render
 
 
@@ -71,5 +71,7 @@ def render_formulas(ops: Sequence[OpSpec], sources: Sequence[str],
                f"{r.mindspore_target!r}, {r.dlpack_device_type})" for r in TARGETS.values()]
     text = render("formulas.py.j2", banner=banner("#", f"{len(sources)} specs", "formulas.py.j2"),
                   ops=[_context(op, table) for op in ops], targets=targets,
+                  builds=[f"{b.backend!r}: BuildDef({b.backend!r}, {b.wheel_label!r}, "
+                          f"{tuple(str(t) for t in b.targets)!r}, {b.available})" for b in BUILDS.values()],
                   built_targets=_tuple([repr(str(t)) for t in BUILT_BACKENDS]))
     return Rendered("_formulas.py", text)

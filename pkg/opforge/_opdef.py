@@ -27,6 +27,15 @@ class TargetDef(NamedTuple):
     dlpack_device_type: int
 
 
+class BuildDef(NamedTuple):
+    """A wheel backend of the target table: its label, the targets it compiles, whether it exists yet."""
+
+    backend: str              # cpu | cuda (meson's ops_backend, opforge build --backend)
+    wheel_label: str          # opforge-<version>+<label>
+    targets: tuple[str, ...]
+    available: bool
+
+
 class InputDef(NamedTuple):
     name: str
     dtype: str            # a type variable or a concrete dtype

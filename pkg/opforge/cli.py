@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from opforge import _formulas
 from opforge._scaffold import KINDS
 
 
@@ -87,8 +88,10 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _backend(name: str) -> None:
-    if name == "cuda":
-        raise _Usage("backend cuda is not available yet (the CUDA backend has its own issue); use --backend cpu")
+    """Usage error unless this project can build the wheel backend `name` (the target table's BUILDS)."""
+    if not _formulas.BUILDS[name].available:
+        usable = ", ".join(b for b, build in _formulas.BUILDS.items() if build.available)
+        raise _Usage(f"backend {name} is not available yet (the CUDA backend has its own issue); use --backend {usable}")
 
 
 def _gen(args: argparse.Namespace) -> int:
@@ -252,7 +255,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        description="Generate the C++ sources, registry, stubs and op table of a spec directory "
                                    "(files are rewritten only when their text changes).")
     p.add_argument("--specs", type=Path, required=True, help="spec directory")
-    p.add_argument("--backend", choices=["cpu", "cuda"], default="cpu", help="backend to generate for")
+    p.add_argument("--backend", choices=list(_formulas.BUILDS), default="cpu", help="backend to generate for")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--kernel-root", type=Path, default=None,
                    help="project root holding src/kernels/<target>/<op>.cpp (checked when given)")
@@ -272,7 +275,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                    "without build isolation), showing the compiler's progress.")
     p.add_argument("--specs", type=Path, default=Path("op_specs"), help="the project's spec directory (default: "
                    "./op_specs)")
-    p.add_argument("--backend", choices=["cpu", "cuda"], required=True, help="backend to build for")
+    p.add_argument("--backend", choices=list(_formulas.BUILDS), required=True, help="backend to build for")
     p.add_argument("--out", type=Path, default=None, help="where the wheel goes (default: <project>/dist)")
     p.set_defaults(func=_build)
 
@@ -289,7 +292,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        description="Print the include paths, compile flags or link flags that an op module "
                                    "needs, one per line (prefixed by its kind when several are asked for), "
                                    "after checking the compiler against opforge's own build.")
-    p.add_argument("--backend", choices=["cpu", "cuda"], default="cpu", help="backend to build for")
+    p.add_argument("--backend", choices=list(_formulas.BUILDS), default="cpu", help="backend to build for")
     p.add_argument("--includes", action="store_true", help="-I paths")
     p.add_argument("--cflags", action="store_true", help="compile flags (with the -I paths)")
     p.add_argument("--ldflags", action="store_true", help="link flags")

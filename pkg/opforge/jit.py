@@ -55,7 +55,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar, Union
 
-from opforge import _build_info, _native
+from opforge import _build_info, _formulas, _native
 from opforge._native import BuildError
 
 __all__ = ["load", "BuildError", "default_cache_dir"]
@@ -100,8 +100,8 @@ def load(name: str, specs: Sequence[PathLike], sources: Sequence[PathLike] = (),
     start = time.perf_counter()
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise ValueError(f"[load] name must be a Python identifier (the module's name), got {name!r}")
-    if backend not in ("cpu", "cuda"):
-        raise ValueError(f"[load] unknown backend {backend!r}; one of: cpu, cuda")
+    if backend not in _formulas.BUILDS:
+        raise ValueError(f"[load] unknown backend {backend!r}; one of: {', '.join(_formulas.BUILDS)}")
     if backend != _build_info.BACKEND:
         raise ValueError(f"[load] backend {backend!r} is not available: this opforge was built for "
                          f"{_build_info.BACKEND!r} (its ops run there)")
@@ -428,7 +428,6 @@ def _shared_root(root: Path) -> Path:
 def _opforge_signatures() -> list[Any]:
     """The signatures of opforge's own ops (formulas may call them, specs may not take their
     names), from its generated op table: no YAML is parsed."""
-    from opforge import _formulas
     from opforge.codegen.api import record_signature
 
     return [record_signature(op) for op in _formulas.OPS.values()]

@@ -68,4 +68,6 @@ def test_generated_code_takes_paths_namespaces_and_names_from_the_table(tmp_path
     assert {k: tuple(v) for k, v in ns["TARGETS"].items()} == {
         str(b): (str(b), r.device_type, r.torch_dispatch_key, r.mindspore_target, r.dlpack_device_type)
         for b, r in TARGETS.items()}
+    assert {k: tuple(v) for k, v in ns["BUILDS"].items()} == {
+        name: (b.backend, b.wheel_label, tuple(str(t) for t in b.targets), b.available) for name, b in BUILDS.items()}
     assert ns["BUILT_TARGETS"] == tuple(str(t) for t in BUILDS["cpu"].targets)
