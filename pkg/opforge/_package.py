@@ -9,7 +9,7 @@ import keyword
 import re
 from pathlib import Path
 
-from opforge import _build_info
+from opforge import _build_info, _formulas
 from opforge._scaffold import ScaffoldError, new_op
 
 NAME = re.compile(r"[a-z_][a-z0-9_]*\Z")
@@ -126,7 +126,7 @@ py.install_sources('src/{name}/__init__.py', 'src/{name}/ops.py', subdir: '{name
 """
 
 _OPTIONS = """\
-option('ops_backend', type: 'combo', choices: ['cpu', 'cuda'], value: '{backend}',
+option('ops_backend', type: 'combo', choices: [{backends}], value: '{backend}',
        description: 'the backend of the installed opforge (its ops run there)')
 """
 
@@ -224,7 +224,8 @@ def init_package(directory: Path, name: str) -> list[Path]:
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise ScaffoldError(f"{directory} exists and is not an empty directory; nothing written")
     op = f"{name}_half_square"
-    fields = {"name": name, "op": op, "version": _build_info.VERSION, "backend": _build_info.BACKEND}
+    fields = {"name": name, "op": op, "version": _build_info.VERSION, "backend": _build_info.BACKEND,
+              "backends": ", ".join(f"'{b}'" for b in _formulas.BUILDS)}  # (the target table's wheel backends)
     files = {
         "pyproject.toml": _PYPROJECT, "meson.build": _MESON, "meson.options": _OPTIONS, "README.md": _README,
         f"src/{name}/__init__.py": _INIT, f"src/{name}/ops.py": _OPS, "tests/test_ops.py": _TEST,
