@@ -899,12 +899,6 @@ std::vector<double> attr_float_list(const char* op, const char* name, py::handle
 
 py::object wrap(TensorPtr t) { return py::cast(std::move(t)); }
 
-py::object wrap(const TensorList& ts) {
-  py::tuple out(ts.size());
-  for (size_t i = 0; i < ts.size(); ++i) out[i] = py::cast(ts[i]);
-  return std::move(out);
-}
-
 py::object metas(const std::vector<TensorMeta>& ms) {
   py::list out(ms.size());
   for (size_t i = 0; i < ms.size(); ++i) {

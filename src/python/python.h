@@ -71,7 +71,6 @@ OPFORGE_PY_API std::vector<int64_t> attr_int_list(const char* op, const char* na
 OPFORGE_PY_API std::vector<double> attr_float_list(const char* op, const char* name, py::handle v);
 
 OPFORGE_PY_API py::object wrap(TensorPtr t);
-OPFORGE_PY_API py::object wrap(const TensorList& ts);
 // [(shape tuple, dtype name), ...]: what opforge._C._meta.<op> returns.
 OPFORGE_PY_API py::object metas(const std::vector<TensorMeta>& ms);
 
