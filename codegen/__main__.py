@@ -4,6 +4,9 @@
     python -m codegen kernels --specs DIR            # hand-written kernel sources, one per line
     python -m codegen generate --specs DIR --out DIR # write generated sources (if changed)
 
+--backend NAME (outputs, kernels, generate; default cpu): the wheel backend of the target table
+(codegen/targets.py BUILDS) whose targets' kernels are compiled.
+
 With --module NAME [--qualname PKG.NAME] (outputs, generate): an op module built against an
 installed opforge (a package made by `opforge init`): its ops' files, NAME.module.cpp and ops.pyi;
 formulas may call opforge's own ops, whose names it may not reuse.
@@ -19,8 +22,8 @@ from pathlib import Path
 from .errors import SpecError, SpecErrors
 from .gen import module_output_names, output_names, render_all, render_module, write_if_changed
 from .load import load_specs, spec_paths
-from .model import BUILT_BACKENDS, CppImpl, OpSpec
-from .targets import TARGETS
+from .model import CppImpl, OpSpec
+from .targets import BUILDS, TARGETS, Build
 
 
 def _known(module: str | None) -> list[OpSpec]:
@@ -28,8 +31,8 @@ def _known(module: str | None) -> list[OpSpec]:
     return load_specs([Path(__file__).resolve().parent.parent / "op_specs"]) if module else []
 
 
-def _load(specs: Path, known: list[OpSpec] | None = None) -> list[OpSpec]:
-    return load_specs([specs], kernel_root=specs.resolve().parent, known=known or ())
+def _load(specs: Path, build: Build, known: list[OpSpec] | None = None) -> list[OpSpec]:
+    return load_specs([specs], kernel_root=specs.resolve().parent, known=known or (), build=build)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--out", type=Path, required=True)
         p.add_argument("--module", default=None)
         p.add_argument("--qualname", default="")
+        p.add_argument("--backend", choices=list(BUILDS), default="cpu")
     p = sub.add_parser("check")
     p.add_argument("paths", nargs="+", type=Path)
     args = parser.parse_args(argv)
@@ -53,23 +57,26 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(output_names([p.stem for p in spec_paths([args.specs])])))
         elif args.cmd == "kernels":
             root = args.specs.resolve().parent
-            for op in _load(args.specs, _known(args.module)):
+            build = BUILDS[args.backend]
+            for op in _load(args.specs, build, _known(args.module)):
                 if isinstance(op.impl, CppImpl):
-                    for t in BUILT_BACKENDS:
+                    for t in build.targets:
                         if op.target(t) is not None:
                             print((root / TARGETS[t].kernel_path(op.name)).as_posix())
         elif args.cmd == "generate" and args.module:
             known = _known(args.module)
-            ops = _load(args.specs, known)
+            build = BUILDS[args.backend]
+            ops = _load(args.specs, build, known)
             args.out.mkdir(parents=True, exist_ok=True)
             sources = {op.name: f"{args.specs.resolve().name}/{op.name}.yaml" for op in ops}
-            for r in render_module(ops, sources, args.module, known, args.qualname):
+            for r in render_module(ops, sources, args.module, known, args.qualname, build=build):
                 write_if_changed(args.out / r.name, r.text)
         elif args.cmd == "generate":
-            ops = _load(args.specs)
+            build = BUILDS[args.backend]
+            ops = _load(args.specs, build)
             args.out.mkdir(parents=True, exist_ok=True)
             sources = {op.name: f"{args.specs.resolve().name}/{op.name}.yaml" for op in ops}
-            for r in render_all(ops, sources):
+            for r in render_all(ops, sources, build):
                 write_if_changed(args.out / r.name, r.text)
         else:
             load_specs(args.paths)

@@ -15,6 +15,7 @@ from .dest.registry import render_registry
 from .dest.render import Rendered, banner, render
 from .dest.stub import render_stub
 from .model import OpSpec
+from .targets import BUILDS, Build
 
 __all__ = ["Rendered", "render_op", "render_registry", "render_stub", "render_formulas", "render_all",
            "render_module", "write_if_changed", "output_names", "module_output_names"]
@@ -34,34 +35,35 @@ def write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
-def render_op(op: OpSpec, table: Mapping[str, api.Callee], spec_source: str,
+def render_op(op: OpSpec, table: Mapping[str, api.Callee], spec_source: str, build: Build = BUILDS["cpu"],
               aot_entry_points: bool = True) -> list[Rendered]:
-    """The op's header and TU; its formulas may call the ops of table. ``aot_entry_points``: with
-    the exported C ABI entry points (MindSpore's ``ops.Custom(func_type="aot")`` calls them)."""
+    """The op's header and TU in ``build``; its formulas may call the ops of table.
+    ``aot_entry_points``: with the exported C ABI entry points (MindSpore's
+    ``ops.Custom(func_type="aot")`` calls them)."""
     lowered = api.lower_formulas(op, table)
-    header = function.header_context(op)
+    header = function.header_context(op, build)
     tu = {**registry.context(op), **function.context(op, lowered), **binding.context(op),
           **aot.context(op, aot_entry_points)}
     return [Rendered(op.name + ".h", render("op.h.j2", banner=banner("//", spec_source, "op.h.j2"), **header)),
             Rendered(op.name + ".cpp", render("op.cpp.j2", banner=banner("//", spec_source, "op.cpp.j2"), **tu))]
 
 
-def render_all(ops: Sequence[OpSpec], sources: Mapping[str, str]) -> list[Rendered]:
-    """Every generated file for ops; `sources` maps op name -> spec path shown in banners."""
+def render_all(ops: Sequence[OpSpec], sources: Mapping[str, str], build: Build = BUILDS["cpu"]) -> list[Rendered]:
+    """Every generated file for ops in ``build``; `sources` maps op name -> spec path shown in banners."""
     table: dict[str, api.Callee] = {o.name: o for o in ops}
     out: list[Rendered] = []
     for op in ops:
-        out.extend(render_op(op, table, sources[op.name]))
+        out.extend(render_op(op, table, sources[op.name], build))
     names = [sources[o.name] for o in ops]
     out.append(render_registry(ops, names))
     out.append(render_stub(ops, names))
-    out.append(render_formulas(ops, names))
+    out.append(render_formulas(ops, names, build=build))
     return out
 
 
 def render_module(ops: Sequence[OpSpec], sources: Mapping[str, str], module: str,
                   known: Sequence[api.Callee] = (), qualname: str = "",
-                  aot_entry_points: bool = True) -> list[Rendered]:
+                  aot_entry_points: bool = True, build: Build = BUILDS["cpu"]) -> list[Rendered]:
     """Every generated file of an op module built against an installed opforge (``opforge.load``,
     ``opforge init`` packages): per-op header/TU, ``<module>.module.cpp`` (its PyInit), ``ops.pyi`` and
     ``_formulas.py`` (its op table, which ``opforge.torch.register_module`` reads). Formulas may
@@ -70,11 +72,11 @@ def render_module(ops: Sequence[OpSpec], sources: Mapping[str, str], module: str
     table.update({o.name: o for o in ops})
     out: list[Rendered] = []
     for op in ops:
-        out.extend(render_op(op, table, sources[op.name], aot_entry_points))
+        out.extend(render_op(op, table, sources[op.name], build, aot_entry_points))
     names = [sources[o.name] for o in ops]
     out.append(render_module_init(ops, names, module, qualname))
     out.append(render_stub(ops, names, qualname or module))
-    out.append(render_formulas(ops, names, table))  # for framework adapters (opforge.torch)
+    out.append(render_formulas(ops, names, table, build))  # for framework adapters (opforge.torch)
     return out
 
 

@@ -16,10 +16,10 @@ from .api import Callee, lower_formulas
 from .errors import Loc, SpecError, SpecErrors, did_you_mean
 from .formula.graph import HELPERS
 from .formula.syntax import ops_in
-from .model import BUILT_BACKENDS, ImplKind, OpSpec
+from .model import ImplKind, OpSpec
 from .names import RESERVED, RUNTIME_CLASSES, class_name, reserved_identifier
 from .source import LocMap, display_path, key_path, locate, read_yaml
-from .targets import TARGETS, Backend
+from .targets import BUILDS, HOST, TARGETS, Backend, Build
 
 
 def _shown(value: object) -> str:
@@ -195,18 +195,19 @@ def read_spec_document(path: str | os.PathLike[str]) -> tuple[str, LocMap]:
     return name, doc
 
 
-def kernel_file_errors(name: str, doc: LocMap, kernel_root: Path) -> list[SpecError]:
+def kernel_file_errors(name: str, doc: LocMap, kernel_root: Path, build: Build = BUILDS["cpu"]) -> list[SpecError]:
     """A cpp op's kernel files, ``<kernel_root>/<the target's kernel_path>`` (targets.py:
-    ``src/kernels/cpu/<op>.cpp``) for each of its targets that this build compiles (read from the
-    schema-checked document, so that they are reported beside the op's other mistakes)."""
+    ``src/kernels/cpu/<op>.cpp``, ``src/kernels/cuda/<op>.cu``) for each of its targets that
+    ``build`` compiles (read from the schema-checked document, so that they are reported beside the
+    op's other mistakes)."""
     body = doc[name]
     impl = body["impl"]
     if len(impl) != 1 or next(iter(impl)) != ImplKind.CPP:
         return []
     errors = []
-    for t in body.get("targets") or BUILT_BACKENDS:  # (absent: every built target)
-        if t not in BUILT_BACKENDS:
-            continue  # kernels for other targets are not built yet
+    for t in body.get("targets") or [HOST]:  # (absent: the host target)
+        if t not in build.targets:
+            continue  # registration rows only: this build has no kernels for that target
         kernel = kernel_root / TARGETS[Backend(t)].kernel_path(name)
         if not kernel.is_file():
             errors.append(SpecError(locate(doc, [name, "impl", "cpp"]), "impl.cpp",
@@ -214,9 +215,9 @@ def kernel_file_errors(name: str, doc: LocMap, kernel_root: Path) -> list[SpecEr
     return errors
 
 
-def build_op(name: str, doc: LocMap, kernel_root: Optional[Path] = None) -> OpSpec:
-    """The model of one read spec, its kernel files checked when kernel_root is given."""
-    errors = kernel_file_errors(name, doc, kernel_root) if kernel_root is not None else []
+def build_op(name: str, doc: LocMap, kernel_root: Optional[Path] = None, build: Build = BUILDS["cpu"]) -> OpSpec:
+    """The model of one read spec, its kernel files for ``build`` checked when kernel_root is given."""
+    errors = kernel_file_errors(name, doc, kernel_root, build) if kernel_root is not None else []
     try:
         op = OpSpec.from_yaml(name, doc)
     except SpecErrors as exc:
@@ -245,11 +246,11 @@ def spec_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
 
 
 def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Path] = None,
-               known: Sequence[Callee] = ()) -> list[OpSpec]:
+               known: Sequence[Callee] = (), build: Build = BUILDS["cpu"]) -> list[OpSpec]:
     """Load every spec, then run the cross-op checks; raises SpecErrors with all mistakes.
 
-    ``kernel_root`` is where the kernel files of cpp ops (targets.py) must exist (not
-    checked when None); ``known`` are already-built ops that formulas may call (their specs, or
+    ``kernel_root`` is where the kernel files of cpp ops (targets.py) for the targets ``build``
+    compiles must exist (not checked when None); ``known`` are already-built ops that formulas may call (their specs, or
     only their signatures), whose names a spec may not take.
     """
     errors: list[SpecError] = []
@@ -267,7 +268,7 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
     classes: dict[str, OpSpec] = {}
     for name, doc in docs:
         try:
-            op = build_op(name, doc, Path(kernel_root) if kernel_root is not None else None)
+            op = build_op(name, doc, Path(kernel_root) if kernel_root is not None else None, build)
         except (SpecError, SpecErrors) as exc:
             errors.extend(exc.errors if isinstance(exc, SpecErrors) else [exc])
             broken.add(name)

@@ -23,7 +23,7 @@ from .formula.kinds import Kind
 from .formula.syntax import Formula, make_formula
 from .names import RESERVED, class_name, reserved_identifier
 from .source import LocMap, locate
-from .targets import BUILDS, Backend
+from .targets import HOST, Backend
 
 # ---------------------------------------------------------------------------- vocabularies
 # (StrEnums: each member is its spec spelling, so a member prints, hashes and compares as that text.
@@ -55,9 +55,6 @@ class Format(StrEnum):
     DEFAULT = "DefaultFormat"
     NCHW = "NCHW"
     NHWC = "NHWC"
-
-
-BUILT_BACKENDS = BUILDS["cpu"].targets  # targets whose kernels this build compiles (targets.BUILDS)
 
 
 class AttrType(StrEnum):
@@ -637,10 +634,10 @@ class _Builder:
         return ShapeRule(kind, args, text)
 
     def targets(self, declared: dict[str, tuple[DType, ...]]) -> tuple[Target, ...]:
-        """The registration rows per target; without a `targets` key, every built target with every
-        declared dtype and format (the same rows as `targets: {<built target>: {}}`)."""
+        """The registration rows per target; without a `targets` key, the host target (cpu) with
+        every declared dtype and format (the same rows as `targets: {cpu: {}}`, whatever the build)."""
         given = self.body.get("targets")
-        spec = dict(given) if given is not None else {str(b): None for b in BUILT_BACKENDS}
+        spec = dict(given) if given is not None else {str(HOST): None}
         out = []
         for tname, tspec in spec.items():
             tspec = tspec or {}

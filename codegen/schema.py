@@ -104,7 +104,7 @@ OP: dict[str, Any] = {
     "dtypes": {"type": "dict", "keysrules": TYPEVAR,
                "valuesrules": {"type": "list", "empty": False,
                                "schema": {"type": "string", "allowed": DTYPES}}},
-    "targets": {"type": "dict", "empty": False,  # absent: every built target (model.BUILT_BACKENDS)
+    "targets": {"type": "dict", "empty": False,  # absent: the host target (targets.HOST)
                 "keysrules": {"type": "string", "allowed": TARGETS},
                 "valuesrules": {"type": "dict", "nullable": True, "schema": TARGET}},
     "impl": {"type": "dict", "required": True, "schema": IMPL},

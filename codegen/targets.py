@@ -52,17 +52,32 @@ TARGETS: Mapping[Backend, TargetRow] = {
 }
 
 
+# The target every build compiles, and the rows of a spec without ``targets``.
+HOST = Backend.CPU
+
+
 @dataclass(frozen=True)
 class Build:
-    """What a wheel of one backend (meson's ``ops_backend``) compiles."""
+    """What a wheel of one backend (meson's ``ops_backend``) compiles, and what it needs from PyPI."""
 
     backend: str
     wheel_label: str                 # the local version label: opforge-0.1.0+<label>
-    targets: tuple[Backend, ...]     # targets whose kernels it contains
+    targets: tuple[Backend, ...]     # targets whose kernels it contains (HOST first)
     available: bool                  # this project can build it today
+    build_requires: tuple[str, ...] = ()    # added to the wheel build's requirements (tools/opforge_build.py)
+    runtime_requires: tuple[str, ...] = ()  # added to the wheel's Requires-Dist
+    runtime_libs: tuple[str, ...] = ()      # "package:path" of the shared libraries of those packages
+                                            # that the extension links (opforge/__init__.py preloads
+                                            # them from the package's folders, as torch does)
 
 
+# The CUDA 13.0 toolkit as NVIDIA publishes it on PyPI (all install into site-packages/nvidia/cu13/):
+# the meta package pins each component to 13.0.2's, the way torch's cu130 wheels depend on it.
+# The runtime is pinned to the CUDA major only, so torch's exact pin satisfies it.
 BUILDS: Mapping[str, Build] = {
     "cpu": Build("cpu", "cpu", (Backend.CPU,), True),
-    "cuda": Build("cuda", "cu130", (Backend.CPU, Backend.CUDA), False),  # (issue 14: in progress)
+    "cuda": Build("cuda", "cu130", (Backend.CPU, Backend.CUDA), True,
+                  build_requires=("cuda-toolkit[nvcc,crt,nvvm,cudart,cccl]==13.0.2",),
+                  runtime_requires=("nvidia-cuda-runtime~=13.0",),
+                  runtime_libs=("nvidia.cu13:lib/libcudart.so.13",)),
 }

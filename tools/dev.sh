@@ -6,21 +6,33 @@
 #   tools/dev.sh python [ARGS]   build, then run python against the build
 #
 # Needs meson, ninja, pybind11, jinja2, cerberus, pyyaml and numpy in the current Python.
-# OPFORGE_BUILD_DIR picks the build directory (default: ./build).
+# OPFORGE_BUILD_DIR picks the build directory (default: ./build), OPFORGE_BACKEND the wheel backend
+# (cpu, or cuda: nvcc 13 found by pkg/opforge/_cuda_toolkit.py), OPFORGE_MESON_ARGS extra setup
+# arguments (-Dops_cuda_arch=9.0).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${OPFORGE_BUILD_DIR:-$root/build}
+backend=${OPFORGE_BACKEND:-cpu}
 cmd=${1:-build}
 shift || true
 
-# meson learns the list of specs (and kernels) at configure time: reconfigure when it changes
-specs=$(cd "$root" && ls op_specs/*.yaml src/kernels/*/*.cpp 2>/dev/null | sort)
-if [ ! -f "$build/build.ninja" ]; then
-  meson setup "$build" "$root" -Dops_backend=cpu >/dev/null
-elif [ "$specs" != "$(cat "$build/.opforge-sources" 2>/dev/null)" ]; then
-  meson setup --reconfigure "$build" "$root" -Dops_backend=cpu >/dev/null
+mkdir -p "$build"
+setup_args=(-Dops_backend="$backend")
+if [ "$backend" = cuda ]; then
+  python3 "$root/pkg/opforge/_cuda_toolkit.py" --native-file "$build/.opforge-native.ini"
+  setup_args+=(--native-file "$build/.opforge-native.ini")
 fi
-echo "$specs" > "$build/.opforge-sources"
+# shellcheck disable=SC2206
+setup_args+=(${OPFORGE_MESON_ARGS:-})
+
+# meson learns the list of specs (and kernels) at configure time: reconfigure when it changes
+specs=$(cd "$root" && { ls op_specs/*.yaml src/kernels/*/*.cpp src/kernels/*/*.cu 2>/dev/null || true; } | sort)
+if [ ! -f "$build/build.ninja" ]; then
+  meson setup "$build" "$root" "${setup_args[@]}" >"$build/.opforge-setup.log" || { cat "$build/.opforge-setup.log"; exit 1; }
+elif [ "$specs $backend" != "$(cat "$build/.opforge-sources" 2>/dev/null)" ]; then
+  meson setup --reconfigure "$build" "$root" "${setup_args[@]}" >"$build/.opforge-setup.log" || { cat "$build/.opforge-setup.log"; exit 1; }
+fi
+echo "$specs $backend" > "$build/.opforge-sources"
 ninja -C "$build" >/dev/null || ninja -C "$build"
 
 # A package directory that mirrors the installed layout, made of links into the tree.

@@ -6,7 +6,8 @@ meson's project() runs this before options are readable, so the backend is read 
 that the label and get_option('ops_backend') agree, so a wheel is never mislabelled.
 
     tools/version.py                   the version, labelled
-    tools/version.py --build BACKEND   BACKEND's label and "available" or "unavailable"
+    tools/version.py --build BACKEND   BACKEND's label, "available" or "unavailable", and its
+                                       targets joined by commas (cu130 available cpu,cuda)
 
 The labels and what is available come from codegen/targets.py (the target table), loaded on its
 own: the codegen package's other modules need the build requirements, not yet there for meson's
@@ -59,7 +60,8 @@ if __name__ == "__main__":
         build = BUILDS.get(sys.argv[2])
         if build is None:
             sys.exit(f"unknown backend {sys.argv[2]!r}; one of: {', '.join(BUILDS)}")
-        sys.stdout.write(f"{build.wheel_label} {'available' if build.available else 'unavailable'}\n")
+        sys.stdout.write(f"{build.wheel_label} {'available' if build.available else 'unavailable'} "
+                         f"{','.join(build.targets)}\n")
     else:
         backend = backend_from_parent()
         sys.stdout.write(f"{VERSION}+{LABELS.get(backend, backend)}\n")

@@ -8,14 +8,15 @@ from typing import Any, Mapping, Optional
 
 from .. import api, escape
 from ..api import Lowered, LoweredBprop
-from ..model import (BUILT_BACKENDS, AotImpl, Attr, AttrType, CppImpl, DType, ExprImpl, OpSpec, PyfuncImpl,
+from ..model import (AotImpl, Attr, AttrType, CppImpl, DType, ExprImpl, OpSpec, PyfuncImpl,
                      ShapeKind, ShapeRule)
-from ..targets import TARGETS, Backend, TargetRow
+from ..targets import HOST as HOST_TARGET
+from ..targets import TARGETS, Backend, Build, TargetRow
 
 _cpp_str = escape.cpp_str
 # the target whose kernels Forward calls and whose kernel file holds infer() shape rules (calls are
 # not dispatched by device yet: issue 14)
-HOST: TargetRow = TARGETS[Backend.CPU]
+HOST: TargetRow = TARGETS[HOST_TARGET]
 
 
 # ---------------------------------------------------------------------------- pieces
@@ -56,16 +57,13 @@ def _storage(dtype: str, binding: Mapping[str, DType]) -> str:
     return api.DTYPE_STORAGE[binding[dtype] if dtype in binding else DType(dtype)]
 
 
-def _bindings(op: OpSpec) -> list[dict[str, DType]]:
-    """Distinct type-variable bindings over the built targets' rows, in row order."""
+def _bindings(op: OpSpec, target: Backend) -> list[dict[str, DType]]:
+    """Distinct type-variable bindings of the target's rows, in row order (none without rows)."""
     out: list[dict[str, DType]] = []
-    for tname in BUILT_BACKENDS:
-        t = op.target(tname)
-        if t is None:
-            continue
-        for binding, _ in t.rows():
-            if binding not in out:
-                out.append(binding)
+    t = op.target(target)
+    for binding, _ in t.rows() if t is not None else ():
+        if binding not in out:
+            out.append(binding)
     return out
 
 
@@ -132,7 +130,7 @@ def _kernel_branches(op: OpSpec) -> list[tuple[str, str, str]]:
     tvars = [v for v, _ in op.typevars]
     inputs = op.inputs
     branches: list[tuple[str, str, str]] = []
-    for b in _bindings(op):
+    for b in _bindings(op, HOST.name):
         if isinstance(op.impl, ExprImpl):
             out = op.outputs[0]
             ctype = (f"compute_t<{_storage(inputs[[i.dtype for i in inputs].index(tvars[0])].dtype, b)}>"
@@ -246,14 +244,14 @@ def _expr_functor(op: OpSpec) -> Optional[dict[str, Any]]:
 # ---------------------------------------------------------------------------- contexts
 
 
-def header_context(op: OpSpec) -> dict[str, Any]:
-    """What templates/op.h.j2 places."""
+def header_context(op: OpSpec, build: Build) -> dict[str, Any]:
+    """What templates/op.h.j2 places: the kernel declarations of the targets ``build`` compiles."""
     tvars = [v for v, _ in op.typevars]
     kernels = []
-    for row in (TARGETS[t] for t in BUILT_BACKENDS if isinstance(op.impl, CppImpl) and op.target(t) is not None):
+    for row in (TARGETS[t] for t in build.targets if isinstance(op.impl, CppImpl) and op.target(t) is not None):
         tparams = ", ".join(f"typename {v}" for v in tvars)
         inst = [f"template void opforge::{row.namespace}::{op.name}<{_template_args(op, b, True)}>"
-                f"({_kernel_params(op, qualified=True)});" for b in (_bindings(op) if tvars else [])]
+                f"({_kernel_params(op, qualified=True)});" for b in (_bindings(op, row.name) if tvars else [])]
         kernels.append({"namespace": row.namespace, "path": row.kernel_path(op.name),
                         "template": f"template <{tparams}>\n" if tvars else "",
                         "params": _kernel_params(op), "instantiations": inst or ["/* not a template */"],

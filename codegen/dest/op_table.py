@@ -8,8 +8,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 from .. import api
 from ..formula.lang import PY
-from ..model import BUILT_BACKENDS, AotImpl, OpSpec
-from ..targets import BUILDS, TARGETS
+from ..model import AotImpl, OpSpec
+from ..targets import BUILDS, TARGETS, Build
 from .render import Rendered, banner, render
 
 
@@ -63,8 +63,9 @@ def _context(op: OpSpec, table: Mapping[str, api.Callee]) -> dict[str, Any]:
 
 
 def render_formulas(ops: Sequence[OpSpec], sources: Sequence[str],
-                    table: Optional[Mapping[str, api.Callee]] = None) -> Rendered:
-    """The adapters' op table for ops; their formulas may call any op of table (default: ops)."""
+                    table: Optional[Mapping[str, api.Callee]] = None, build: Build = BUILDS["cpu"]) -> Rendered:
+    """The adapters' op table for ops built by ``build``; their formulas may call any op of table
+    (default: ops)."""
     if table is None:
         table = {o.name: o for o in ops}
     targets = [f"{str(r.name)!r}: TargetDef({str(r.name)!r}, {r.device_type!r}, {r.torch_dispatch_key!r}, "
@@ -72,6 +73,7 @@ def render_formulas(ops: Sequence[OpSpec], sources: Sequence[str],
     text = render("formulas.py.j2", banner=banner("#", f"{len(sources)} specs", "formulas.py.j2"),
                   ops=[_context(op, table) for op in ops], targets=targets,
                   builds=[f"{b.backend!r}: BuildDef({b.backend!r}, {b.wheel_label!r}, "
-                          f"{tuple(str(t) for t in b.targets)!r}, {b.available})" for b in BUILDS.values()],
-                  built_targets=_tuple([repr(str(t)) for t in BUILT_BACKENDS]))
+                          f"{tuple(str(t) for t in b.targets)!r}, {b.available}, {b.runtime_requires!r}, "
+                          f"{b.runtime_libs!r})" for b in BUILDS.values()],
+                  built_targets=_tuple([repr(str(t)) for t in build.targets]))
     return Rendered("_formulas.py", text)

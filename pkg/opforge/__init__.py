@@ -26,9 +26,41 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # RTLD_GLOBAL, so the extension's dependency on that library resolves to it wherever pip put it.
 import scipy_openblas32  # noqa: F401  (before opforge._C)
 
-from opforge import _C
+from opforge import _build_info as _build_info  # (as: the generated modules, which mypy cannot see,
+from opforge import _formulas as _formulas  # stay importable from opforge by name)
+
+
+def _load_runtime_libs() -> None:
+    """Loads the libraries of this wheel's runtime dependencies (the cu130 wheel: libcudart.so.13
+    of nvidia-cuda-runtime) with RTLD_GLOBAL before opforge._C, as torch does: the extension's
+    rpath finds them beside opforge in site-packages, this wherever pip put them (--target,
+    PYTHONPATH). A library not found is left to the dynamic loader."""
+    import ctypes
+    import importlib
+
+    for entry in _formulas.BUILDS[_build_info.BACKEND].runtime_libs:
+        package, rel = entry.split(":", 1)
+        try:
+            folders = list(importlib.import_module(package).__path__)
+        except ImportError:
+            continue
+        for folder in folders:
+            if (Path(folder) / rel).is_file():
+                ctypes.CDLL(str(Path(folder) / rel), mode=ctypes.RTLD_GLOBAL)
+                break
+
+
+_load_runtime_libs()
+try:
+    from opforge import _C
+except ImportError as exc:
+    _requires = _formulas.BUILDS[_build_info.BACKEND].runtime_requires
+    if not _requires or "cannot open shared object file" not in str(exc):
+        raise
+    raise ImportError(f"opforge {_build_info.VERSION} cannot load its runtime dependencies ({exc}): "
+                      f"pip install {' '.join(repr(r) for r in _requires)}") from exc
 from opforge._C import Tensor, from_dlpack, from_numpy, is_grad_enabled, list_ops, set_grad_enabled
-from opforge import ops
+from opforge import cuda, ops
 from opforge._autograd import enable_grad, grad, gradients, no_grad, value_and_grad
 from opforge._build_info import VERSION as _VERSION
 from opforge.jit import load
@@ -38,11 +70,12 @@ __version__: str = _VERSION
 __all__ = [
     "Tensor", "tensor", "from_numpy", "from_dlpack", "ops", "op_info", "list_ops", "spec", "backend",
     "no_grad", "enable_grad", "grad", "value_and_grad", "gradients", "is_grad_enabled", "set_grad_enabled",
-    "DTYPES", "load", "LIBRARY",
+    "DTYPES", "load", "LIBRARY", "cuda",
 ]
 
-#: The target this wheel was built for ("cpu"); its ops run there.
-backend: str = _C.backend
+#: The wheel backend this opforge was built as: "cpu", or "cuda" (the cu130 wheel, whose targets
+#: are cpu and cuda: ``opforge.cuda``)
+backend: str = _build_info.BACKEND
 
 #: libopforge.so: the runtime and every op, shared by opforge._C and by op modules built against
 #: it (``opforge.load``, packages made with ``opforge init``); it exports the ops' AOT entry points.
@@ -52,12 +85,18 @@ DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat
 
 
 def tensor(data: Any, dtype: Optional[Any] = None, requires_grad: bool = False,
-           format: Optional[str] = None) -> Tensor:
+           format: Optional[str] = None, device: str = "cpu") -> Tensor:
     """A new tensor holding a copy of data (a Tensor, array, DLPack producer, list or scalar).
 
     ``dtype`` defaults to data's own (NumPy's inference for lists and scalars); ``format`` tags
-    the layout (``DefaultFormat``, ``NCHW``, ``NHWC``) that registration tables check.
+    the layout (``DefaultFormat``, ``NCHW``, ``NHWC``) that registration tables check; ``device``
+    is ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (RuntimeError, with the reason, where no such device
+    is available: see :mod:`opforge.cuda`).
     """
+    where = _C._check_device("tensor", str(device))
+    if where != "cpu":
+        raise NotImplementedError(f"[tensor] device '{where}': this opforge {__version__} has the CUDA runtime "
+                                  "but no CUDA tensors yet (memory, copies and kernels on the device are being built)")
     if isinstance(data, Tensor):
         src = data
     elif hasattr(data, "__dlpack__") and not isinstance(data, np.ndarray):

@@ -34,6 +34,8 @@ class BuildDef(NamedTuple):
     wheel_label: str          # opforge-<version>+<label>
     targets: tuple[str, ...]
     available: bool
+    runtime_requires: tuple[str, ...]  # PyPI requirements the wheel adds (nvidia-cuda-runtime~=13.0)
+    runtime_libs: tuple[str, ...]      # "package:path" of their libraries that opforge._C links
 
 
 class InputDef(NamedTuple):

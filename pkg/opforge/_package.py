@@ -80,9 +80,9 @@ endforeach
 
 codegen = [py, '-m', 'opforge.codegen']
 spec_dir = meson.project_source_root() / 'op_specs'
-gen_outputs = run_command(codegen, 'outputs', '--specs', spec_dir, '--module', '_ops', check: true).stdout().strip().split('\\n')
+gen_outputs = run_command(codegen, 'outputs', '--specs', spec_dir, '--backend', backend, '--module', '_ops', check: true).stdout().strip().split('\\n')
 kernel_sources = []
-foreach k : run_command(codegen, 'kernels', '--specs', spec_dir, '--module', '_ops', check: true).stdout().strip().split('\\n')
+foreach k : run_command(codegen, 'kernels', '--specs', spec_dir, '--backend', backend, '--module', '_ops', check: true).stdout().strip().split('\\n')
   if k != ''
     kernel_sources += k
   endif
@@ -100,7 +100,7 @@ generated = custom_target(
   'generated-ops',
   input: spec_files,
   output: gen_outputs,
-  command: [codegen, 'generate', '--specs', spec_dir, '--out', '@OUTDIR@', '--module', '_ops', '--qualname', '{name}._ops'],
+  command: [codegen, 'generate', '--specs', spec_dir, '--backend', backend, '--out', '@OUTDIR@', '--module', '_ops', '--qualname', '{name}._ops'],
   install: true,
   install_dir: gen_install_dirs,
   install_tag: 'python-runtime',

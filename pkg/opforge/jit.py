@@ -439,13 +439,14 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
     """Generate, compile and link the module into the cache entry; returns the TUs compiled."""
     from opforge.codegen import SpecError, load_specs
     from opforge.codegen.gen import render_module, write_if_changed
+    from opforge.codegen.targets import BUILDS
 
     shared = _shared_root(root)
     header, gch = _pch_paths(shared, cxx, pch_cflags)
     pch_problem = _in_background(_manifest_problem, gch.with_name("pch.json"), [gch.name])  # (a digest of
     # a hundred megabytes or more: taken while the specs are parsed and the code generated)
     known = _opforge_signatures()
-    ops = load_specs(spec_files, known=known)  # SpecErrors: before any compiler runs
+    ops = load_specs(spec_files, known=known, build=BUILDS[_build_info.BACKEND])  # SpecErrors: before any compiler runs
     kernels = {p.stem for p in source_files if p.suffix in CPP_SUFFIXES}
     for op in ops:
         if op.impl.kind == "cpp" and op.name not in kernels:
@@ -459,7 +460,8 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
     build = _private_dir(home / "build")
     gen = _private_dir(build / "gen")
     # (no AOT entry points: MindSpore's ops.Custom is served by opforge's own library and packages)
-    rendered = render_module(ops, {o.name: f"{o.name}.yaml" for o in ops}, name, known, aot_entry_points=False)
+    rendered = render_module(ops, {o.name: f"{o.name}.yaml" for o in ops}, name, known, aot_entry_points=False,
+                             build=BUILDS[_build_info.BACKEND])
     for r in rendered:
         write_if_changed(gen / r.name, r.text)
     keep = {r.name for r in rendered}

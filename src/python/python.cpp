@@ -1011,6 +1011,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
   cls.def_property_readonly("shape", [](const Tensor& t) { return py::tuple(py::cast(t.shape())); })
       .def_property_readonly("dtype", [](const Tensor& t) { return dtype_name(t.dtype()); })
       .def_property_readonly("format", [](const Tensor& t) { return format_name(t.format()); })
+      .def_property_readonly("device", [](const Tensor& t) { return t.device().str(); })
       .def_property_readonly("ndim", &Tensor::dim)
       .def_property_readonly("size", &Tensor::numel)
       .def_property_readonly("strides", [](const Tensor& t) { return py::tuple(py::cast(t.strides())); },
@@ -1170,7 +1171,34 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     std::sort(names.begin(), names.end());
     return names;
   });
+  // devices (device.h): opforge.cuda and tensor(device=) read these
+  m.def("_device_count", [](const std::string& type) {
+    DeviceRuntime* rt = find_device_runtime(parse_device("device_count", type).type);
+    return rt ? rt->device_count() : 0;
+  }, py::arg("type"));
+  m.def("_device_unavailable_reason", [](const std::string& type) -> std::string {
+    DeviceRuntime* rt = find_device_runtime(parse_device("is_available", type).type);
+    if (!rt) return std::string("this opforge was built without ") + type + " (its wheel's targets: " + built_targets() + ")";
+    return rt->unavailable_reason();
+  }, py::arg("type"));
+  // The device named by text, checked present (device_runtime's errors); returns its name with the index
+  m.def("_check_device", [](const std::string& op, const std::string& text) {
+    Device d = parse_device(op.c_str(), text);
+    if (d.type != DeviceType::CPU) device_runtime(op.c_str(), d);
+    return d.str();
+  }, py::arg("op"), py::arg("device"));
+  m.def("_synchronize", [](const std::string& text) {
+    Device d = parse_device("synchronize", text);
+    DeviceRuntime& rt = device_runtime("synchronize", d);
+    py::gil_scoped_release nogil;
+    rt.synchronize("synchronize", d.index);
+  }, py::arg("device"));
+  m.def("_device_runtime_version", [](const std::string& type) -> std::string {
+    DeviceRuntime* rt = find_device_runtime(parse_device("version", type).type);
+    return rt ? rt->version() : "";
+  }, py::arg("type"));
   m.attr("backend") = built_target();
+  m.attr("built_targets") = built_targets();
 }
 
 PyObject* create_op_module(PyModuleDef* def, const char* name, const char* doc, const binding::RegisterOp* ops,

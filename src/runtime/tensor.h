@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/errors.h"
 
@@ -33,8 +34,6 @@ class Tensor;
 using TensorPtr = std::shared_ptr<Tensor>;
 using TensorList = std::vector<TensorPtr>;
 
-enum class Device : uint8_t { CPU, CUDA };
-
 class Tensor {
  public:
   Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides, int64_t offset,
@@ -44,7 +43,7 @@ class Tensor {
   DType dtype() const { return dtype_; }
   Format format() const { return format_; }
   void set_format(Format f) { format_ = f; }
-  Device device() const { return Device::CPU; }
+  Device device() const { return Device{}; }  // (CUDA tensors: issue 14, next step)
   const Shape& shape() const { return shape_; }
   const Shape& strides() const { return strides_; }  // in elements
   int64_t offset() const { return offset_; }         // in elements

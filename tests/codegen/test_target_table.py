@@ -9,7 +9,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from codegen import load_specs
+import pytest
+
+from codegen import SpecErrors, load_specs
 from codegen.gen import render_all
 from codegen.targets import BUILDS, TARGETS, Backend
 
@@ -41,7 +43,8 @@ def test_version_script_reads_the_builds() -> None:
     for name, build in BUILDS.items():
         r = subprocess.run([sys.executable, str(ROOT / "tools" / "version.py"), "--build", name],
                            capture_output=True, text=True, check=True)
-        assert r.stdout.split() == [build.wheel_label, "available" if build.available else "unavailable"]
+        assert r.stdout.split() == [build.wheel_label, "available" if build.available else "unavailable",
+                                    ",".join(build.targets)]
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "version.py"), "--build", "tpu"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "unknown backend 'tpu'; one of: cpu, cuda" in r.stderr
@@ -69,5 +72,31 @@ def test_generated_code_takes_paths_namespaces_and_names_from_the_table(tmp_path
         str(b): (str(b), r.device_type, r.torch_dispatch_key, r.mindspore_target, r.dlpack_device_type)
         for b, r in TARGETS.items()}
     assert {k: tuple(v) for k, v in ns["BUILDS"].items()} == {
-        name: (b.backend, b.wheel_label, tuple(str(t) for t in b.targets), b.available) for name, b in BUILDS.items()}
+        name: (b.backend, b.wheel_label, tuple(str(t) for t in b.targets), b.available, b.runtime_requires,
+               b.runtime_libs) for name, b in BUILDS.items()}
     assert ns["BUILT_TARGETS"] == tuple(str(t) for t in BUILDS["cpu"].targets)
+
+
+def test_the_cuda_build_declares_cuda_kernels_and_wants_their_files(tmp_path: Path) -> None:
+    cpu, cuda = TARGETS[Backend.CPU], TARGETS[Backend.CUDA]
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "twice.yaml").write_text(textwrap.dedent(CPP_OP))
+    for row in (cpu, cuda):
+        (tmp_path / row.kernel_path("twice")).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / cpu.kernel_path("twice")).write_text("")
+    # the cpu build needs only the cpu kernel; the cuda build also src/kernels/cuda/twice.cu
+    load_specs([tmp_path / "specs"], kernel_root=tmp_path, build=BUILDS["cpu"])
+    with pytest.raises(SpecErrors) as e:
+        load_specs([tmp_path / "specs"], kernel_root=tmp_path, build=BUILDS["cuda"])
+    assert f"missing kernel file {tmp_path / cuda.kernel_path('twice')} for target cuda" in str(e.value)
+    assert "twice.yaml:13:10: impl.cpp: " in str(e.value)  # located at the impl key
+    (tmp_path / cuda.kernel_path("twice")).write_text("")
+    ops = load_specs([tmp_path / "specs"], kernel_root=tmp_path, build=BUILDS["cuda"])
+    out = {r.name: r.text for r in render_all(ops, {"twice": "specs/twice.yaml"}, BUILDS["cuda"])}
+    for row in (cpu, cuda):
+        assert f"namespace {row.namespace} {{" in out["twice.h"]
+        assert f"OPFORGE_INSTANTIATE_TWICE_{row.macro_suffix}" in out["twice.h"]
+    assert "BUILT_TARGETS = ('cpu', 'cuda',)" in out["_formulas.py"]
+    # the same specs in the cpu build: no cuda declaration
+    cpu_out = {r.name: r.text for r in render_all(ops, {"twice": "specs/twice.yaml"}, BUILDS["cpu"])}
+    assert f"namespace {cuda.namespace} {{" not in cpu_out["twice.h"]

@@ -193,7 +193,8 @@ def test_ops_run_concurrently_in_threads() -> None:
 
 
 def test_list_ops_backend_and_op_info() -> None:
-    assert opforge.backend == "cpu"
+    # every wheel (cpu, cu130) has the cpu kernels
+    assert "cpu" in opforge._formulas.BUILDS[opforge.backend].targets
     assert {"mul", "layer_norm", "where", "sum"} <= set(opforge.list_ops())
     (info,) = opforge.op_info("where")
     assert info["op_name"] == "where" and info["target"] == "CPU"

@@ -1,0 +1,78 @@
+// Device names and the table of device runtimes (device.h).
+#include "runtime/device.h"
+
+#include <array>
+#include <atomic>
+#include <cstdlib>
+
+#include "runtime/errors.h"
+
+// meson defines it from the target table (tools/version.py --build)
+#ifndef OPFORGE_BUILT_TARGETS
+#error "OPFORGE_BUILT_TARGETS (the build's targets) is not defined"
+#endif
+
+namespace opforge {
+
+const char* built_targets() { return OPFORGE_BUILT_TARGETS; }
+
+namespace {
+
+std::array<std::atomic<DeviceRuntime*>, kDeviceTypes>& runtimes() {
+  static std::array<std::atomic<DeviceRuntime*>, kDeviceTypes> table{};
+  return table;
+}
+
+}  // namespace
+
+const char* device_type_name(DeviceType type) {
+  switch (type) {
+    case DeviceType::CPU: return "cpu";
+    case DeviceType::CUDA: return "cuda";
+  }
+  return "?";
+}
+
+std::string Device::str() const {
+  if (type == DeviceType::CPU) return "cpu";
+  return std::string(device_type_name(type)) + (index < 0 ? "" : ":" + std::to_string(index));
+}
+
+Device parse_device(const char* op, const std::string& text) {
+  if (text == "cpu") return Device{DeviceType::CPU, 0};
+  const std::string cuda = device_type_name(DeviceType::CUDA);
+  if (text == cuda) return Device{DeviceType::CUDA, -1};
+  if (text.size() > cuda.size() + 1 && text.compare(0, cuda.size() + 1, cuda + ":") == 0) {
+    const std::string digits = text.substr(cuda.size() + 1);
+    bool ok = digits.size() <= 4 && digits.find_first_not_of("0123456789") == std::string::npos;
+    if (ok) return Device{DeviceType::CUDA, std::atoi(digits.c_str())};
+  }
+  fail<ValueError>(op, "unknown device '", text, "': one of 'cpu', 'cuda', 'cuda:N'");
+}
+
+void register_device_runtime(DeviceType type, DeviceRuntime* runtime) {
+  runtimes()[static_cast<size_t>(type)].store(runtime);
+}
+
+DeviceRuntime* find_device_runtime(DeviceType type) { return runtimes()[static_cast<size_t>(type)].load(); }
+
+DeviceRuntime& device_runtime(const char* op, Device& device) {
+  DeviceRuntime* rt = find_device_runtime(device.type);
+  if (!rt) {
+    fail<RuntimeError>(op, "device '", device.str(), "': this opforge was built without ", device_type_name(device.type),
+                       " (its wheel's targets: ", built_targets(), ")");
+  }
+  const int count = rt->device_count();
+  if (count == 0) {
+    fail<RuntimeError>(op, "device '", device.str(), "': no ", device_type_name(device.type), " device is available (",
+                       rt->unavailable_reason(), ")");
+  }
+  if (device.index < 0) device.index = rt->current_device();
+  if (device.index >= count) {
+    fail<RuntimeError>(op, "device '", device.str(), "' does not exist: ", count, " ", device_type_name(device.type),
+                       " device", count == 1 ? " is" : "s are", " present (indices 0..", count - 1, ")");
+  }
+  return *rt;
+}
+
+}  // namespace opforge

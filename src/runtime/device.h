@@ -1,0 +1,56 @@
+// Devices: where a tensor's memory lives, and the runtime a build links for each device type.
+//
+// The device types are the compiled rows of the target table (codegen/targets.py: cpu, cuda). A
+// build that compiles a target's kernels links that target's runtime (src/runtime/cuda/ for
+// cuda), which registers itself when the library loads; in a build without it (the cpu wheel)
+// asking for the device says which wheel has it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace opforge {
+
+enum class DeviceType : uint8_t { CPU = 0, CUDA = 1 };
+constexpr int kDeviceTypes = 2;
+
+const char* device_type_name(DeviceType type);  // "cpu", "cuda": the target table's device_type
+// The targets whose kernels this build compiled: "cpu" or "cpu, cuda" (the wheel's BUILDS row).
+const char* built_targets();
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = 0;  // the ordinal among the type's devices (0 for the cpu)
+  bool operator==(const Device& o) const { return type == o.type && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+  std::string str() const;  // "cpu", "cuda:0"
+};
+
+// "cpu", "cuda", "cuda:N" (a bare "cuda" is the current CUDA device); ValueError naming op otherwise.
+// Says nothing about whether the device exists: see device_runtime().
+Device parse_device(const char* op, const std::string& text);
+
+// What the core needs of a device type's runtime. Never throws from device_count().
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  // Devices present (0 without a driver or a device: the reason is unavailable_reason()).
+  virtual int device_count() = 0;
+  virtual std::string unavailable_reason() = 0;
+  virtual int current_device() = 0;
+  // Waits for all work queued on the device (RuntimeError naming op on a device error).
+  virtual void synchronize(const char* op, int index) = 0;
+  // "CUDA runtime 13000, driver 13000" style facts for error messages and opforge.cuda.
+  virtual std::string version() = 0;
+};
+
+// Called once per type by the runtime that serves it (a static initializer of its TU).
+void register_device_runtime(DeviceType type, DeviceRuntime* runtime);
+// The runtime serving type, or null when this build has none.
+DeviceRuntime* find_device_runtime(DeviceType type);
+// The runtime serving device, checked: RuntimeError naming op when this build has no runtime for
+// its type (naming the wheel that has one), when no device of the type is present (with the
+// runtime's reason), or when the index is out of range. A bare index -1 is the current device.
+DeviceRuntime& device_runtime(const char* op, Device& device);
+
+}  // namespace opforge

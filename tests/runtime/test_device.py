@@ -1,0 +1,55 @@
+"""Devices: Tensor.device, tensor(device=), opforge.cuda's queries and the errors where a device is
+not there (the cpu wheel; the cu130 wheel on a machine without a driver or GPU: CI's case)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opforge
+import opforge.cuda
+
+no_gpu = pytest.mark.skipif(opforge.cuda.is_available(), reason="a CUDA device is present: the device tests cover it")
+
+
+def test_tensors_are_on_the_cpu() -> None:
+    t = opforge.tensor(np.arange(3.0))
+    assert t.device == "cpu" and opforge.ops.mul(t, t).device == "cpu"
+    assert opforge.tensor([1.0], device="cpu").device == "cpu"
+
+
+@pytest.mark.parametrize("name", ["gpu", "cuda:", "cuda:-1", "cuda:x", "CPU", "cuda:99999", ""])
+def test_unknown_device_names_are_value_errors(name: str) -> None:
+    with pytest.raises(ValueError, match=r"\[tensor\] unknown device '.*': one of 'cpu', 'cuda', 'cuda:N'"):
+        opforge.tensor([1.0], device=name)
+
+
+@no_gpu
+@pytest.mark.parametrize("name", ["cuda", "cuda:0", "cuda:3"])
+def test_cuda_without_a_device_is_a_runtime_error_with_the_reason(name: str) -> None:
+    with pytest.raises(RuntimeError) as e:
+        opforge.tensor([1.0], device=name)
+    text = str(e.value)
+    assert text.startswith(f"[tensor] device '{name}': ")
+    if opforge.cuda.is_built():  # the cu130 wheel: the runtime's own reason (no driver, no device)
+        assert "no cuda device is available (" in text
+    else:
+        assert "this opforge was built without cuda (its wheel's targets: cpu)" in text
+    with pytest.raises(RuntimeError, match=r"\[synchronize\] device 'cuda'"):
+        opforge.cuda.synchronize()
+
+
+@no_gpu
+def test_cuda_queries_never_raise_without_a_device() -> None:
+    assert opforge.cuda.is_available() is False and opforge.cuda.device_count() == 0
+    reason = opforge.cuda.unavailable_reason()
+    if opforge.cuda.is_built():
+        assert reason and opforge.cuda.runtime_version().startswith("CUDA runtime 13")
+    else:
+        assert reason.endswith("the cuda wheel (opforge+cu130) has it") and opforge.cuda.runtime_version() == ""
+
+
+def test_the_build_says_its_targets() -> None:
+    targets = opforge._formulas.BUILDS[opforge.backend].targets
+    assert opforge._C.built_targets == ", ".join(targets) and opforge._formulas.BUILT_TARGETS == targets
+    assert opforge.cuda.is_built() == ("cuda" in targets)
