@@ -42,7 +42,7 @@ def render_op(op: OpSpec, table: Mapping[str, api.Callee], spec_source: str, bui
     ``ops.Custom(func_type="aot")`` calls them)."""
     lowered = api.lower_formulas(op, table)
     header = function.header_context(op, build)
-    tu = {**registry.context(op), **function.context(op, lowered), **binding.context(op),
+    tu = {**registry.context(op, build), **function.context(op, lowered), **binding.context(op),
           **aot.context(op, aot_entry_points)}
     return [Rendered(op.name + ".h", render("op.h.j2", banner=banner("//", spec_source, "op.h.j2"), **header)),
             Rendered(op.name + ".cpp", render("op.cpp.j2", banner=banner("//", spec_source, "op.cpp.j2"), **tu))]

@@ -54,7 +54,8 @@ def test_meson_without_nvcc_says_how_to_give_it(tmp_path: Path) -> None:
     # meson reads a CUDA compiler from PATH or a native file only; pip's builds write the native file
     meson = Path(sys.executable).parent / "meson"
     cmd = [str(meson) if meson.exists() else "meson", "setup", str(tmp_path / "b"), str(ROOT), "-Dops_backend=cuda"]
-    env = {**os.environ, "PATH": "/usr/bin:/bin"}  # (no nvcc there)
+    path = [Path(sys.executable).parent] + [Path(p) for p in os.environ["PATH"].split(os.pathsep) if p]
+    env = {**os.environ, "PATH": os.pathsep.join(str(p) for p in path if not (p / "nvcc").exists())}
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     assert r.returncode != 0
     assert "ops_backend=cuda needs nvcc 13.x given to meson" in r.stdout + r.stderr

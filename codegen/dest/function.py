@@ -166,7 +166,7 @@ def _forward(op: OpSpec, lowered: Lowered) -> tuple[list[str], list[tuple[str, s
                 fwd.append(f"const TensorPtr c_{i.name} = v_{i.name} ? contiguous(v_{i.name}) : nullptr;")
         for o in op.outputs:
             fwd.append(f"TensorPtr v_{o.name} = empty({dtype_expr(op, o.dtype)}, "
-                       f"{shape_expr(op, o.shape)}, call.format);")
+                       f"{shape_expr(op, o.shape)}, call.format, call.device);")
         return fwd, _kernel_branches(op)
     if isinstance(impl, PyfuncImpl):
         for o in op.outputs:

@@ -93,10 +93,7 @@ def tensor(data: Any, dtype: Optional[Any] = None, requires_grad: bool = False,
     is ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (RuntimeError, with the reason, where no such device
     is available: see :mod:`opforge.cuda`).
     """
-    where = _C._check_device("tensor", str(device))
-    if where != "cpu":
-        raise NotImplementedError(f"[tensor] device '{where}': this opforge {__version__} has the CUDA runtime "
-                                  "but no CUDA tensors yet (memory, copies and kernels on the device are being built)")
+    where = _C._check_device("tensor", str(device))  # (first: a missing device fails before any copy)
     if isinstance(data, Tensor):
         src = data
     elif hasattr(data, "__dlpack__") and not isinstance(data, np.ndarray):
@@ -107,9 +104,13 @@ def tensor(data: Any, dtype: Optional[Any] = None, requires_grad: bool = False,
             raise TypeError(f"[tensor] cannot make a tensor from {type(data).__name__} "
                             f"(NumPy dtype {arr.dtype}); supported dtypes: {', '.join(DTYPES)}")
         src = from_numpy(arr)
+    if src.device != "cpu":
+        src = _C._to(src, "cpu")  # (conversions run on the host for now)
     out = _C._convert(src, src.dtype if dtype is None else dtype)
     if format is not None:
         out = out.with_format(format)
+    if where != "cpu":
+        out = _C._to(out, where)
     if requires_grad:
         out.requires_grad = True
     return out
@@ -148,11 +149,13 @@ def _binary(op: Any, reflected: bool = False) -> Any:
 
 
 def _repr(self: Tensor) -> str:
-    data = self.detach()
+    data = _C._to(self.detach(), "cpu")
     if data.dtype == "bfloat16":
         data = data.astype("float32")
     body = np.array2string(data.numpy(), separator=", ", prefix="tensor(")
     extra = f", dtype={self.dtype}"
+    if self.device != "cpu":
+        extra += f", device='{self.device}'"
     if self.format != "DefaultFormat":
         extra += f", format={self.format}"
     if self.grad_fn is not None:
@@ -173,6 +176,19 @@ for _name, _op, _refl in (
 ):
     setattr(Tensor, _name, _binary(_op, _refl))
 Tensor.__neg__ = lambda self: ops.neg(self)
+
+
+def _to(self: Tensor, device: str) -> Tensor:
+    """This tensor on device ("cpu", "cuda", "cuda:N"): itself when already there, else a copy
+    (ordered on the device's current stream; a copy to the host returns once it is complete)."""
+    if self.requires_grad and is_grad_enabled() and _C._check_device("to", str(device)) != self.device:
+        raise RuntimeError(f"[to] moving a tensor that requires grad from {self.device} to {device} is not "
+                           "differentiable in opforge yet: detach() it, or move it before requires_grad is set")
+    return _C._to(self, str(device))
+
+
+Tensor.to = _to
+Tensor.cpu = lambda self: _to(self, "cpu")
 Tensor.__repr__ = _repr
 Tensor.sum = lambda self, axis=None, keepdims=False: ops.sum(self, axis, keepdims)
 Tensor.mean = lambda self, axis=None, keepdims=False: ops.mean(self, axis, keepdims)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from opforge import _formulas
+from opforge import _build_info, _formulas
 from opforge._scaffold import KINDS
 
 
@@ -28,12 +28,15 @@ def _spec_paths(paths: Sequence[Path]) -> list[Path]:
     return paths
 
 
-def _load(paths: Sequence[Path], kernel_root: Optional[Path] = None, known: Sequence[Any] = ()) -> list[Any]:
-    """The specs under paths (SpecErrors propagate: main prints them, exit status 1); formulas may
-    call the ``known`` ops too (opforge's own, for an op package)."""
+def _load(paths: Sequence[Path], kernel_root: Optional[Path] = None, known: Sequence[Any] = (),
+          backend: str = "cpu") -> list[Any]:
+    """The specs under paths (SpecErrors propagate: main prints them, exit status 1), with the
+    kernel files of the wheel backend's targets; formulas may call the ``known`` ops too (opforge's
+    own, for an op package)."""
     from opforge.codegen import load_specs
+    from opforge.codegen.targets import BUILDS
 
-    specs: list[Any] = load_specs(_spec_paths(paths), kernel_root=kernel_root, known=known)
+    specs: list[Any] = load_specs(_spec_paths(paths), kernel_root=kernel_root, known=known, build=BUILDS[backend])
     return specs
 
 
@@ -91,18 +94,31 @@ def _backend(name: str) -> None:
     """Usage error unless this project can build the wheel backend `name` (the target table's BUILDS)."""
     if not _formulas.BUILDS[name].available:
         usable = ", ".join(b for b, build in _formulas.BUILDS.items() if build.available)
-        raise _Usage(f"backend {name} is not available yet (the CUDA backend has its own issue); use --backend {usable}")
+        raise _Usage(f"backend {name} is not available yet; use --backend {usable}")
+
+
+def _installed(name: str) -> None:
+    """Usage error unless `name` is this opforge's own wheel backend (op modules link against it)."""
+    _backend(name)
+    if name != _build_info.BACKEND:
+        mine = _formulas.BUILDS[_build_info.BACKEND]
+        wanted = _formulas.BUILDS[name]
+        raise _Usage(f"backend {name}: this opforge is the {mine.backend} wheel (opforge+{mine.wheel_label}, targets "
+                     f"{', '.join(mine.targets)}); op modules for {name} build against the {name} wheel "
+                     f"(opforge+{wanted.wheel_label})")
 
 
 def _gen(args: argparse.Namespace) -> int:
     from opforge.codegen.gen import render_all, write_if_changed
 
+    from opforge.codegen.targets import BUILDS
+
     _backend(args.backend)
     specs = _spec_paths([args.specs])[0]
-    ops = _load([specs], args.kernel_root)
+    ops = _load([specs], args.kernel_root, backend=args.backend)
     sources = {op.name: f"{Path(specs).resolve().name}/{op.name}.yaml" for op in ops}
     args.out.mkdir(parents=True, exist_ok=True)
-    files = render_all(ops, sources)
+    files = render_all(ops, sources, BUILDS[args.backend])
     changed = sum(write_if_changed(args.out / r.name, r.text) for r in files)
     print(f"{len(files)} files for {len(ops)} ops in {args.out} ({changed} written, {len(files) - changed} unchanged)")
     return EXIT_OK
@@ -140,7 +156,7 @@ def _new(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     from opforge import _native
 
-    _backend(args.backend)
+    _installed(args.backend)
     try:
         _native.check_toolchain(tuple(_native.compiler()))
     except _native.BuildError as exc:
@@ -189,8 +205,10 @@ def _build(args: argparse.Namespace) -> int:
     project = tomllib.loads(pyproject.read_text()).get("project", {}).get("name", "")
     if project == "opforge" and Path(specs).resolve() != root / "op_specs":
         raise _Usage("opforge's own build takes its specs from its op_specs/")
+    if project != "opforge":
+        _installed(args.backend)  # (an op package links this opforge)
     # spec mistakes are reported here, before any compiler runs
-    _load([specs], root, known=jit._opforge_signatures() if project != "opforge" else ())
+    _load([specs], root, known=jit._opforge_signatures() if project != "opforge" else (), backend=args.backend)
     out = (args.out or root / "dist").resolve()
     cmd = [sys.executable, "-m", "pip", "wheel", str(root), "--no-deps", "-w", str(out), "-v",
            f"-Csetup-args=-Dops_backend={args.backend}"]

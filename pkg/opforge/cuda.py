@@ -4,6 +4,15 @@
     opforge.cuda.is_available()   # False in the cpu wheel, without a driver, or without a GPU
     opforge.cuda.device_count()
     opforge.cuda.synchronize()    # waits for the current device's queued work
+    x = opforge.tensor(np.ones(4, np.float32), device="cuda")
+    with opforge.cuda.Stream():   # work and allocations of this thread go to that stream
+        y = x.to("cpu")
+    opforge.cuda.memory_allocated(), opforge.cuda.empty_cache()
+
+Memory comes from the driver's stream-ordered pool (cudaMallocAsync), which keeps freed blocks for
+reuse on their stream: no cudaMalloc/cudaFree per tensor. Each thread has a current stream per
+device, initially the legacy default stream (as in torch); ``ExternalStream(handle)`` wraps another
+library's stream (``torch.cuda.current_stream().cuda_stream``) so opforge's work runs on it.
 
 The cu130 wheel (``-Dops_backend=cuda``) links the CUDA runtime; it imports and runs CPU ops on a
 machine without a GPU or driver, and asking for a CUDA device there raises ``RuntimeError`` with
@@ -17,7 +26,12 @@ from typing import Optional, Union
 from opforge import _formulas
 import opforge._C as _C
 
-__all__ = ["is_available", "device_count", "synchronize", "unavailable_reason", "runtime_version"]
+__all__ = ["is_available", "is_built", "device_count", "synchronize", "unavailable_reason", "runtime_version",
+           "memory_allocated", "empty_cache", "Stream", "ExternalStream", "current_stream", "set_stream"]
+
+
+def _name(device: Optional[Union[str, int]]) -> str:
+    return "cuda" if device is None else (f"cuda:{device}" if isinstance(device, int) else str(device))
 
 
 def is_built() -> bool:
@@ -55,5 +69,79 @@ def runtime_version() -> str:
 def synchronize(device: Optional[Union[str, int]] = None) -> None:
     """Waits for all work queued on device (default: the current CUDA device). RuntimeError when no
     CUDA device is available."""
-    name = "cuda" if device is None else (f"cuda:{device}" if isinstance(device, int) else str(device))
-    _C._synchronize(name)
+    _C._synchronize(_name(device))
+
+
+def memory_allocated(device: Optional[Union[str, int]] = None) -> int:
+    """Bytes of device memory held by opforge's live tensors on device (default: the current one;
+    0 without a CUDA device)."""
+    return int(_C._memory_allocated(_name(device)))
+
+
+def empty_cache() -> None:
+    """Gives the memory opforge's allocator keeps for reuse back to the driver (after waiting for
+    the devices' queued work)."""
+    _C._empty_cache("cuda")
+
+
+class Stream:
+    """A CUDA stream on device (default: the current device). ``with stream:`` makes it this
+    thread's current stream on its device: opforge's copies, kernels and allocations there are
+    ordered on it. Streams come from a pool and go back to it when the object is deleted."""
+
+    def __init__(self, device: Optional[Union[str, int]] = None) -> None:
+        self._index, self.cuda_stream = _C._create_stream(_name(device))
+        self._owned = True
+        self._previous: list[int] = []
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self._index}"
+
+    def synchronize(self) -> None:
+        """Waits for the work queued on this stream."""
+        _C._synchronize_stream(self._index, self.cuda_stream)
+
+    def __enter__(self) -> "Stream":
+        self._previous.append(_C._current_stream(self.device)[1])
+        _C._set_current_stream(self.device, self.cuda_stream)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _C._set_current_stream(self.device, self._previous.pop())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream) and (other._index, other.cuda_stream) == (self._index, self.cuda_stream)
+
+    def __hash__(self) -> int:
+        return hash((self._index, self.cuda_stream))
+
+    def __repr__(self) -> str:
+        return f"<opforge.cuda.Stream device={self.device} cuda_stream={self.cuda_stream:#x}>"
+
+    def __del__(self) -> None:
+        if getattr(self, "_owned", False):
+            _C._release_stream(self._index, self.cuda_stream)
+
+
+class ExternalStream(Stream):
+    """Another library's CUDA stream (a ``cudaStream_t`` as an int: ``torch.cuda.current_stream().cuda_stream``,
+    CuPy's ``stream.ptr``), used as a Stream; opforge neither creates nor releases it. 0 is the
+    legacy default stream."""
+
+    def __init__(self, stream: int, device: Optional[Union[str, int]] = None) -> None:
+        self._index = _C._current_stream(_name(device))[0]
+        self.cuda_stream = int(stream)
+        self._owned = False
+        self._previous = []
+
+
+def current_stream(device: Optional[Union[str, int]] = None) -> Stream:
+    """This thread's current stream on device (default: the current device)."""
+    index, handle = _C._current_stream(_name(device))
+    return ExternalStream(handle, index)
+
+
+def set_stream(stream: Stream) -> None:
+    """Makes stream this thread's current stream on its device (``with stream:`` restores the previous one)."""
+    _C._set_current_stream(stream.device, stream.cuda_stream)

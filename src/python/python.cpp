@@ -206,9 +206,15 @@ constexpr uint32_t kDLPackMajorVersion = 1;  // the DLPack ABI version this file
 // rank, shape, strides (the span of the elements must fit the address space), data pointer and
 // alignment. The caller takes ownership of the memory once this returns.
 TensorPtr tensor_from_dl(const DLTensor& dl, const char* op, const char* arg, bool readonly) {
-  if (dl.device.device_type != kDLCPU && dl.device.device_type != kDLCUDAHost) {
+  Device device;  // kDLCPU, and kDLCUDAHost (pinned host memory): the host
+  if (dl.device.device_type == kDLCUDA) {
+    device = Device{DeviceType::CUDA, static_cast<int>(dl.device.device_id)};
+    if (device.index < 0) fail<ValueError>(op, "input '", arg, "': DLPack device id ", dl.device.device_id);
+    device_runtime(op, device);  // RuntimeError: a build without cuda, or no such device
+  } else if (dl.device.device_type != kDLCPU && dl.device.device_type != kDLCUDAHost) {
     fail<TypeError>(op, "input '", arg, "' lives on DLPack device type ", dl.device.device_type,
-                    "; this build (target ", built_target(), ") only reads CPU memory");
+                    "; opforge reads CPU (1), CUDA host (3) and, in builds with cuda (targets: ", built_targets(),
+                    "), CUDA (2) memory");
   }
   DType dtype;
   if (!dtype_from_dl(dl.dtype, &dtype)) {
@@ -261,7 +267,16 @@ TensorPtr tensor_from_dl(const DLTensor& dl, const char* op, const char* arg, bo
   storage->nbytes = static_cast<size_t>(n) * itemsize(dtype);
   storage->external = true;
   storage->readonly = readonly;
+  storage->device = device;
   return std::make_shared<Tensor>(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
+}
+
+// The stream argument of a producer's __dlpack__ for memory on device (the Array API's rules):
+// for CUDA, the consumer's current stream (1: the legacy default stream); none for the host.
+py::object dlpack_stream_for(Device device) {
+  if (device.type != DeviceType::CUDA) return py::none();
+  void* s = device_runtime("from_dlpack", device).current_stream(device.index);
+  return s ? py::int_(reinterpret_cast<uintptr_t>(s)) : py::int_(1);
 }
 
 // Takes a DLPack capsule's tensor: checks it, then renames the capsule "used_..." (as the
@@ -306,17 +321,31 @@ TensorPtr from_capsule(py::handle capsule, const char* op, const char* arg) {
 // unversioned one when its __dlpack__ takes no max_version (producers from before DLPack 1.0).
 TensorPtr from_dlpack_obj(py::handle obj, const char* op, const char* arg) {
   py::object dlpack = obj.attr("__dlpack__");
+  // a CUDA producer orders its work before our current stream's (the stream argument)
+  py::object stream = py::none();
+  if (py::hasattr(obj, "__dlpack_device__")) {
+    py::tuple where = obj.attr("__dlpack_device__")();
+    if (where.size() == 2 && where[0].cast<int>() == kDLCUDA) {
+      stream = dlpack_stream_for(Device{DeviceType::CUDA, where[1].cast<int>()});
+    }
+  }
   py::object capsule;
   try {
-    capsule = dlpack(py::arg("max_version") = py::make_tuple(kDLPackMajorVersion, 0));
+    capsule = stream.is_none() ? dlpack(py::arg("max_version") = py::make_tuple(kDLPackMajorVersion, 0))
+                               : dlpack(py::arg("stream") = stream,
+                                        py::arg("max_version") = py::make_tuple(kDLPackMajorVersion, 0));
   } catch (py::error_already_set& e) {
     if (!e.matches(PyExc_TypeError)) throw;
-    capsule = dlpack();
+    capsule = stream.is_none() ? dlpack() : dlpack(py::arg("stream") = stream);
   }
   if (!PyCapsule_CheckExact(capsule.ptr())) {
     fail<TypeError>(op, "input '", arg, "': __dlpack__() did not return a DLPack capsule");
   }
   return from_capsule(capsule, op, arg);
+}
+
+DLDevice dl_device_of(Device d) {
+  return d.type == DeviceType::CUDA ? DLDevice{kDLCUDA, d.index} : DLDevice{kDLCPU, 0};
 }
 
 struct DLPackExport {
@@ -331,7 +360,7 @@ Managed* make_managed(const TensorPtr& t) {
   auto* m = new Managed();
   DLTensor& dl = m->dl_tensor;
   dl.data = t->raw_data();
-  dl.device = DLDevice{kDLCPU, 0};
+  dl.device = dl_device_of(t->device());
   dl.ndim = static_cast<int32_t>(t->dim());
   dl.dtype = dl_from_dtype(t->dtype());
   dl.shape = ctx->shape.data();
@@ -348,6 +377,29 @@ Managed* make_managed(const TensorPtr& t) {
 // The capsule __dlpack__ returns: versioned (with the read-only and copied flags) when the
 // consumer's max_version allows DLPack 1.x, else the legacy struct, which cannot say "read-only":
 // then read-only memory is handed out as a copy, unless the consumer said copy=False.
+// __dlpack__(stream=...) of a tensor on a device: the consumer will use the memory on its stream
+// (the Array API's values: None or 1 the legacy default stream, 2 the per-thread one, -1 none,
+// others a cudaStream_t), so our work on the tensor's device must be done by then. Waits for our
+// current stream unless the consumer uses that same stream or asks for no ordering.
+void order_for_consumer(Device device, py::handle stream) {
+  Device d = device;
+  DeviceRuntime& rt = device_runtime("__dlpack__", d);
+  void* ours = rt.current_stream(d.index);
+  if (!stream.is_none()) {
+    if (!PyLong_Check(stream.ptr())) {
+      fail<TypeError>("__dlpack__", "stream must be an int or None, got ", py::repr(stream).cast<std::string>());
+    }
+    const long long s = stream.cast<long long>();
+    if (s == -1) return;
+    if (s == 0) fail<ValueError>("__dlpack__", "stream 0 is ambiguous for CUDA: pass 1 for the legacy default stream");
+    if ((s == 1 && ours == nullptr) || reinterpret_cast<void*>(static_cast<uintptr_t>(s)) == ours) return;
+  } else if (ours == nullptr) {
+    return;  // (None: the legacy default stream, ours too)
+  }
+  py::gil_scoped_release nogil;
+  rt.synchronize_stream("__dlpack__", d.index, ours);
+}
+
 py::capsule to_dlpack(const TensorPtr& t, py::handle max_version, py::handle copy) {
   bool versioned = false;
   if (!max_version.is_none()) {
@@ -367,7 +419,7 @@ py::capsule to_dlpack(const TensorPtr& t, py::handle max_version, py::handle cop
       throw py::buffer_error("[__dlpack__] a read-only tensor can be exported without a copy only as a versioned "
                              "capsule (max_version >= (1, 0)), which can say read-only; copy=False forbids the copy");
     }
-    src = empty(t->dtype(), t->shape(), t->format());
+    src = empty(t->dtype(), t->shape(), t->format(), t->device());
     copy_into(src, t);
   }
   if (versioned) {
@@ -427,6 +479,7 @@ DType parse_dtype(py::handle d, const char* op) {
 }
 
 py::object numpy_view(const TensorPtr& t) {
+  check_on_host("numpy", *t);
   const char* fmt = buffer_format(t->dtype());
   if (!fmt) {
     fail<TypeError>("numpy", "NumPy has no ", dtype_name(t->dtype()), " dtype; use t.astype('float32') first");
@@ -443,8 +496,9 @@ py::object numpy_view(const TensorPtr& t) {
   return std::move(arr);
 }
 
-py::object item(const TensorPtr& t) {
-  if (t->numel() != 1) fail<ValueError>("item", "only one-element tensors can be converted to Python scalars, got shape ", shape_str(t->shape()));
+py::object item(const TensorPtr& given) {
+  if (given->numel() != 1) fail<ValueError>("item", "only one-element tensors can be converted to Python scalars, got shape ", shape_str(given->shape()));
+  const TensorPtr t = to_device("item", given, Device{});  // (a device's element: copied to the host)
   return visit_dtype(t->dtype(), [&](auto tag) -> py::object {
     using T = decltype(tag);
     const T v = *t->data<T>();
@@ -1001,6 +1055,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
 ``opforge.from_numpy(array)`` / ``opforge.from_dlpack(obj)`` (zero copy).
 )doc");
   cls.def_buffer([](Tensor& t) -> py::buffer_info {
+    check_on_host("buffer", t);
     const char* fmt = buffer_format(t.dtype());
     if (!fmt) fail<TypeError>("buffer", "the buffer protocol has no ", dtype_name(t.dtype()), " format");
     std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end()), strides;
@@ -1054,17 +1109,21 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
          "retain_graph defaults to create_graph, as in PyTorch.")
       .def("__dlpack__", [](const TensorPtr& t, py::object stream, py::object max_version, py::object dl_device,
                             py::object copy) {
-        (void)stream;  // CPU memory: nothing to order
-        const py::tuple here = py::make_tuple(int(kDLCPU), 0);
+        const DLDevice at = dl_device_of(t->device());
+        const py::tuple here = py::make_tuple(int(at.device_type), at.device_id);
         if (!dl_device.is_none() && !dl_device.equal(here)) {
           throw py::buffer_error(message("__dlpack__", "cannot export to DLPack device ",
                                          py::repr(dl_device).cast<std::string>(), "; the tensor is on ",
-                                         py::repr(here).cast<std::string>(), ", the CPU"));
+                                         py::repr(here).cast<std::string>(), " (", t->device().str(), ")"));
         }
+        if (!t->on_host()) order_for_consumer(t->device(), stream);
         return to_dlpack(t, max_version, copy);
       }, py::kw_only(), py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
          py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
-      .def("__dlpack_device__", [](const Tensor&) { return py::make_tuple(int(kDLCPU), 0); })
+      .def("__dlpack_device__", [](const Tensor& t) {
+        const DLDevice at = dl_device_of(t.device());
+        return py::make_tuple(int(at.device_type), at.device_id);
+      })
       .def("__len__", [](const Tensor& t) {
         if (t.dim() == 0) fail<TypeError>("len", "len() of a 0-d tensor");
         return t.shape()[0];
@@ -1197,7 +1256,48 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     DeviceRuntime* rt = find_device_runtime(parse_device("version", type).type);
     return rt ? rt->version() : "";
   }, py::arg("type"));
-  m.attr("backend") = built_target();
+  // memory and streams of a device type's runtime (opforge.cuda); streams cross as ints (cudaStream_t)
+  m.def("_memory_allocated", [](const std::string& text) -> size_t {
+    Device d = parse_device("memory_allocated", text);
+    DeviceRuntime* rt = find_device_runtime(d.type);
+    if (!rt || rt->device_count() == 0) return 0;
+    return rt->memory_allocated(d.index < 0 ? rt->current_device() : d.index);
+  }, py::arg("device"));
+  m.def("_empty_cache", [](const std::string& type) {
+    DeviceRuntime* rt = find_device_runtime(parse_device("empty_cache", type).type);
+    if (!rt || rt->device_count() == 0) return;
+    py::gil_scoped_release nogil;
+    rt->empty_cache();
+  }, py::arg("type"));
+  m.def("_current_stream", [](const std::string& text) {
+    Device d = parse_device("current_stream", text);
+    DeviceRuntime& rt = device_runtime("current_stream", d);
+    return py::make_tuple(d.index, reinterpret_cast<uintptr_t>(rt.current_stream(d.index)));
+  }, py::arg("device"));
+  m.def("_set_current_stream", [](const std::string& text, uintptr_t stream) {
+    Device d = parse_device("set_stream", text);
+    device_runtime("set_stream", d).set_current_stream(d.index, reinterpret_cast<void*>(stream));
+  }, py::arg("device"), py::arg("stream"));
+  m.def("_create_stream", [](const std::string& text) {
+    Device d = parse_device("Stream", text);
+    DeviceRuntime& rt = device_runtime("Stream", d);
+    return py::make_tuple(d.index, reinterpret_cast<uintptr_t>(rt.create_stream("Stream", d.index)));
+  }, py::arg("device"));
+  m.def("_release_stream", [](int index, uintptr_t stream) {
+    Device d{DeviceType::CUDA, index};
+    device_runtime("Stream", d).destroy_stream(index, reinterpret_cast<void*>(stream));
+  }, py::arg("index"), py::arg("stream"));
+  m.def("_synchronize_stream", [](int index, uintptr_t stream) {
+    Device d{DeviceType::CUDA, index};
+    DeviceRuntime& rt = device_runtime("synchronize", d);
+    py::gil_scoped_release nogil;
+    rt.synchronize_stream("synchronize", index, reinterpret_cast<void*>(stream));
+  }, py::arg("index"), py::arg("stream"));
+  m.def("_to", [](const TensorPtr& t, const std::string& text) {
+    Device d = parse_device("to", text);
+    py::gil_scoped_release nogil;
+    return to_device("to", t, d);
+  }, py::arg("tensor"), py::arg("device"));
   m.attr("built_targets") = built_targets();
 }
 

@@ -30,18 +30,41 @@ struct Device {
 // Says nothing about whether the device exists: see device_runtime().
 Device parse_device(const char* op, const std::string& text);
 
-// What the core needs of a device type's runtime. Never throws from device_count().
+// What the core needs of a device type's runtime. Device indices given to it are checked
+// (device_runtime()); errors are RuntimeError naming op. Streams are opaque handles (cudaStream_t);
+// each thread has a current stream per device (initially the device's default stream).
 class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
-  // Devices present (0 without a driver or a device: the reason is unavailable_reason()).
+  // Devices present (0 without a driver or a device: the reason is unavailable_reason()). Never throws.
   virtual int device_count() = 0;
   virtual std::string unavailable_reason() = 0;
   virtual int current_device() = 0;
-  // Waits for all work queued on the device (RuntimeError naming op on a device error).
+  // Waits for all work queued on the device.
   virtual void synchronize(const char* op, int index) = 0;
   // "CUDA runtime 13000, driver 13000" style facts for error messages and opforge.cuda.
   virtual std::string version() = 0;
+
+  // Memory: nbytes > 0 on device index, ordered on the current stream (returned in *stream),
+  // cached by the runtime (freed blocks are reused; no driver allocation per call).
+  virtual void* allocate(const char* op, int index, size_t nbytes, void** stream) = 0;
+  // Frees p (from allocate, with the stream it returned) once work queued on that stream is done.
+  virtual void deallocate(int index, void* p, size_t nbytes, void* stream) noexcept = 0;
+  virtual size_t memory_allocated(int index) = 0;  // bytes held by live allocations
+  virtual void empty_cache() = 0;                  // returns cached, unused blocks to the driver
+  // Copies nbytes between this type's device memory and the host, or within/between devices, on
+  // the current stream of the device involved; returns once host memory it writes is complete.
+  virtual void copy(const char* op, void* dst, Device dst_device, const void* src, Device src_device,
+                    size_t nbytes) = 0;
+  // Sets count elements of itemsize (1, 2, 4 or 8) bytes at p to the bytes of pattern.
+  virtual void fill(const char* op, int index, void* p, int64_t count, size_t itemsize, const void* pattern) = 0;
+
+  // Streams.
+  virtual void* current_stream(int index) = 0;
+  virtual void set_current_stream(int index, void* stream) = 0;
+  virtual void* create_stream(const char* op, int index) = 0;
+  virtual void destroy_stream(int index, void* stream) noexcept = 0;
+  virtual void synchronize_stream(const char* op, int index, void* stream) = 0;
 };
 
 // Called once per type by the runtime that serves it (a static initializer of its TU).

@@ -7,8 +7,6 @@
 
 namespace opforge {
 
-const char* built_target() { return "cpu"; }
-
 void (*on_checked_call)(const OpInfo& info) = nullptr;
 
 std::vector<const OpInfo*>& registry() {
@@ -17,8 +15,11 @@ std::vector<const OpInfo*>& registry() {
 }
 
 void register_op(OpInfo& info) {
+  info.by_device = {};
   for (const auto& t : info.targets) {
-    if (std::strcmp(t.name, built_target()) == 0) info.built = &t;
+    for (int d = 0; d < kDeviceTypes; ++d) {
+      if (t.runs && std::strcmp(t.name, device_type_name(static_cast<DeviceType>(d))) == 0) info.by_device[d] = &t;
+    }
   }
   // An op module loaded again after its spec changed (opforge.load) registers its new version
   for (const OpInfo*& op : registry()) {
@@ -60,15 +61,42 @@ std::string typevar_names(const OpInfo& info) {
   return s;
 }
 
+// RuntimeError: the op cannot run on device in this build, saying why.
+[[noreturn]] void no_kernel(const OpInfo& info, Device device) {
+  const char* target = device_type_name(device.type);
+  std::string listed;
+  bool has_rows = false;
+  for (const auto& t : info.targets) {
+    listed += std::string(listed.empty() ? "" : ", ") + t.name;
+    has_rows = has_rows || std::strcmp(t.name, target) == 0;
+  }
+  if (!has_rows) {
+    fail<RuntimeError>(info.name, "has no kernel for target ", target, " (the spec's targets: ", listed, ")");
+  }
+  fail<RuntimeError>(info.name, "has no kernel for target ", target, " in this build (its targets: ", built_targets(),
+                     "; ", target, " kernels of ", info.impl, " ops are not generated yet)");
+}
+
 }  // namespace
 
 CallInfo check_call(const OpInfo& info, std::initializer_list<const Tensor*> inputs) {
   if (on_checked_call) on_checked_call(info);
-  if (!info.built) {
-    fail<RuntimeError>(info.name, "has no kernel for target ", built_target(),
-                       " (the spec does not list it under targets)");
-  }
   CallInfo call;
+  const Tensor* first = nullptr;
+  size_t first_index = 0, k = 0;
+  for (const Tensor* t : inputs) {
+    if (t && !first) {
+      first = t;
+      first_index = k;
+    } else if (t && t->device() != first->device()) {
+      fail<RuntimeError>(info.name, "inputs are on different devices: '", info.inputs[first_index].name, "' on ",
+                         first->device().str(), ", '", info.inputs[k].name, "' on ", t->device().str());
+    }
+    ++k;
+  }
+  if (first) call.device = first->device();
+  const TargetInfo* target = info.by_device[static_cast<size_t>(call.device.type)];
+  if (!target) no_kernel(info, call.device);
   std::array<int, kMaxTypeVars> bound_by{-1, -1, -1, -1};
   bool any_format = false;
   size_t i = 0;
@@ -107,7 +135,7 @@ CallInfo check_call(const OpInfo& info, std::initializer_list<const Tensor*> inp
   }
   const size_t nv = info.typevars.size();
   bool dtype_ok = false;
-  for (const auto& row : info.built->rows) {
+  for (const auto& row : target->rows) {
     bool match = true;
     for (size_t v = 0; v < nv; ++v) match = match && row.vars[v] == call.vars[v];
     if (!match) continue;
@@ -117,11 +145,11 @@ CallInfo check_call(const OpInfo& info, std::initializer_list<const Tensor*> inp
   std::ostringstream given;
   for (size_t v = 0; v < nv; ++v) given << (v ? ", " : "") << dtype_name(call.vars[v]);
   if (!dtype_ok) {
-    fail<TypeError>(info.name, "dtype ", given.str(), " is not supported on target ", info.built->name,
-                    "; supported (", typevar_names(info), "): ", supported_list(info, *info.built));
+    fail<TypeError>(info.name, "dtype ", given.str(), " is not supported on target ", target->name,
+                    "; supported (", typevar_names(info), "): ", supported_list(info, *target));
   }
   std::string formats;
-  for (const auto& row : info.built->rows) {
+  for (const auto& row : target->rows) {
     bool match = true;
     for (size_t v = 0; v < nv; ++v) match = match && row.vars[v] == call.vars[v];
     if (match && formats.find(format_name(row.format)) == std::string::npos) {
@@ -129,7 +157,7 @@ CallInfo check_call(const OpInfo& info, std::initializer_list<const Tensor*> inp
     }
   }
   fail<TypeError>(info.name, "format ", format_name(call.format), " is not supported on target ",
-                  info.built->name, "; supported: ", formats);
+                  target->name, "; supported: ", formats);
 }
 
 }  // namespace opforge

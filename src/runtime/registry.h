@@ -37,6 +37,7 @@ struct TargetInfo {
   const char* name;     // cpu | cuda | ascend
   const char* mindspore_target;  // MindSpore's name of the device: CPU | GPU | Ascend (codegen/targets.py)
   std::vector<RowInfo> rows;
+  bool runs = false;    // this build runs the op's calls on the target (its kernels are compiled)
 };
 
 struct OpInfo {
@@ -48,24 +49,28 @@ struct OpInfo {
   std::vector<ArgInfo> outputs;
   std::vector<AttrInfo> attrs;
   std::vector<TargetInfo> targets;
-  const TargetInfo* built = nullptr;  // the row set of the target this wheel was built for
+  // per device type, the target whose rows a call on that device is checked against and whose
+  // kernels run it (null: this build cannot run the op there); set by register_op
+  std::array<const TargetInfo*, kDeviceTypes> by_device{};
 };
 
-// The result of checking a call: the bound type variables and the call's format.
+// The result of checking a call: the bound type variables, the call's format and its device
+// (its inputs' device; the host for an op without inputs).
 struct CallInfo {
   std::array<DType, kMaxTypeVars> vars{};
   Format format = Format::Default;
+  Device device;
   DType var(int i) const { return vars[static_cast<size_t>(i)]; }
 };
 
 // Test hook: when set, check_call reports each call to it (from the thread running the op).
 extern void (*on_checked_call)(const OpInfo& info);
 
-// The target this build compiles kernels for ("cpu").
-const char* built_target();
 
-// Binds type variables from the inputs (null entries are absent optional inputs) and checks
-// dtypes and format against the built target's rows; throws TypeError / ValueError naming op.
+// Binds type variables from the inputs (null entries are absent optional inputs), takes the
+// call's device from them (RuntimeError when they are on two devices, or when this build cannot
+// run the op on that device) and checks dtypes and format against that device's target rows;
+// throws TypeError / ValueError / RuntimeError naming op.
 CallInfo check_call(const OpInfo& info, std::initializer_list<const Tensor*> inputs);
 
 // Global table of every registered op (for op_info / list_ops).

@@ -186,7 +186,12 @@ void deallocate(void* p, size_t capacity) {
 }  // namespace
 
 Storage::~Storage() {
-  if (capacity) deallocate(data, capacity);
+  if (!capacity) return;
+  if (device.type == DeviceType::CPU) {
+    deallocate(data, capacity);
+  } else if (DeviceRuntime* rt = find_device_runtime(device.type)) {
+    rt->deallocate(device.index, data, capacity, stream);
+  }
 }
 
 namespace {
@@ -196,7 +201,19 @@ thread_local std::vector<BufferOffer>* t_offers = nullptr;
 BufferOfferScope::BufferOfferScope(std::vector<BufferOffer>* offers) : previous_(t_offers) { t_offers = offers; }
 BufferOfferScope::~BufferOfferScope() { t_offers = previous_; }
 
-TensorPtr empty(DType dtype, const Shape& shape, Format format) {
+TensorPtr empty(DType dtype, const Shape& shape, Format format, Device device) {
+  if (device.type != DeviceType::CPU) {
+    DeviceRuntime& rt = device_runtime(current_op() ? current_op() : "empty", device);
+    const int64_t n = checked_numel("allocate", shape, dtype);
+    auto storage = std::make_shared<Storage>();
+    storage->device = device;
+    storage->nbytes = static_cast<size_t>(n) * itemsize(dtype);
+    if (storage->nbytes) {
+      storage->data = rt.allocate(current_op() ? current_op() : "empty", device.index, storage->nbytes, &storage->stream);
+      storage->capacity = storage->nbytes;
+    }
+    return std::make_shared<Tensor>(std::move(storage), dtype, shape, contiguous_strides(shape), 0, format);
+  }
   if (t_offers) {
     for (BufferOffer& o : *t_offers) {
       if (o.taken || o.dtype != dtype || o.shape != shape) continue;
@@ -219,15 +236,44 @@ TensorPtr empty(DType dtype, const Shape& shape, Format format) {
   return std::make_shared<Tensor>(std::move(storage), dtype, shape, contiguous_strides(shape), 0, format);
 }
 
-TensorPtr full(DType dtype, const Shape& shape, double value, Format format) {
-  auto t = empty(dtype, shape, format);
+TensorPtr full(DType dtype, const Shape& shape, double value, Format format, Device device) {
+  auto t = empty(dtype, shape, format, device);
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     T v = convert<T>(value);
+    if (device.type != DeviceType::CPU) {
+      device_runtime("full", device).fill("full", device.index, t->raw_data(), t->numel(), sizeof(T), &v);
+      return;
+    }
     T* p = t->data<T>();
     for (int64_t i = 0, n = t->numel(); i < n; ++i) p[i] = v;
   });
   return t;
+}
+
+void check_on_host(const char* op, const Tensor& t) {
+  if (!t.on_host()) {
+    fail<TypeError>(op, "the tensor is on ", t.device().str(), ": its memory cannot be read from the host; "
+                    "copy it there first with .cpu()");
+  }
+}
+
+TensorPtr to_device(const char* op, const TensorPtr& t, Device device) {
+  if (device.type != DeviceType::CPU) device_runtime(op, device);  // (checks it, resolves a bare index)
+  if (t->device() == device) return t;
+  TensorPtr src = t;
+  if (!src->is_contiguous()) {
+    if (!src->on_host()) {
+      fail<RuntimeError>(op, "copying a non-contiguous ", src->device().str(), " tensor between devices is not "
+                         "supported yet: make it contiguous on its device first");
+    }
+    src = contiguous(src);
+  }
+  auto out = empty(src->dtype(), src->shape(), src->format(), device);
+  Device other = src->on_host() ? device : src->device();
+  device_runtime(op, other).copy(op, out->raw_data(), device, src->raw_data(), src->device(),
+                                                      static_cast<size_t>(src->numel()) * itemsize(src->dtype()));
+  return out;
 }
 
 TensorPtr detach(const TensorPtr& t) {
@@ -235,6 +281,17 @@ TensorPtr detach(const TensorPtr& t) {
 }
 
 void copy_into(const TensorPtr& dst, const TensorPtr& src) {
+  if (!dst->on_host() || !src->on_host()) {
+    if (dst->dtype() == src->dtype() && dst->shape() == src->shape() && dst->is_contiguous() && src->is_contiguous()) {
+      Device d = dst->on_host() ? src->device() : dst->device();
+      device_runtime("copy", d).copy(current_op() ? current_op() : "copy", dst->raw_data(), dst->device(),
+                                     src->raw_data(), src->device(),
+                                     static_cast<size_t>(src->numel()) * itemsize(src->dtype()));
+      return;
+    }
+    fail<RuntimeError>(current_op() ? current_op() : "copy", "converting or strided copies of ", src->device().str(),
+                       " tensors to ", dst->device().str(), " are not supported yet");
+  }
   visit_dtype(dst->dtype(), [&](auto out_tag) {
     using Out = decltype(out_tag);
     visit_dtype(src->dtype(), [&](auto in_tag) {
@@ -246,7 +303,7 @@ void copy_into(const TensorPtr& dst, const TensorPtr& src) {
 
 TensorPtr contiguous(const TensorPtr& t) {
   if (t->is_contiguous()) return t;
-  auto out = empty(t->dtype(), t->shape(), t->format());
+  auto out = empty(t->dtype(), t->shape(), t->format(), t->device());
   copy_into(out, t);
   return out;
 }

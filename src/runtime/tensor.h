@@ -27,6 +27,8 @@ struct Storage {
   std::shared_ptr<void> owner;
   bool external = false;  // memory of another library (NumPy, DLPack): never reused as ours
   bool readonly = false;  // the owner forbids writes: views handed out are read-only too
+  Device device;          // where data lives (host memory unless a device runtime allocated it)
+  void* stream = nullptr; // the device stream our own allocation is ordered on (freed there)
 };
 
 class Node;
@@ -43,7 +45,8 @@ class Tensor {
   DType dtype() const { return dtype_; }
   Format format() const { return format_; }
   void set_format(Format f) { format_ = f; }
-  Device device() const { return Device{}; }  // (CUDA tensors: issue 14, next step)
+  Device device() const { return storage_->device; }
+  bool on_host() const { return storage_->device.type == DeviceType::CPU; }
   const Shape& shape() const { return shape_; }
   const Shape& strides() const { return strides_; }  // in elements
   int64_t offset() const { return offset_; }         // in elements
@@ -105,8 +108,13 @@ std::string shape_str(const Shape& shape);
 // Elements of a shape; throws ValueError naming op when negative or too large to address.
 int64_t checked_numel(const char* op, const Shape& shape, DType dtype);
 // A new tensor with fresh, 64-byte aligned, uninitialized contiguous storage (or, while this
-// thread has buffer offers, the first untaken offer of that dtype and shape).
-TensorPtr empty(DType dtype, const Shape& shape, Format format = Format::Default);
+// thread has buffer offers, the first untaken offer of that dtype and shape). On a device, the
+// device runtime's memory, ordered on the device's current stream.
+TensorPtr empty(DType dtype, const Shape& shape, Format format = Format::Default, Device device = Device{});
+// TypeError naming op unless t's memory is host memory (what reading it from the CPU needs).
+void check_on_host(const char* op, const Tensor& t);
+// t on device: t itself when already there, else a contiguous copy (no autograd).
+TensorPtr to_device(const char* op, const TensorPtr& t, Device device);
 
 // Memory of a host (the AOT entry points' output buffers) that empty() may hand out instead of
 // allocating, so an op writes its results in place. Whoever makes the offers copies the op's
@@ -129,7 +137,8 @@ class BufferOfferScope {
   std::vector<BufferOffer>* previous_;
 };
 // A tensor filled with value.
-TensorPtr full(DType dtype, const Shape& shape, double value, Format format = Format::Default);
+TensorPtr full(DType dtype, const Shape& shape, double value, Format format = Format::Default,
+               Device device = Device{});
 // The same data with no autograd history (shares storage).
 TensorPtr detach(const TensorPtr& t);
 // t itself if contiguous, else a contiguous copy (no autograd).

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import opforge
+import opforge.cuda
 from opforge import ops
 
 # ---------------------------------------------------------------------------- uninitialized Tensor
@@ -201,7 +202,8 @@ BAD_CAPSULES = [
      f"{X}: the DLPack strides (1,) (byte offset 18446744073709551608) reach outside the address space for shape (4,)"),
     (dict(byte_offset=3), ValueError, f"{X}: the DLPack data (byte offset 3) is not aligned to its 8-byte elements"),
     (dict(data=0), ValueError, f"{X}: the DLPack tensor has a null data pointer"),
-    (dict(device=2), TypeError, f"{X} lives on DLPack device type 2; this build (target cpu) only reads CPU memory"),
+    (dict(device=7), TypeError, f"{X} lives on DLPack device type 7; opforge reads CPU (1), CUDA host (3) and, in "
+                                f"builds with cuda (targets: {opforge._C.built_targets}), CUDA (2) memory"),
     (dict(dtype=(2, 64, 4)), TypeError, f"{X} has an unsupported DLPack dtype (code 2, 64 bits, 4 lanes); supported "
                                         "dtypes: bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, "
                                         "float64"),
@@ -216,6 +218,15 @@ def test_hostile_capsules_are_refused_and_left_to_their_producer(fields: dict, e
         with pytest.raises(error, match=f"^{re.escape('[from_dlpack] ' + message)}$"):
             opforge.from_dlpack(c.capsule)
         assert c.capsule_name() == c.name.decode() and c.deleted == 0  # not consumed: still the producer's
+
+
+@pytest.mark.skipif(opforge.cuda.is_available(), reason="a CUDA device is present: the device tests cover kDLCUDA")
+def test_cuda_capsules_need_a_cuda_device() -> None:
+    # device type 2 (kDLCUDA): memory opforge may only touch through a CUDA runtime and device
+    c = Capsule(np.arange(4.0), True, device=2)
+    with pytest.raises(RuntimeError, match=r"^\[from_dlpack\] device 'cuda:0': "):
+        opforge.from_dlpack(c.capsule)
+    assert c.capsule_name() == c.name.decode() and c.deleted == 0
 
 
 def test_an_empty_capsule_may_have_no_data() -> None:
@@ -283,7 +294,7 @@ def test_dlpack_export_flags_and_arguments() -> None:
                                                   "got [1, 0]")):
         t.__dlpack__(max_version=[1, 0])
     with pytest.raises(BufferError, match=re.escape("[__dlpack__] cannot export to DLPack device (2, 0); the tensor "
-                                                    "is on (1, 0), the CPU")):
+                                                    "is on (1, 0) (cpu)")):
         t.__dlpack__(dl_device=(2, 0))
     # the flags as a consumer reads them
     for kwargs, flags in (({}, 1), ({"copy": True}, 2)):
