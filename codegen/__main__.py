@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from .errors import SpecError, SpecErrors
-from .gen import module_output_names, output_names, render_all, render_module, write_if_changed
+from .gen import device_files, module_output_names, output_names, render_all, render_module, write_if_changed
 from .load import load_specs, spec_paths
 from .model import CppImpl, OpSpec
 from .targets import BUILDS, TARGETS, Build
@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "outputs" and args.module:
             print("\n".join(module_output_names([p.stem for p in spec_paths([args.specs])], args.module)))
         elif args.cmd == "outputs":
-            print("\n".join(output_names([p.stem for p in spec_paths([args.specs])])))
+            build = BUILDS[args.backend]
+            # (device-kernel TUs depend on the specs' impl and targets: read them only when the build has devices)
+            device = device_files(_load(args.specs, build), build) if len(build.targets) > 1 else []
+            print("\n".join(output_names([p.stem for p in spec_paths([args.specs])], device)))
         elif args.cmd == "kernels":
             root = args.specs.resolve().parent
             build = BUILDS[args.backend]

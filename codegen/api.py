@@ -13,6 +13,7 @@ from .formula.kinds import NUMBER, VType, attr_vtype
 from .formula.lang import CPP, CppLang
 from .formula.syntax import names_in
 from .model import Attr, AttrType, CompositeImpl, DType, ExprImpl, Format, OpSpec, expr_scope
+from .targets import HOST, Backend, Build
 
 DTYPE_ENUM = {
     DType.BOOL: "Bool", DType.UINT8: "UInt8", DType.INT8: "Int8", DType.INT16: "Int16", DType.INT32: "Int32",
@@ -342,3 +343,19 @@ def lower_formulas(op: OpSpec, table: Mapping[str, Callee], lang: CppLang = CPP)
         bprop = LoweredBprop(let_rows, tuple(grads), saved, uses_attrs, tuple(sorted(bscope_used)))
         used |= bscope_used
     return Lowered(composite, bprop, tuple(sorted(used)))
+
+
+def device_kernel_targets(op: OpSpec, build: Build) -> tuple[Backend, ...]:
+    """The targets besides the host whose kernels codegen generates for op in ``build``: the CUDA
+    elementwise kernel of an expr op with cuda rows (cpp ops' CUDA kernels: their .cu files)."""
+    if not isinstance(op.impl, ExprImpl):
+        return ()
+    return tuple(t for t in build.targets if t != HOST and op.target(t) is not None)
+
+
+def runnable_targets(op: OpSpec, build: Build) -> tuple[Backend, ...]:
+    """The targets of op whose calls ``build`` can run: the host (its kernels are always compiled)
+    and the device targets whose kernels are generated; a composite op runs on any built target
+    through the ops it calls, which check their own rows."""
+    runs = set(build.targets) if isinstance(op.impl, CompositeImpl) else {HOST, *device_kernel_targets(op, build)}
+    return tuple(t.name for t in op.targets if t.name in runs and t.name in build.targets)

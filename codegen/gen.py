@@ -3,6 +3,7 @@ before generation (meson needs the list) and write files only when their content
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -15,7 +16,7 @@ from .dest.registry import render_registry
 from .dest.render import Rendered, banner, render
 from .dest.stub import render_stub
 from .model import OpSpec
-from .targets import BUILDS, Build
+from .targets import BUILDS, HOST, TARGETS, Backend, Build
 
 __all__ = ["Rendered", "render_op", "render_registry", "render_stub", "render_formulas", "render_all",
            "render_module", "write_if_changed", "output_names", "module_output_names"]
@@ -42,10 +43,24 @@ def render_op(op: OpSpec, table: Mapping[str, api.Callee], spec_source: str, bui
     ``ops.Custom(func_type="aot")`` calls them)."""
     lowered = api.lower_formulas(op, table)
     header = function.header_context(op, build)
-    tu = {**registry.context(op, build), **function.context(op, lowered), **binding.context(op),
+    tu = {**registry.context(op, build), **function.context(op, lowered, build), **binding.context(op),
           **aot.context(op, aot_entry_points)}
-    return [Rendered(op.name + ".h", render("op.h.j2", banner=banner("//", spec_source, "op.h.j2"), **header)),
-            Rendered(op.name + ".cpp", render("op.cpp.j2", banner=banner("//", spec_source, "op.cpp.j2"), **tu))]
+    out = [Rendered(op.name + ".h", render("op.h.j2", banner=banner("//", spec_source, "op.h.j2"), **header)),
+           Rendered(op.name + ".cpp", render("op.cpp.j2", banner=banner("//", spec_source, "op.cpp.j2"), **tu))]
+    for t in api.device_kernel_targets(op, build):
+        out.append(Rendered(device_file(op, t), render("op_device.cu.j2", banner=banner("//", spec_source, "op_device.cu.j2"),
+                                                       **function.device_kernel_context(op, t))))
+    return out
+
+
+def device_file(op: OpSpec, target: Backend) -> str:
+    """The generated TU of op's kernel on a device target: <op>.cu for cuda (the target's suffix)."""
+    return op.name + TARGETS[target].kernel_suffix
+
+
+def device_files(ops: Sequence[OpSpec], build: Build) -> list[str]:
+    """Every generated device-kernel TU of ops in build (the outputs meson must know of)."""
+    return [device_file(op, t) for op in ops for t in api.device_kernel_targets(op, build)]
 
 
 def render_all(ops: Sequence[OpSpec], sources: Mapping[str, str], build: Build = BUILDS["cpu"]) -> list[Rendered]:
@@ -68,6 +83,9 @@ def render_module(ops: Sequence[OpSpec], sources: Mapping[str, str], module: str
     ``opforge init`` packages): per-op header/TU, ``<module>.module.cpp`` (its PyInit), ``ops.pyi`` and
     ``_formulas.py`` (its op table, which ``opforge.torch.register_module`` reads). Formulas may
     call ``known`` ops (opforge's own, as specs or signatures), whose headers opforge ships."""
+    # (op modules compile host kernels only, with the C++ compiler: their ops' device rows are
+    # registered but not run until modules compile device code too)
+    build = dataclasses.replace(build, targets=tuple(t for t in build.targets if t == HOST))
     table: dict[str, api.Callee] = {o.name: o for o in known}
     table.update({o.name: o for o in ops})
     out: list[Rendered] = []
@@ -88,9 +106,10 @@ def module_output_names(op_names: Sequence[str], module: str) -> list[str]:
     return names + [f"{module}.module.cpp", "ops.pyi", "_formulas.py"]
 
 
-def output_names(op_names: Sequence[str]) -> list[str]:
-    """The generated file names, known before generation (meson needs the list)."""
+def output_names(op_names: Sequence[str], device: Sequence[str] = ()) -> list[str]:
+    """The generated file names, known before generation (meson needs the list); ``device``: the
+    device-kernel TUs (device_files), which only builds with device targets have."""
     names = []
     for n in sorted(op_names):
         names += [f"{n}.h", f"{n}.cpp"]
-    return names + ["ops_registry.cpp", "ops.pyi", "_formulas.py"]
+    return names + sorted(device) + ["ops_registry.cpp", "ops.pyi", "_formulas.py"]

@@ -125,12 +125,15 @@ def _params(op: OpSpec, with_defaults: bool) -> str:
 # ---------------------------------------------------------------------------- Forward
 
 
-def _kernel_branches(op: OpSpec) -> list[tuple[str, str, str]]:
-    """(if / else if, condition, call) per dtype binding: the kernel call of an expr or cpp op."""
+def _kernel_branches(op: OpSpec, target: Backend = HOST_TARGET, loop_ns: str = "",
+                     args: str = "expr_args(attrs)") -> list[tuple[str, str, str]]:
+    """(if / else if, condition, call) per dtype binding of the target's rows: the kernel call of an
+    expr op (the elementwise loop of namespace ``loop_ns`` with the functor made of ``args``) or
+    of a cpp op (its host kernel)."""
     tvars = [v for v, _ in op.typevars]
     inputs = op.inputs
     branches: list[tuple[str, str, str]] = []
-    for b in _bindings(op, HOST.name):
+    for b in _bindings(op, target):
         if isinstance(op.impl, ExprImpl):
             out = op.outputs[0]
             ctype = (f"compute_t<{_storage(inputs[[i.dtype for i in inputs].index(tvars[0])].dtype, b)}>"
@@ -138,15 +141,15 @@ def _kernel_branches(op: OpSpec) -> list[tuple[str, str, str]]:
                      else f"compute_t<{_storage(out.dtype, b)}>")
             in_tys = [_storage(i.dtype, b) for i in inputs]
             ins = ", ".join(f"v_{i.name}.get()" for i in inputs)
-            functor = f"{op.class_name}Expr<{ctype}>{{attrs}}"
+            functor = f"{op.class_name}Expr<{ctype}>{{{args}}}"
             if len(op.outputs) == 1:
                 tys = ", ".join([_storage(out.dtype, b)] + in_tys)
-                body = f"elementwise<{tys}>(*v_{out.name}, {functor}, {{{ins}}});"
+                body = f"{loop_ns}elementwise<{tys}>(*v_{out.name}, {functor}, {{{ins}}});"
             else:  # one pass writing every output
                 outs = ", ".join(_storage(o.dtype, b) for o in op.outputs)
                 tys = ", ".join([f"std::tuple<{outs}>"] + in_tys)
                 ptrs = ", ".join(f"v_{o.name}.get()" for o in op.outputs)
-                body = f"elementwise_n<{tys}>({{{ptrs}}}, {functor}, {{{ins}}});"
+                body = f"{loop_ns}elementwise_n<{tys}>({{{ptrs}}}, {functor}, {{{ins}}});"
         else:
             args = ", ".join([f"c_{i.name}" for i in inputs] + [f"v_{o.name}" for o in op.outputs] + ["attrs"])
             targs = f"<{_template_args(op, b)}>" if tvars else ""
@@ -155,8 +158,15 @@ def _kernel_branches(op: OpSpec) -> list[tuple[str, str, str]]:
     return branches
 
 
-def _forward(op: OpSpec, lowered: Lowered) -> tuple[list[str], list[tuple[str, str, str]]]:
-    """Forward's lines up to the kernel call, and the kernel call's dtype branches."""
+def _device_kernel_params(op: OpSpec) -> str:
+    """The parameters of a generated device kernel of an expr op (``kernels::cuda::<op>``)."""
+    tensors = [f"const TensorPtr& v_{o.name}" for o in op.outputs] + [f"const TensorPtr& v_{i.name}" for i in op.inputs]
+    return ", ".join([f"const CallInfo& call", f"const {op.class_name}ExprArgs& a"] + tensors)
+
+
+def _forward(op: OpSpec, lowered: Lowered, build: Build) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """Forward's lines up to the kernel call, and the kernel call's branches: by the call's device
+    for the device targets whose kernels are generated, then by dtype on the host."""
     check_args = ", ".join(f"v_{i.name}.get()" for i in op.inputs)
     fwd = [f"const CallInfo call = check_call(kInfo, {{{check_args}}});"]
     impl = op.impl
@@ -167,7 +177,16 @@ def _forward(op: OpSpec, lowered: Lowered) -> tuple[list[str], list[tuple[str, s
         for o in op.outputs:
             fwd.append(f"TensorPtr v_{o.name} = empty({dtype_expr(op, o.dtype)}, "
                        f"{shape_expr(op, o.shape)}, call.format, call.device);")
-        return fwd, _kernel_branches(op)
+        device: list[tuple[str, str, str]] = []
+        for t in api.device_kernel_targets(op, build):
+            tensors = ", ".join([f"v_{o.name}" for o in op.outputs] + [f"v_{i.name}" for i in op.inputs])
+            device.append(("if" if not device else "else if",
+                           f"call.device.type == DeviceType::{TARGETS[t].macro_suffix}",
+                           f"{TARGETS[t].namespace}::{op.name}(call, expr_args(attrs), {tensors});"))
+        host = _kernel_branches(op)
+        if device and host:
+            host = [("else if", cond, body) for _, cond, body in host]
+        return fwd, device + host
     if isinstance(impl, PyfuncImpl):
         for o in op.outputs:
             fwd.append(f"TensorPtr v_{o.name} = empty({dtype_expr(op, o.dtype)}, "
@@ -231,14 +250,29 @@ def _backward(op: OpSpec, lb: LoweredBprop) -> list[str]:
     return bw
 
 
+_SCALAR_ATTRS = (AttrType.BOOL, AttrType.INT, AttrType.FLOAT)
+
+
 def _expr_functor(op: OpSpec) -> Optional[dict[str, Any]]:
+    """The expression functor (one for the host and CUDA devices, in the op's header) and the plain
+    struct of attr values it reads (``<Cls>ExprArgs``: scalar attrs, optional ones as
+    ``DeviceOptional``, and the str attr tests computed once per call), copied to the device."""
     lowered = api.lowered_expr(op)
     if lowered is None:
         return None
     tparams = ", ".join(f"typename P{k}" for k in range(len(op.inputs)))
     fparams = ", ".join(f"P{k} v_{i.name}" for k, i in enumerate(op.inputs))
-    return {"tparams": tparams, "params": fparams, "expr": lowered.code,
-            "flags": [f"const bool {m} = {init};" for m, init in lowered.flags]}
+    fields, init = [], []
+    for a in op.attrs:
+        if a.type in _SCALAR_ATTRS:
+            t = api.ATTR_CPP[a.type]
+            fields.append(f"DeviceOptional<{t}> {a.name};" if a.optional_value else f"{t} {a.name};")
+            init.append(f"e.{a.name} = a.{a.name};")
+    for m, code in lowered.flags:
+        fields.append(f"bool {m};")
+        init.append(f"e.{m} = {code};")
+    return {"tparams": tparams, "params": fparams, "expr": lowered.code, "fields": fields, "init": init,
+            "flags": [f"[[maybe_unused]] const bool {m} = a.{m};" for m, _ in lowered.flags]}
 
 
 # ---------------------------------------------------------------------------- contexts
@@ -266,14 +300,25 @@ def header_context(op: OpSpec, build: Build) -> dict[str, Any]:
         "attr_fields": attr_fields, "ret_type": _ret_type(op), "params_decl": _params(op, with_defaults=True),
         "infer_fns": sorted({o.shape.args[0] for o in op.outputs if o.shape.kind == ShapeKind.INFER}),
         "kernels": kernels, "infer_path": HOST.kernel_path(op.name),
+        "expr": _expr_functor(op),
+        "device_kernels": [{"namespace": TARGETS[t].namespace, "params": _device_kernel_params(op),
+                            "file": f"{op.name}{TARGETS[t].kernel_suffix}"}
+                           for t in api.device_kernel_targets(op, build)],
     }
 
 
-def context(op: OpSpec, lowered: Lowered) -> dict[str, Any]:
+def device_kernel_context(op: OpSpec, target: Backend) -> dict[str, Any]:
+    """What templates/op_device.cu.j2 places: the generated kernel of an expr op on a device
+    target (the target table's namespace; the elementwise loop of runtime/cuda/elementwise.cuh)."""
+    return {"name": op.name, "namespace": TARGETS[target].namespace, "params": _device_kernel_params(op),
+            "branches": _kernel_branches(op, target, "::opforge::cuda::", "a")}
+
+
+def context(op: OpSpec, lowered: Lowered, build: Build) -> dict[str, Any]:
     """What templates/function.cpp.j2 places (and op.cpp.j2's includes of the ops formulas call)."""
     cls = op.class_name
     inputs = op.inputs
-    forward, branches = _forward(op, lowered)
+    forward, branches = _forward(op, lowered, build)
     lb = lowered.bprop
     return {
         "name": op.name, "cls": cls,
@@ -297,5 +342,5 @@ def context(op: OpSpec, lowered: Lowered) -> dict[str, Any]:
         "apply_args": ", ".join([f"v_{i.name}" for i in inputs] + ["attrs"]),
         "check_args": ", ".join(f"v_{i.name}.get()" for i in inputs),
         "composite_code": lowered.composite,
-        "meta_rows": [f"TensorMeta{{{shape_expr(op, o.shape)}, {dtype_expr(op, o.dtype)}}}" for o in op.outputs],
+        "meta_rows": [f"TensorMeta{{{shape_expr(op, o.shape)}, {dtype_expr(op, o.dtype)}, call.device}}" for o in op.outputs],
     }

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .. import api, escape
-from ..model import CompositeImpl, OpSpec
-from ..targets import HOST, TARGETS, Backend, Build
+from ..model import OpSpec
+from ..targets import TARGETS, Build
 from .render import Rendered, banner, render, shown_sources
 
 _cpp_str = escape.cpp_str
@@ -20,18 +20,10 @@ def _arg_info(tvars: list[str], name: str, dtype: str, optional: bool, diff: boo
             f"{'true' if diff else 'false'}}}")
 
 
-def runnable_targets(op: OpSpec, build: Build) -> tuple[Backend, ...]:
-    """The targets of op whose calls ``build`` can run: kernels are generated for the host target
-    (CUDA kernels of expr and cpp ops come with the cuda backend's kernel generation); a composite
-    op runs on any built target through the ops it calls, which check their own rows."""
-    runs = set(build.targets) if isinstance(op.impl, CompositeImpl) else {HOST}
-    return tuple(t.name for t in op.targets if t.name in runs and t.name in build.targets)
-
-
 def context(op: OpSpec, build: Build) -> dict[str, Any]:
     """What templates/registry_row.cpp.j2 places (and kDoc, which the row and the binding share)."""
     tvars = [v for v, _ in op.typevars]
-    runnable = runnable_targets(op, build)
+    runnable = api.runnable_targets(op, build)
     info_targets = []
     for t in op.targets:
         rows = []

@@ -29,7 +29,7 @@ void AutogradContext::init(const char* op, const TensorList& inputs, bool any_gr
   for (size_t i = 0; i < inputs.size(); ++i) {
     const auto& t = inputs[i];
     needs_input_grad_[i] = t && t->requires_grad();
-    if (t) input_meta_[i] = TensorMeta{t->shape(), t->dtype()};
+    if (t) input_meta_[i] = TensorMeta{t->shape(), t->dtype(), t->device()};
   }
 }
 
@@ -143,7 +143,7 @@ void record(const std::shared_ptr<Node>& node, AutogradContext& ctx, const Tenso
   node->output_meta.reserve(outputs.size());
   for (size_t k = 0; k < outputs.size(); ++k) {
     const auto& out = outputs[k];
-    node->output_meta.push_back(TensorMeta{out->shape(), out->dtype()});
+    node->output_meta.push_back(TensorMeta{out->shape(), out->dtype(), out->device()});
     if (!ctx.is_non_differentiable(out) && is_floating(out->dtype())) {
       out->set_history(node, static_cast<uint32_t>(k));
     }
@@ -162,7 +162,7 @@ namespace {
 TensorPtr owned(TensorPtr g) {
   const bool exclusive = g.use_count() == 1 && g->storage().use_count() == 1 && !g->storage()->external;
   if (exclusive && g->is_contiguous()) return g;
-  auto out = empty(g->dtype(), g->shape(), g->format());
+  auto out = empty(g->dtype(), g->shape(), g->format(), g->device());
   copy_into(out, g);
   return out;
 }
@@ -233,6 +233,8 @@ TensorList run_backward(const TensorList& roots, const TensorList& grad_roots, b
     } else if (g->shape() != r->shape()) {
       fail<ValueError>("backward", "grad has shape ", shape_str(g->shape()), " but the tensor has shape ",
                        shape_str(r->shape()));
+    } else if (g->device() != r->device()) {
+      fail<ValueError>("backward", "grad is on ", g->device().str(), " but the tensor is on ", r->device().str());
     } else if (g->dtype() != r->dtype()) {
       g = cast(g, r->dtype());
     }
@@ -281,7 +283,10 @@ TensorList run_backward(const TensorList& roots, const TensorList& grad_roots, b
     const bool run = any && !(capture_mode && is_leaf_acc);
     if (run) {
       for (size_t k = 0; k < grads.size() && k < node->output_meta.size(); ++k) {
-        if (!grads[k]) grads[k] = full(node->output_meta[k].dtype, node->output_meta[k].shape, 0.0);
+        if (!grads[k]) {
+          const TensorMeta& m = node->output_meta[k];
+          grads[k] = full(m.dtype, m.shape, 0.0, Format::Default, m.device);
+        }
       }
     }
     {

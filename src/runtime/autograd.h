@@ -41,6 +41,7 @@ struct Edge {
 struct TensorMeta {
   Shape shape;
   DType dtype;
+  Device device;
 };
 
 // A step of the recorded graph: takes the gradients of its forward outputs, returns those of

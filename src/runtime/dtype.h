@@ -7,6 +7,15 @@
 #include <string>
 #include <type_traits>
 
+// Functions compiled for the host and, by nvcc, for CUDA devices too: element conversions, the
+// scalar math of elementwise expressions and the generated expression functors, so that CPU and
+// CUDA kernels run the same arithmetic.
+#if defined(__CUDACC__)
+#define OPFORGE_HD __host__ __device__
+#else
+#define OPFORGE_HD
+#endif
+
 namespace opforge {
 
 enum class DType : uint8_t {
@@ -23,17 +32,17 @@ bool format_from_name(const std::string& name, Format* out);
 size_t itemsize(DType d);
 inline bool is_floating(DType d) { return d >= DType::Float16; }
 
-inline uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-inline float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+OPFORGE_HD inline uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+OPFORGE_HD inline float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 
 // IEEE 754 binary16, stored; arithmetic happens in float.
 struct Half {
   uint16_t bits = 0;
   Half() = default;
-  Half(float f) : bits(from_float(f)) {}  // NOLINT: implicit like a builtin float type
-  operator float() const { return to_float(bits); }
+  OPFORGE_HD Half(float f) : bits(from_float(f)) {}  // NOLINT: implicit like a builtin float type
+  OPFORGE_HD operator float() const { return to_float(bits); }
 
-  static uint16_t from_float(float f) {
+  OPFORGE_HD static uint16_t from_float(float f) {
     // round-to-nearest-even conversion via the float bit pattern
     uint32_t x = f32_bits(f);
     uint32_t sign = (x >> 16) & 0x8000u;
@@ -48,7 +57,7 @@ struct Half {
     absx += 0xc8000fffu + mant_odd;  // rebias exponent (-112 << 23) and round
     return uint16_t(sign | (absx >> 13));
   }
-  static float to_float(uint16_t h) {
+  OPFORGE_HD static float to_float(uint16_t h) {
     uint32_t sign = uint32_t(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t mant = h & 0x3ffu;
@@ -65,9 +74,9 @@ struct Half {
 struct BFloat16 {
   uint16_t bits = 0;
   BFloat16() = default;
-  BFloat16(float f) : bits(from_float(f)) {}  // NOLINT
-  operator float() const { return bits_f32(uint32_t(bits) << 16); }
-  static uint16_t from_float(float f) {
+  OPFORGE_HD BFloat16(float f) : bits(from_float(f)) {}  // NOLINT
+  OPFORGE_HD operator float() const { return bits_f32(uint32_t(bits) << 16); }
+  OPFORGE_HD static uint16_t from_float(float f) {
     uint32_t x = f32_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40);  // quiet NaN
     x += 0x7fffu + ((x >> 16) & 1u);
@@ -100,7 +109,7 @@ template <> struct acc_type<BFloat16> { using type = double; };
 template <typename T> using acc_t = typename acc_type<T>::type;
 
 template <typename To, typename From>
-inline To convert(From v) {
+OPFORGE_HD inline To convert(From v) {
   if constexpr (std::is_same_v<To, bool>) {
     if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>) {
       return static_cast<float>(v) != 0.0f;

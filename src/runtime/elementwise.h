@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <optional>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -15,7 +16,9 @@
 
 #include "runtime/tensor.h"
 
-#if defined(__GNUC__)
+#if defined(__CUDACC__)
+#define OPFORGE_INLINE __forceinline__
+#elif defined(__GNUC__)
 #define OPFORGE_INLINE inline __attribute__((always_inline))
 #else
 #define OPFORGE_INLINE inline
@@ -24,34 +27,46 @@
 namespace opforge {
 
 // Scalar functions for `impl.expr` formulas; arguments are compute types (float, double, ints).
+// Host and device (OPFORGE_HD): CUDA's <cmath> overloads serve std:: in device code.
 namespace fn {
-template <typename T> OPFORGE_INLINE auto exp(T x) { return std::exp(x); }
-template <typename T> OPFORGE_INLINE auto log(T x) { return std::log(x); }
-template <typename T> OPFORGE_INLINE auto log1p(T x) { return std::log1p(x); }
-template <typename T> OPFORGE_INLINE auto expm1(T x) { return std::expm1(x); }
-template <typename T> OPFORGE_INLINE auto sqrt(T x) { return std::sqrt(x); }
-template <typename T> OPFORGE_INLINE auto rsqrt(T x) { return T(1) / std::sqrt(x); }
-template <typename T> OPFORGE_INLINE auto tanh(T x) { return std::tanh(x); }
-template <typename T> OPFORGE_INLINE auto sin(T x) { return std::sin(x); }
-template <typename T> OPFORGE_INLINE auto cos(T x) { return std::cos(x); }
-template <typename T> OPFORGE_INLINE auto erf(T x) { return std::erf(x); }
-template <typename T> OPFORGE_INLINE auto floor(T x) { return std::floor(x); }
-template <typename T> OPFORGE_INLINE auto ceil(T x) { return std::ceil(x); }
-template <typename T> OPFORGE_INLINE auto pow(T x, T y) { return std::pow(x, y); }
-template <typename T> OPFORGE_INLINE T abs(T x) {
+template <typename T> OPFORGE_HD OPFORGE_INLINE auto exp(T x) { return std::exp(x); }
+template <typename T> OPFORGE_HD OPFORGE_INLINE auto log(T x) { return std::log(x); }
+template <typename T> OPFORGE_HD OPFORGE_INLINE auto log1p(T x) { return std::log1p(x); }
+template <typename T> OPFORGE_HD OPFORGE_INLINE auto expm1(T x) { return std::expm1(x); }
+template <typename T> OPFORGE_HD OPFORGE_INLINE auto sqrt(T x) { return std::sqrt(x); }
+template <typename T> OPFORGE_HD OPFORGE_INLINE auto rsqrt(T x) { return T(1) / std::sqrt(x); }
+template <typename T> OPFORGE_HD OPFORGE_INLINE auto tanh(T x) { return std::tanh(x); }
+template <typename T> OPFORGE_HD OPFORGE_INLINE auto sin(T x) { return std::sin(x); }
+template <typename T> OPFORGE_HD OPFORGE_INLINE auto cos(T x) { return std::cos(x); }
+template <typename T> OPFORGE_HD OPFORGE_INLINE auto erf(T x) { return std::erf(x); }
+template <typename T> OPFORGE_HD OPFORGE_INLINE auto floor(T x) { return std::floor(x); }
+template <typename T> OPFORGE_HD OPFORGE_INLINE auto ceil(T x) { return std::ceil(x); }
+template <typename T> OPFORGE_HD OPFORGE_INLINE auto pow(T x, T y) { return std::pow(x, y); }
+template <typename T> OPFORGE_HD OPFORGE_INLINE T abs(T x) {
   if constexpr (std::is_unsigned_v<T> || std::is_same_v<T, bool>) return x;
   else return x < T(0) ? T(-x) : x;
 }
 // NaN-propagating, like numpy.maximum / numpy.minimum.
-template <typename A, typename B> OPFORGE_INLINE auto maximum(A a, B b) {
+template <typename A, typename B> OPFORGE_HD OPFORGE_INLINE auto maximum(A a, B b) {
   using R = std::common_type_t<A, B>;
   return (R(a) != R(a) || R(a) > R(b)) ? R(a) : R(b);
 }
-template <typename A, typename B> OPFORGE_INLINE auto minimum(A a, B b) {
+template <typename A, typename B> OPFORGE_HD OPFORGE_INLINE auto minimum(A a, B b) {
   using R = std::common_type_t<A, B>;
   return (R(a) != R(a) || R(a) < R(b)) ? R(a) : R(b);
 }
 }  // namespace fn
+
+// An optional attr's value as an expression functor holds it (plain data: copied to the device).
+template <typename T>
+struct DeviceOptional {
+  bool has = false;
+  T value{};
+  DeviceOptional() = default;
+  DeviceOptional(const std::optional<T>& o) : has(o.has_value()), value(o.value_or(T{})) {}  // NOLINT
+  OPFORGE_HD explicit operator bool() const { return has; }
+  OPFORGE_HD T operator*() const { return value; }
+};
 
 // Per-dimension strides (elements) of t read as broadcast to out_shape (0 on broadcast dims).
 Shape broadcast_strides(const Tensor& t, const Shape& out_shape);

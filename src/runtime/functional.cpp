@@ -153,6 +153,7 @@ void sum_block(const In* x, Out* out, int64_t K1, int64_t R, int64_t K2, double 
 }  // namespace
 
 void sum_into(const char* op, const TensorPtr& x_in, const Axes& axes, const TensorPtr& out, double scale) {
+  check_on_host(op, *x_in);  // (host loops; CUDA reductions: issue 14)
   const Shape kept = reduce_shape(op, x_in->shape(), axes, true);
   const TensorPtr x = contiguous(x_in);
   const Shape& shape = x->shape();
@@ -306,6 +307,8 @@ struct AddGradFn : Function<AddGradFn> {
       fail<RuntimeError>("autograd", "cannot accumulate gradients of ", shape_str(a->shape()), " ",
                          dtype_name(a->dtype()), " and ", shape_str(b->shape()), " ", dtype_name(b->dtype()));
     }
+    check_on_host("add_grad", *a);  // (the host loop below; CUDA kernels: issue 14)
+    check_on_host("add_grad", *b);
     auto out = empty(a->dtype(), a->shape(), a->format());
     visit_dtype(a->dtype(), [&](auto tag) {
       using T = decltype(tag);
@@ -332,9 +335,11 @@ TensorPtr expand_reduced(const TensorPtr& dout, const TensorPtr& x, const Axes& 
   return broadcast_to(g, x->shape());
 }
 
-TensorPtr zeros_like(const TensorPtr& x) { return full(x->dtype(), x->shape(), 0.0, x->format()); }
-TensorPtr ones_like(const TensorPtr& x) { return full(x->dtype(), x->shape(), 1.0, x->format()); }
-TensorPtr scalar_like(double value, const TensorPtr& like) { return full(like->dtype(), {}, value); }
+TensorPtr zeros_like(const TensorPtr& x) { return full(x->dtype(), x->shape(), 0.0, x->format(), x->device()); }
+TensorPtr ones_like(const TensorPtr& x) { return full(x->dtype(), x->shape(), 1.0, x->format(), x->device()); }
+TensorPtr scalar_like(double value, const TensorPtr& like) {
+  return full(like->dtype(), {}, value, Format::Default, like->device());
+}
 double numel(const TensorPtr& x) { return static_cast<double>(x->numel()); }
 
 }  // namespace opforge

@@ -100,3 +100,46 @@ def test_the_cuda_build_declares_cuda_kernels_and_wants_their_files(tmp_path: Pa
     # the same specs in the cpu build: no cuda declaration
     cpu_out = {r.name: r.text for r in render_all(ops, {"twice": "specs/twice.yaml"}, BUILDS["cpu"])}
     assert f"namespace {cuda.namespace} {{" not in cpu_out["twice.h"]
+
+
+EXPR_OP = """\
+halve:
+  doc: Half of x.
+  inputs:
+    x: {dtype: T, differentiable: false}
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float16, float32, float64]
+  targets:
+    cpu: {}
+    cuda: {dtypes: {T: [float16, float32]}}
+  impl:
+    expr: x * 0.5
+"""
+
+
+def test_the_cuda_build_generates_device_kernels_of_expr_ops(tmp_path: Path) -> None:
+    from codegen.gen import device_files, output_names
+
+    (tmp_path / "halve.yaml").write_text(EXPR_OP)
+    ops = load_specs([tmp_path])
+    cuda = {r.name: r.text for r in render_all(ops, {"halve": "halve.yaml"}, BUILDS["cuda"])}
+    # one functor for host and device, in the header; the device TU runs it per cuda row
+    assert "OPFORGE_HD OPFORGE_INLINE auto operator()" in cuda["halve.h"]
+    assert "namespace kernels::cuda {\n" in cuda["halve.h"] and "void halve(const CallInfo& call" in cuda["halve.h"]
+    kernel = cuda["halve.cu"]
+    assert "::opforge::cuda::elementwise<Half, Half>(*v_out, HalveExpr<compute_t<Half>>{a}" in kernel
+    assert "elementwise<float, float>" in kernel and "double" not in kernel  # (only the cuda rows)
+    # Forward dispatches on the call's device first; the cuda row runs in this build
+    assert "if (call.device.type == DeviceType::CUDA) {\n      kernels::cuda::halve(call, expr_args(attrs), v_out, v_x);" in cuda["halve.cpp"]
+    assert 'TargetInfo{"cuda", "GPU", {' in cuda["halve.cpp"] and "}, true},\n    },\n};" in cuda["halve.cpp"]
+    assert device_files(ops, BUILDS["cuda"]) == ["halve.cu"] and "halve.cu" in output_names(["halve"], ["halve.cu"])
+    # the cpu build: no device TU, no device branch, the cuda row registered but not run
+    cpu = {r.name: r.text for r in render_all(ops, {"halve": "halve.yaml"}, BUILDS["cpu"])}
+    assert "halve.cu" not in cpu and "DeviceType::CUDA" not in cpu["halve.cpp"] and device_files(ops, BUILDS["cpu"]) == []
+    assert 'TargetInfo{"cuda", "GPU", {' in cpu["halve.cpp"] and "}, false},\n    },\n};" in cpu["halve.cpp"]
+    # op modules compile host code only (for now): no device TU in the cuda wheel either
+    from codegen.gen import render_module
+    module = {r.name for r in render_module(ops, {"halve": "halve.yaml"}, "m", build=BUILDS["cuda"])}
+    assert "halve.cu" not in module

@@ -196,8 +196,8 @@ def test_list_ops_backend_and_op_info() -> None:
     # every wheel (cpu, cu130) has the cpu kernels
     assert "cpu" in opforge._formulas.BUILDS[opforge.backend].targets
     assert {"mul", "layer_norm", "where", "sum"} <= set(opforge.list_ops())
-    (info,) = opforge.op_info("where")
-    assert info["op_name"] == "where" and info["target"] == "CPU"
+    info, gpu = opforge.op_info("where")  # one entry per target, as MindSpore's CustomRegOp
+    assert info["op_name"] == "where" and info["target"] == "CPU" and gpu["target"] == "GPU"
     assert info["inputs"] == [{"index": 0, "name": "condition", "param_type": "required"},
                               {"index": 1, "name": "x", "param_type": "required"},
                               {"index": 2, "name": "y", "param_type": "required"}]

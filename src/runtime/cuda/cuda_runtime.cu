@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/cuda/cuda_utils.cuh"
 #include "runtime/device.h"
 #include "runtime/errors.h"
 
@@ -22,35 +23,6 @@ namespace opforge::cuda {
 namespace {
 
 constexpr int kMaxDevices = 64;
-
-std::string error_text(cudaError_t e) {
-  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
-}
-
-void check(const char* op, cudaError_t e) {
-  if (e != cudaSuccess) {
-    cudaGetLastError();  // (a non-sticky error must not fail the next call)
-    fail<RuntimeError>(op, "CUDA error ", error_text(e));
-  }
-}
-
-// Makes index the calling thread's current device for the guard's lifetime.
-class DeviceGuard {
- public:
-  DeviceGuard(const char* op, int index) {
-    check(op, cudaGetDevice(&previous_));
-    if (previous_ != index) check(op, cudaSetDevice(index));
-  }
-  ~DeviceGuard() {
-    int now = previous_;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 // Each thread's current stream per device; null is the device's default (legacy) stream, as in torch.
 thread_local std::array<cudaStream_t, kMaxDevices> t_streams{};
