@@ -379,11 +379,18 @@ Managed* make_managed(const TensorPtr& t) {
 // then read-only memory is handed out as a copy, unless the consumer said copy=False.
 // __dlpack__(stream=...) of a tensor on a device: the consumer will use the memory on its stream
 // (the Array API's values: None or 1 the legacy default stream, 2 the per-thread one, -1 none,
-// others a cudaStream_t), so our work on the tensor's device must be done by then. Waits for our
-// current stream unless the consumer uses that same stream or asks for no ordering.
-void order_for_consumer(Device device, py::handle stream) {
-  Device d = device;
+// others a cudaStream_t), so our work on the tensor must be done by then: the work queued on the
+// stream its memory was allocated on (where the op that made it ran) and on our current stream.
+// Waits for them unless the consumer uses that same stream or asks for no ordering.
+void order_for_consumer(const Tensor& t, py::handle stream) {
+  Device d = t.device();
   DeviceRuntime& rt = device_runtime("__dlpack__", d);
+  void* made_on = t.storage()->capacity ? t.storage()->stream : nullptr;
+  if (made_on && made_on != rt.current_stream(d.index) &&
+      !(PyLong_Check(stream.ptr()) && stream.cast<long long>() == -1)) {
+    py::gil_scoped_release nogil;
+    rt.synchronize_stream("__dlpack__", d.index, made_on);
+  }
   void* ours = rt.current_stream(d.index);
   if (!stream.is_none()) {
     if (!PyLong_Check(stream.ptr())) {
@@ -1116,7 +1123,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
                                          py::repr(dl_device).cast<std::string>(), "; the tensor is on ",
                                          py::repr(here).cast<std::string>(), " (", t->device().str(), ")"));
         }
-        if (!t->on_host()) order_for_consumer(t->device(), stream);
+        if (!t->on_host()) order_for_consumer(*t, stream);
         return to_dlpack(t, max_version, copy);
       }, py::kw_only(), py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
          py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
