@@ -226,7 +226,7 @@ def test_build_errors(tmp_path: Path) -> None:
     assert run("init", str(tmp_path / "pk"), "--name", "pk").returncode == 0
     spec = tmp_path / "pk" / "op_specs" / "pk_half_square.yaml"
     spec.write_text(spec.read_text().replace("dout * x", "dout * y"))
-    r = subprocess.run([sys.executable, "-m", "opforge", "build", "--specs", "op_specs", "--backend", "cpu"],
+    r = subprocess.run([sys.executable, "-m", "opforge", "build", "--specs", "op_specs", "--backend", opforge.backend],
                        capture_output=True, text=True, cwd=tmp_path / "pk")
     assert r.returncode == 1
     assert r.stderr.splitlines() == ["op_specs/pk_half_square.yaml:13:15: bprop.x: unknown name 'y'", "1 error"]
@@ -243,7 +243,7 @@ def test_init_package_builds_installs_and_passes_its_tests(tmp_path: Path) -> No
     r = subprocess.run([sys.executable, "-m", "opforge", "new", "mypkg_cube", "--kind", "cpp", "--dir", "op_specs"],
                        capture_output=True, text=True, cwd=project)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, "-m", "opforge", "build", "--specs", "op_specs", "--backend", "cpu",
+    r = subprocess.run([sys.executable, "-m", "opforge", "build", "--specs", "op_specs", "--backend", opforge.backend,
                         "--out", str(tmp_path / "dist")], capture_output=True, text=True, cwd=project, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "] Linking target _ops" in r.stdout  # the compiler's progress was shown

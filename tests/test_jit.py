@@ -117,10 +117,14 @@ def test_cpp_op_without_its_kernel(tmp_path: Path) -> None:
         opforge.load("nokernel", specs=[tmp_path / "scale_rows.yaml"], build_dir=tmp_path / "cache")
 
 
+OTHER = "cuda" if opforge.backend == "cpu" else "cpu"  # the wheel backend this opforge is not
+
+
 @pytest.mark.parametrize("kwargs, exc, message", [
     ({"name": "my-ops"}, ValueError, r"\[load\] name must be a Python identifier"),
     ({"name": "class"}, ValueError, r"\[load\] name must be a Python identifier"),
-    ({"backend": "cuda"}, ValueError, r"\[load\] backend 'cuda' is not available: this opforge was built for 'cpu'"),
+    ({"backend": OTHER}, ValueError, rf"\[load\] backend '{OTHER}' is not available: this opforge was built for "
+                                     rf"'{opforge.backend}'"),
     ({"backend": "tpu"}, ValueError, r"\[load\] unknown backend 'tpu'; one of: cpu, cuda"),
     ({"specs": ["/nonexistent/x.yaml"]}, FileNotFoundError, r"\[load\] specs: /nonexistent/x\.yaml: no such file"),
     ({"sources": ["/nonexistent/k.cpp"]}, FileNotFoundError, r"\[load\] sources: /nonexistent/k\.cpp: no such file"),

@@ -310,7 +310,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        description="Print the include paths, compile flags or link flags that an op module "
                                    "needs, one per line (prefixed by its kind when several are asked for), "
                                    "after checking the compiler against opforge's own build.")
-    p.add_argument("--backend", choices=list(_formulas.BUILDS), default="cpu", help="backend to build for")
+    p.add_argument("--backend", choices=list(_formulas.BUILDS), default=_build_info.BACKEND,
+                   help="backend to build for (default: this opforge's)")
     p.add_argument("--includes", action="store_true", help="-I paths")
     p.add_argument("--cflags", action="store_true", help="compile flags (with the -I paths)")
     p.add_argument("--ldflags", action="store_true", help="link flags")

@@ -77,7 +77,7 @@ def default_cache_dir() -> Path:
     return Path(base) / "opforge" / "jit"
 
 
-def load(name: str, specs: Sequence[PathLike], sources: Sequence[PathLike] = (), backend: str = "cpu",
+def load(name: str, specs: Sequence[PathLike], sources: Sequence[PathLike] = (), backend: Optional[str] = None,
          build_dir: Optional[PathLike] = None, verbose: bool = False,
          extra_cflags: Sequence[str] = (), extra_ldflags: Sequence[str] = ()) -> ModuleType:
     """Generate, compile (if not cached) and import a module of ops; returns the module.
@@ -88,7 +88,8 @@ def load(name: str, specs: Sequence[PathLike], sources: Sequence[PathLike] = (),
         sources: C++ files: each ``cpp`` op's kernel, ``<op>.cpp`` (it includes ``"<op>.h"``,
             generated), and any helpers; headers listed here are not compiled but are part of
             the cache key, and their directories are on the include path.
-        backend: the target to build for; must be the one this opforge was built for.
+        backend: the wheel backend to build for (default: this opforge's, ``opforge.backend``);
+            must be the one this opforge was built for.
         build_dir: the cache root (default: ``default_cache_dir()``).
         verbose: print what is done, and the compiler's output as it runs.
         extra_cflags, extra_ldflags: more compiler and linker flags (part of the cache key).
@@ -100,6 +101,8 @@ def load(name: str, specs: Sequence[PathLike], sources: Sequence[PathLike] = (),
     start = time.perf_counter()
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise ValueError(f"[load] name must be a Python identifier (the module's name), got {name!r}")
+    if backend is None:
+        backend = _build_info.BACKEND
     if backend not in _formulas.BUILDS:
         raise ValueError(f"[load] unknown backend {backend!r}; one of: {', '.join(_formulas.BUILDS)}")
     if backend != _build_info.BACKEND:
