@@ -11,6 +11,8 @@
 
 namespace opforge {
 
+class Tensor;
+
 enum class DeviceType : uint8_t { CPU = 0, CUDA = 1 };
 constexpr int kDeviceTypes = 2;
 
@@ -58,6 +60,16 @@ class DeviceRuntime {
                     size_t nbytes) = 0;
   // Sets count elements of itemsize (1, 2, 4 or 8) bytes at p to the bytes of pattern.
   virtual void fill(const char* op, int index, void* p, int64_t count, size_t itemsize, const void* pattern) = 0;
+
+  // What the core's helpers (copies with conversion, gradient accumulation, sums to a shape) need
+  // on the device. Tensors are on one device of this type; outputs are fresh and contiguous.
+  // dst[i] = src[i] converted to dst's dtype (src strided or broadcast to dst's shape).
+  virtual void copy_convert(const char* op, const Tensor& dst, const Tensor& src) = 0;
+  // out = a + b (same dtype and shape).
+  virtual void add(const char* op, const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  // out[r] = scale * sum of the R elements of row r of x (contiguous, rows * R elements), each
+  // converted to out's dtype; accumulated in float (16-bit and 32-bit floats), double or int64.
+  virtual void sum_rows(const char* op, const Tensor& x, int64_t R, const Tensor& out, double scale) = 0;
 
   // Streams.
   virtual void* current_stream(int index) = 0;

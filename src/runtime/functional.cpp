@@ -152,9 +152,41 @@ void sum_block(const In* x, Out* out, int64_t K1, int64_t R, int64_t K2, double 
 
 }  // namespace
 
+// sum_into on a device: x viewed with its kept dimensions first and its reduced ones last, copied
+// contiguous when that view is not (a transpose on the device), then summed row by row.
+static void sum_on_device(const char* op, const TensorPtr& x, const Shape& kept, const TensorPtr& out, double scale) {
+  Device d = x->device();
+  DeviceRuntime& rt = device_runtime(op, d);
+  const int64_t R = x->numel() / std::max<int64_t>(1, shape_numel(kept));
+  if (x->numel() == 0) {  // an empty sum is 0 (times scale: NaN for mean)
+    visit_dtype(out->dtype(), [&](auto tag) {
+      using Out = decltype(tag);
+      const Out zero = convert<Out>(0.0 * scale);
+      rt.fill(op, d.index, out->raw_data(), out->numel(), sizeof(Out), &zero);
+    });
+    return;
+  }
+  Shape shape, strides;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int64_t k = 0; k < x->dim(); ++k) {
+      const bool reduced = kept[static_cast<size_t>(k)] == 1 && x->shape()[static_cast<size_t>(k)] != 1;
+      if (reduced == (pass == 1)) {
+        shape.push_back(x->shape()[static_cast<size_t>(k)]);
+        strides.push_back(x->strides()[static_cast<size_t>(k)]);
+      }
+    }
+  }
+  TensorPtr rows = std::make_shared<Tensor>(x->storage(), x->dtype(), shape, strides, x->offset(), x->format());
+  rows = contiguous(rows);
+  rt.sum_rows(op, *rows, R, *out, scale);
+}
+
 void sum_into(const char* op, const TensorPtr& x_in, const Axes& axes, const TensorPtr& out, double scale) {
-  check_on_host(op, *x_in);  // (host loops; CUDA reductions: issue 14)
   const Shape kept = reduce_shape(op, x_in->shape(), axes, true);
+  if (!x_in->on_host()) {
+    sum_on_device(op, x_in, kept, out, scale);
+    return;
+  }
   const TensorPtr x = contiguous(x_in);
   const Shape& shape = x->shape();
   const int64_t nd = x->dim();
@@ -214,7 +246,7 @@ void sum_into(const char* op, const TensorPtr& x_in, const Axes& axes, const Ten
 
 TensorPtr sum_kernel(const char* op, const TensorPtr& x, const Axes& axes, bool keepdims, DType out_dtype,
                      double scale) {
-  auto out = empty(out_dtype, reduce_shape(op, x->shape(), axes, keepdims), x->format());
+  auto out = empty(out_dtype, reduce_shape(op, x->shape(), axes, keepdims), x->format(), x->device());
   sum_into(op, x, axes, out, scale);
   return out;
 }
@@ -227,7 +259,7 @@ struct CastFn : Function<CastFn> {
   static constexpr const char* kName = "cast";
   static TensorPtr Forward(AutogradContext*, const TensorPtr& x, DType dtype) {
     if (x->dtype() == dtype) return detach(x);
-    auto out = empty(dtype, x->shape(), x->format());
+    auto out = empty(dtype, x->shape(), x->format(), x->device());
     copy_into(out, x);
     return out;
   }
@@ -261,7 +293,7 @@ struct BroadcastToFn : Function<BroadcastToFn> {
   static constexpr const char* kName = "broadcast_to";
   static TensorPtr Forward(AutogradContext*, const TensorPtr& x, const Shape& shape) {
     if (x->shape() == shape) return detach(x);
-    auto out = empty(x->dtype(), shape, x->format());
+    auto out = empty(x->dtype(), shape, x->format(), x->device());
     // a stride-0 view of x over `shape`, copied densely
     auto view = std::make_shared<Tensor>(x->storage(), x->dtype(), shape, broadcast_strides(*x, shape),
                                          x->offset(), x->format());
@@ -307,9 +339,15 @@ struct AddGradFn : Function<AddGradFn> {
       fail<RuntimeError>("autograd", "cannot accumulate gradients of ", shape_str(a->shape()), " ",
                          dtype_name(a->dtype()), " and ", shape_str(b->shape()), " ", dtype_name(b->dtype()));
     }
-    check_on_host("add_grad", *a);  // (the host loop below; CUDA kernels: issue 14)
-    check_on_host("add_grad", *b);
-    auto out = empty(a->dtype(), a->shape(), a->format());
+    if (a->device() != b->device()) {
+      fail<RuntimeError>("autograd", "cannot accumulate gradients on ", a->device().str(), " and ", b->device().str());
+    }
+    auto out = empty(a->dtype(), a->shape(), a->format(), a->device());
+    if (!a->on_host()) {
+      Device d = a->device();
+      device_runtime("add_grad", d).add("add_grad", *out, *a, *b);
+      return out;
+    }
     visit_dtype(a->dtype(), [&](auto tag) {
       using T = decltype(tag);
       elementwise<T, T, T>(*out, [](auto x, auto y) { return x + y; }, {a.get(), b.get()});

@@ -261,14 +261,7 @@ void check_on_host(const char* op, const Tensor& t) {
 TensorPtr to_device(const char* op, const TensorPtr& t, Device device) {
   if (device.type != DeviceType::CPU) device_runtime(op, device);  // (checks it, resolves a bare index)
   if (t->device() == device) return t;
-  TensorPtr src = t;
-  if (!src->is_contiguous()) {
-    if (!src->on_host()) {
-      fail<RuntimeError>(op, "copying a non-contiguous ", src->device().str(), " tensor between devices is not "
-                         "supported yet: make it contiguous on its device first");
-    }
-    src = contiguous(src);
-  }
+  const TensorPtr src = contiguous(t);  // (on its own device)
   auto out = empty(src->dtype(), src->shape(), src->format(), device);
   Device other = src->on_host() ? device : src->device();
   device_runtime(op, other).copy(op, out->raw_data(), device, src->raw_data(), src->device(),
@@ -289,8 +282,14 @@ void copy_into(const TensorPtr& dst, const TensorPtr& src) {
                                      static_cast<size_t>(src->numel()) * itemsize(src->dtype()));
       return;
     }
-    fail<RuntimeError>(current_op() ? current_op() : "copy", "converting or strided copies of ", src->device().str(),
-                       " tensors to ", dst->device().str(), " are not supported yet");
+    const char* op = current_op() ? current_op() : "copy";
+    if (dst->device() == src->device() && dst->is_contiguous()) {  // conversion, strides, broadcast
+      Device d = dst->device();
+      device_runtime(op, d).copy_convert(op, *dst, *src);
+      return;
+    }
+    fail<RuntimeError>(op, "converting or strided copies between ", src->device().str(), " and ",
+                       dst->device().str(), " are not supported: copy to the device first, then convert");
   }
   visit_dtype(dst->dtype(), [&](auto out_tag) {
     using Out = decltype(out_tag);

@@ -154,3 +154,26 @@ def test_mixed_devices_and_ops_without_cuda_rows_are_clear_errors() -> None:
     with pytest.raises(TypeError, match=r"\[mul\] dtype int64 is not supported on target cuda; supported \(T\): "
                                         r"float16; bfloat16; float32; float64"):
         ops.mul(opforge.tensor(np.ones(4, np.int64), device="cuda"), opforge.tensor(np.ones(4, np.int64), device="cuda"))
+
+
+GRAD_OPS = [c for c in CUDA_CASES if c.dtype == "float64" and any(i.differentiable for i in c.op.inputs)]
+
+
+@pytest.mark.parametrize("case", GRAD_OPS, ids=lambda c: c.id)
+def test_gradients_on_cuda_match_the_cpu(case: Case) -> None:
+    # backward on the device: the bprop formulas' ops, ReduceGrad's sums to a shape, accumulation
+    data = make_data(case.op, case.dtype, case.shapes, np.random.default_rng(2))
+    grads = {}
+    for device in ("cpu", "cuda"):
+        leaves = [None if x is None else opforge.tensor(x, device=device, requires_grad=inp.differentiable)
+                  for x, inp in zip(to_inputs(case.op, case.dtype, data), case.op.inputs)]
+        outs = getattr(ops, case.op.name)(*leaves, **case.attrs)
+        out = outs[0] if isinstance(outs, tuple) else outs
+        dout = np.random.default_rng(3).uniform(-1, 1, out.shape)
+        out.backward(opforge.tensor(dout, dtype=out.dtype, device=device))
+        grads[device] = [None if t is None or t.grad is None else t.grad for t in leaves]
+    for g_cpu, g_cuda in zip(grads["cpu"], grads["cuda"]):
+        assert (g_cpu is None) == (g_cuda is None)
+        if g_cpu is not None:
+            assert g_cuda.device == "cuda:0" and g_cuda.shape == g_cpu.shape
+            np.testing.assert_allclose(g_cuda.cpu().numpy(), g_cpu.numpy(), rtol=1e-10, atol=1e-12)

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/cuda/cuda_utils.cuh"
+#include "runtime/cuda/functional.h"
 #include "runtime/device.h"
 #include "runtime/errors.h"
 
@@ -151,6 +152,12 @@ class CudaRuntime final : public DeviceRuntime {
       default: fail<RuntimeError>(op, "fill: unsupported element size ", itemsize);
     }
     check(op, cudaGetLastError());
+  }
+
+  void copy_convert(const char* op, const Tensor& dst, const Tensor& src) override { cuda::copy_convert(op, dst, src); }
+  void add(const char* op, const Tensor& out, const Tensor& a, const Tensor& b) override { cuda::add(op, out, a, b); }
+  void sum_rows(const char* op, const Tensor& x, int64_t R, const Tensor& out, double scale) override {
+    cuda::sum_rows(op, x, R, out, scale);
   }
 
   // Streams made here are kept for reuse, never destroyed: memory freed on a stream is ordered

@@ -1,0 +1,96 @@
+// The core's tensor helpers on CUDA devices (DeviceRuntime::copy_convert, add, sum_rows): the
+// elementwise loop of runtime/cuda/elementwise.cuh, and row sums through CUB's segmented reduction.
+#include <cub/device/device_segmented_reduce.cuh>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+
+#include "runtime/cuda/elementwise.cuh"
+#include "runtime/cuda/functional.h"
+
+namespace opforge::cuda {
+
+namespace {
+
+struct Identity {
+  template <typename T>
+  OPFORGE_HD OPFORGE_INLINE T operator()(T v) const { return v; }
+};
+
+struct Plus {
+  template <typename T>
+  OPFORGE_HD OPFORGE_INLINE T operator()(T a, T b) const { return a + b; }
+};
+
+template <typename Acc>
+struct Scale {
+  double scale;
+  OPFORGE_HD OPFORGE_INLINE Acc operator()(Acc v) const {
+    return scale == 1.0 ? v : static_cast<Acc>(static_cast<double>(v) * scale);
+  }
+};
+
+// The type a row sum accumulates in on the device: float for 16/32-bit floats (as torch), double,
+// int64 for integers and bool.
+template <typename T> struct device_acc { using type = std::conditional_t<std::is_floating_point_v<T>, T, int64_t>; };
+template <> struct device_acc<Half> { using type = float; };
+template <> struct device_acc<BFloat16> { using type = float; };
+
+template <typename In, typename Acc>
+struct ToAcc {
+  __host__ __device__ Acc operator()(In v) const { return static_cast<Acc>(convert<compute_t<In>>(v)); }
+};
+
+struct RowStart {
+  int64_t R;
+  __host__ __device__ int64_t operator()(int64_t r) const { return r * R; }
+};
+
+}  // namespace
+
+void copy_convert(const char* op, const Tensor& dst, const Tensor& src) {
+  visit_dtype(dst.dtype(), [&](auto out_tag) {
+    using Out = decltype(out_tag);
+    visit_dtype(src.dtype(), [&](auto in_tag) {
+      using In = decltype(in_tag);
+      CurrentOpScope scope(op);
+      ::opforge::cuda::elementwise<Out, In>(dst, Identity{}, {&src});
+    });
+  });
+}
+
+void add(const char* op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  visit_dtype(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    CurrentOpScope scope(op);
+    ::opforge::cuda::elementwise<T, T, T>(out, Plus{}, {&a, &b});
+  });
+}
+
+void sum_rows(const char* op, const Tensor& x, int64_t R, const Tensor& out, double scale) {
+  const int64_t rows = out.numel();
+  if (rows == 0) return;
+  const Device device = x.device();
+  visit_dtype(x.dtype(), [&](auto in_tag) {
+    using In = decltype(in_tag);
+    using Acc = typename device_acc<In>::type;
+    DeviceGuard guard(op, device.index);
+    const cudaStream_t stream = current_stream(op, device);
+    TensorPtr acc = empty(dtype_of<Acc>::value, {rows}, Format::Default, device);
+    const auto values = thrust::make_transform_iterator(static_cast<const In*>(x.raw_data()), ToAcc<In, Acc>{});
+    const auto starts = thrust::make_transform_iterator(thrust::make_counting_iterator<int64_t>(0), RowStart{R});
+    const auto ends = thrust::make_transform_iterator(thrust::make_counting_iterator<int64_t>(1), RowStart{R});
+    size_t bytes = 0;
+    check(op, cub::DeviceSegmentedReduce::Reduce(nullptr, bytes, values, acc->data<Acc>(), rows, starts, ends, Plus{},
+                                                  Acc(0), stream));
+    TensorPtr temp = empty(DType::UInt8, {static_cast<int64_t>(std::max<size_t>(bytes, 1))}, Format::Default, device);
+    check(op, cub::DeviceSegmentedReduce::Reduce(temp->raw_data(), bytes, values, acc->data<Acc>(), rows, starts, ends,
+                                                  Plus{}, Acc(0), stream));
+    visit_dtype(out.dtype(), [&](auto out_tag) {
+      using Out = decltype(out_tag);
+      CurrentOpScope scope(op);
+      ::opforge::cuda::elementwise<Out, Acc>(out, Scale<Acc>{scale}, {acc.get()});
+    });
+  });
+}
+
+}  // namespace opforge::cuda
