@@ -5,7 +5,10 @@
 - elementwise `mul` and `gelu` on 2^28 float32 against torch.mul / torch.nn.functional.gelu and
   against a device-to-device copy of the same bytes (torch's `copy_`): targets >= 0.9x torch's
   throughput and >= 85% of the copy's bandwidth (bytes read + written per second);
-- a 1-element op's wall time per call, standalone opforge against torch's built-in.
+- `sum` over 2^28 float32 (CUB's device-wide reduction) against torch.sum: target >= 0.9x torch's
+  throughput (bytes read per second), with its share of the copy's bandwidth;
+- a 1-element op's wall time per call, standalone opforge and through opforge.torch (the torch
+  operator's CUDA kernel) against torch's built-in.
 Both frameworks are timed alike: host clock around `reps` calls, the device synchronized before
 and after (torch.cuda.synchronize / opforge.cuda.synchronize). Needs torch with CUDA.
 """
@@ -72,11 +75,19 @@ def main() -> None:
     row(f"gelu 2^{args.log2n} float32", 8 * n, mine, theirs, copy_2)
     np.testing.assert_allclose(torch.from_dlpack(ops.gelu(x))[:1000].cpu().numpy(),
                                torch.nn.functional.gelu(a)[:1000].cpu().numpy(), rtol=1e-5, atol=1e-6)
+    mine = timed(lambda: ops.sum(x), osync, 5)
+    theirs = timed(lambda: torch.sum(a), tsync, 5)
+    row(f"sum 2^{args.log2n} float32", 4 * n, mine, theirs, copy_2 / 2)  # (reads only: half a copy's time)
+    got, want = torch.from_dlpack(ops.sum(x)).item(), torch.sum(a.double()).item()
+    assert abs(got - want) <= 1e-5 * abs(want) + 1.0, (got, want)
+    import opforge.torch as ot
+
     one_t = torch.ones(1, device="cuda")
     one_o = opforge.from_dlpack(one_t)
     mine = timed(lambda: ops.mul(one_o, one_o), osync, 2000)
+    through_torch = timed(lambda: ot.ops.mul(one_t, one_t), tsync, 2000)
     theirs = timed(lambda: torch.mul(one_t, one_t), tsync, 2000)
-    call = (mine * 1e6, theirs * 1e6, mine / theirs)
+    call = (mine * 1e6, theirs * 1e6, mine / theirs, through_torch * 1e6, through_torch / theirs)
 
     driver = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                             capture_output=True, text=True).stdout.strip()
@@ -92,7 +103,8 @@ def main() -> None:
     ]
     lines += [f"| {r[0]} | {r[1]:.3f} | {r[2]:.3f} | {r[3]:.2f} | {r[4]:.2f} | {r[5]:.0%} |" for r in rows]
     lines += ["", f"1-element `mul` per call: opforge {call[0]:.1f} µs, torch {call[1]:.1f} µs "
-                  f"(opforge / torch {call[2]:.2f}).", "",
+                  f"(opforge / torch {call[2]:.2f}); `torch.ops.opforge.mul` {call[3]:.1f} µs "
+                  f"({call[4]:.2f}x torch.mul).", "",
               f"Copy anchor: device-to-device `copy_` of 2 x 2^{args.log2n} floats {copy_2 * 1e3:.3f} ms "
               f"({8 * n / copy_2 / 1e12:.2f} TB/s read + write).", ""]
     text = "\n".join(lines)

@@ -12,7 +12,7 @@ from .formula.graph import GraphScope, OpSignature, lower_graph, lower_outputs
 from .formula.kinds import NUMBER, VType, attr_vtype
 from .formula.lang import CPP, CppLang
 from .formula.syntax import names_in
-from .model import Attr, AttrType, CompositeImpl, DType, ExprImpl, Format, OpSpec, expr_scope
+from .model import AotImpl, Attr, AttrType, CompositeImpl, CppImpl, DType, ExprImpl, Format, OpSpec, expr_scope
 from .targets import HOST, Backend, Build
 
 DTYPE_ENUM = {
@@ -346,16 +346,24 @@ def lower_formulas(op: OpSpec, table: Mapping[str, Callee], lang: CppLang = CPP)
 
 
 def device_kernel_targets(op: OpSpec, build: Build) -> tuple[Backend, ...]:
-    """The targets besides the host whose kernels codegen generates for op in ``build``: the CUDA
-    elementwise kernel of an expr op with cuda rows (cpp ops' CUDA kernels: their .cu files)."""
-    if not isinstance(op.impl, ExprImpl):
+    """The targets besides the host whose kernels ``build`` compiles for op: those of its rows
+    (an expr op's kernel is generated from its expression, a cpp op's is its kernel file of the
+    target table, e.g. ``src/kernels/cuda/<op>.cu``)."""
+    if not build.device_kernels or not isinstance(op.impl, (ExprImpl, CppImpl)):
         return ()
     return tuple(t for t in build.targets if t != HOST and op.target(t) is not None)
 
 
+def generated_device_targets(op: OpSpec, build: Build) -> tuple[Backend, ...]:
+    """The device targets whose kernel of op codegen writes (``<op>.cu``): expr ops only."""
+    return device_kernel_targets(op, build) if isinstance(op.impl, ExprImpl) else ()
+
+
 def runnable_targets(op: OpSpec, build: Build) -> tuple[Backend, ...]:
     """The targets of op whose calls ``build`` can run: the host (its kernels are always compiled)
-    and the device targets whose kernels are generated; a composite op runs on any built target
-    through the ops it calls, which check their own rows."""
-    runs = set(build.targets) if isinstance(op.impl, CompositeImpl) else {HOST, *device_kernel_targets(op, build)}
+    and the device targets whose kernels ``build`` compiles; a composite op runs on any built target
+    through the ops it calls, which check their own rows, and an aot op on any its rows name (its
+    external kernel gets that device's pointers and stream)."""
+    anywhere = isinstance(op.impl, (CompositeImpl, AotImpl))
+    runs = set(build.targets) if anywhere else {HOST, *device_kernel_targets(op, build)}
     return tuple(t.name for t in op.targets if t.name in runs and t.name in build.targets)

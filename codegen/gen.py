@@ -47,7 +47,7 @@ def render_op(op: OpSpec, table: Mapping[str, api.Callee], spec_source: str, bui
           **aot.context(op, aot_entry_points)}
     out = [Rendered(op.name + ".h", render("op.h.j2", banner=banner("//", spec_source, "op.h.j2"), **header)),
            Rendered(op.name + ".cpp", render("op.cpp.j2", banner=banner("//", spec_source, "op.cpp.j2"), **tu))]
-    for t in api.device_kernel_targets(op, build):
+    for t in api.generated_device_targets(op, build):
         out.append(Rendered(device_file(op, t), render("op_device.cu.j2", banner=banner("//", spec_source, "op_device.cu.j2"),
                                                        **function.device_kernel_context(op, t))))
     return out
@@ -60,7 +60,7 @@ def device_file(op: OpSpec, target: Backend) -> str:
 
 def device_files(ops: Sequence[OpSpec], build: Build) -> list[str]:
     """Every generated device-kernel TU of ops in build (the outputs meson must know of)."""
-    return [device_file(op, t) for op in ops for t in api.device_kernel_targets(op, build)]
+    return [device_file(op, t) for op in ops for t in api.generated_device_targets(op, build)]
 
 
 def render_all(ops: Sequence[OpSpec], sources: Mapping[str, str], build: Build = BUILDS["cpu"]) -> list[Rendered]:
@@ -78,14 +78,17 @@ def render_all(ops: Sequence[OpSpec], sources: Mapping[str, str], build: Build =
 
 def render_module(ops: Sequence[OpSpec], sources: Mapping[str, str], module: str,
                   known: Sequence[api.Callee] = (), qualname: str = "",
-                  aot_entry_points: bool = True, build: Build = BUILDS["cpu"]) -> list[Rendered]:
+                  aot_entry_points: bool = True, build: Build = BUILDS["cpu"],
+                  device_kernels: bool = False) -> list[Rendered]:
     """Every generated file of an op module built against an installed opforge (``opforge.load``,
-    ``opforge init`` packages): per-op header/TU, ``<module>.module.cpp`` (its PyInit), ``ops.pyi`` and
+    ``opforge init`` packages): per-op header/TU (and with ``device_kernels``, the device kernels of
+    build's device targets, ``<op>.cu``, which the caller compiles with that target's compiler),
+    ``<module>.module.cpp`` (its PyInit), ``ops.pyi`` and
     ``_formulas.py`` (its op table, which ``opforge.torch.register_module`` reads). Formulas may
     call ``known`` ops (opforge's own, as specs or signatures), whose headers opforge ships."""
-    # (op modules compile host kernels only, with the C++ compiler: their ops' device rows are
-    # registered but not run until modules compile device code too)
-    build = dataclasses.replace(build, targets=tuple(t for t in build.targets if t == HOST))
+    # (without device_kernels, the device rows of expr and cpp ops are registered but not run:
+    # opforge init packages, which compile with the C++ compiler only)
+    build = dataclasses.replace(build, device_kernels=device_kernels)
     table: dict[str, api.Callee] = {o.name: o for o in known}
     table.update({o.name: o for o in ops})
     out: list[Rendered] = []

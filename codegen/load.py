@@ -206,7 +206,7 @@ def kernel_file_errors(name: str, doc: LocMap, kernel_root: Path, build: Build =
         return []
     errors = []
     for t in body.get("targets") or [HOST]:  # (absent: the host target)
-        if t not in build.targets:
+        if t not in build.targets or (t != HOST and not build.device_kernels):
             continue  # registration rows only: this build has no kernels for that target
         kernel = kernel_root / TARGETS[Backend(t)].kernel_path(name)
         if not kernel.is_file():

@@ -69,6 +69,9 @@ class Build:
     runtime_libs: tuple[str, ...] = ()      # "package:path" of the shared libraries of those packages
                                             # that the extension links (opforge/__init__.py preloads
                                             # them from the package's folders, as torch does)
+    device_kernels: bool = True             # its device targets' kernels are compiled (op modules
+                                            # built against it compile host kernels only: their aot
+                                            # and composite ops still run on its devices)
 
 
 # The CUDA 13.0 toolkit as NVIDIA publishes it on PyPI (all install into site-packages/nvidia/cu13/):

@@ -13,6 +13,8 @@ import pytest
 
 from conftest import ROOT
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
 
 @pytest.mark.slow
 def test_wheel_name_says_its_backend(tmp_path: Path) -> None:
@@ -79,8 +81,10 @@ def test_cuda_wheel_builds_from_pypi_and_runs_cpu_ops_without_a_gpu(tmp_path: Pa
     assert "opforge-0.1.0+cu130.dist-info/METADATA,sha256=" in record
     # installed apart, with the CUDA runtime from PyPI (no driver and no GPU on this machine)
     site = tmp_path / "site"
+    # (and nvcc, as a user of opforge.load with CUDA kernels installs it: the same PyPI packages)
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site), str(wheel),
-                        "nvidia-cuda-runtime~=13.0"], capture_output=True, text=True, timeout=600)
+                        "nvidia-cuda-runtime~=13.0", "cuda-toolkit[nvcc,crt,nvvm,cudart,cccl]==13.0.2"],
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     check = """
 import numpy as np, opforge, opforge.cuda, opforge._build_info as b
@@ -95,8 +99,17 @@ except RuntimeError as e:
     assert "[tensor] device 'cuda': no cuda device is available (cudaError" in str(e), e
 else:
     raise AssertionError("no RuntimeError")
+# opforge.load in the cu130 wheel: the generated CUDA kernel of an expr op and a cpp op's .cu
+# kernel compiled by nvcc (from the cuda-toolkit wheels) into the module beside the host code
+m = opforge.load("jitcu", [SPECS + "/twice.yaml", SPECS + "/rowsum.yaml"],
+                 [SPECS + "/rowsum.cpp", SPECS + "/rowsum.cu"], build_dir="cache")
+compiled = m.__opforge_build__["compiled"]
+assert "gen/twice.cu" in compiled and any(c.endswith("rowsum.cu") for c in compiled), compiled
+assert m.__opforge_formulas__["twice"].runs == ("cpu", "cuda") == m.__opforge_formulas__["rowsum"].runs
+np.testing.assert_allclose(m.twice(np.arange(3.0)).numpy(), [0.0, 2.0, 4.0])
+np.testing.assert_allclose(m.rowsum(np.ones((2, 3), np.float32)).numpy(), [3.0, 3.0])
 print("ok", opforge.cuda.unavailable_reason())
-"""
+""".replace("SPECS", repr(str(FIXTURES / "cuda_module")))
     env = {**os.environ, "PYTHONPATH": str(site), "PYTHONNOUSERSITE": "1"}
     r = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr

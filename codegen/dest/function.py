@@ -14,8 +14,7 @@ from ..targets import HOST as HOST_TARGET
 from ..targets import TARGETS, Backend, Build, TargetRow
 
 _cpp_str = escape.cpp_str
-# the target whose kernels Forward calls and whose kernel file holds infer() shape rules (calls are
-# not dispatched by device yet: issue 14)
+# the target whose kernels every build compiles and whose kernel file holds infer() shape rules
 HOST: TargetRow = TARGETS[HOST_TARGET]
 
 
@@ -129,7 +128,7 @@ def _kernel_branches(op: OpSpec, target: Backend = HOST_TARGET, loop_ns: str = "
                      args: str = "expr_args(attrs)") -> list[tuple[str, str, str]]:
     """(if / else if, condition, call) per dtype binding of the target's rows: the kernel call of an
     expr op (the elementwise loop of namespace ``loop_ns`` with the functor made of ``args``) or
-    of a cpp op (its host kernel)."""
+    of a cpp op (the target's hand-written kernel)."""
     tvars = [v for v, _ in op.typevars]
     inputs = op.inputs
     branches: list[tuple[str, str, str]] = []
@@ -153,7 +152,7 @@ def _kernel_branches(op: OpSpec, target: Backend = HOST_TARGET, loop_ns: str = "
         else:
             args = ", ".join([f"c_{i.name}" for i in inputs] + [f"v_{o.name}" for o in op.outputs] + ["attrs"])
             targs = f"<{_template_args(op, b)}>" if tvars else ""
-            body = f"{HOST.namespace}::{op.name}{targs}({args});"
+            body = f"{TARGETS[target].namespace}::{op.name}{targs}({args});"
         branches.append(("if" if not branches else "else if", _condition(op, b), body))
     return branches
 
@@ -166,7 +165,7 @@ def _device_kernel_params(op: OpSpec) -> str:
 
 def _forward(op: OpSpec, lowered: Lowered, build: Build) -> tuple[list[str], list[tuple[str, str, str]]]:
     """Forward's lines up to the kernel call, and the kernel call's branches: by the call's device
-    for the device targets whose kernels are generated, then by dtype on the host."""
+    for the device targets whose kernels ``build`` compiles, then by dtype on the host."""
     check_args = ", ".join(f"v_{i.name}.get()" for i in op.inputs)
     fwd = [f"const CallInfo call = check_call(kInfo, {{{check_args}}});"]
     impl = op.impl
@@ -179,10 +178,16 @@ def _forward(op: OpSpec, lowered: Lowered, build: Build) -> tuple[list[str], lis
                        f"{shape_expr(op, o.shape)}, call.format, call.device);")
         device: list[tuple[str, str, str]] = []
         for t in api.device_kernel_targets(op, build):
-            tensors = ", ".join([f"v_{o.name}" for o in op.outputs] + [f"v_{i.name}" for i in op.inputs])
+            row = TARGETS[t]
+            if isinstance(impl, ExprImpl):  # the generated kernel dispatches on its dtype rows
+                tensors = ", ".join([f"v_{o.name}" for o in op.outputs] + [f"v_{i.name}" for i in op.inputs])
+                body = f"{row.namespace}::{op.name}(call, expr_args(attrs), {tensors});"
+            else:  # the target's hand-written kernel, per dtype row of the target
+                code = "\n".join(f"{kw} ({cond}) {{\n  {call}\n}}" for kw, cond, call in _kernel_branches(op, t))
+                code += '\nelse {\n  fail<TypeError>(kName, "no kernel for this dtype on ", call.device.str());\n}'
+                body = code.replace("\n", "\n      ")
             device.append(("if" if not device else "else if",
-                           f"call.device.type == DeviceType::{TARGETS[t].macro_suffix}",
-                           f"{TARGETS[t].namespace}::{op.name}(call, expr_args(attrs), {tensors});"))
+                           f"call.device.type == DeviceType::{row.macro_suffix}", body))
         host = _kernel_branches(op)
         if device and host:
             host = [("else if", cond, body) for _, cond, body in host]
@@ -203,7 +208,7 @@ def _forward(op: OpSpec, lowered: Lowered, build: Build) -> tuple[list[str], lis
         shapes = ", ".join(shape_expr(op, o.shape) for o in op.outputs)
         dtypes = ", ".join(dtype_expr(op, o.dtype) for o in op.outputs)
         fwd.append(f"const TensorList r = aot::call_external(kName, {_cpp_str(impl.library)}, "
-                   f"{_cpp_str(impl.symbol)}, {{{ins}}}, {{{shapes}}}, {{{dtypes}}});")
+                   f"{_cpp_str(impl.symbol)}, {{{ins}}}, {{{shapes}}}, {{{dtypes}}}, call.device);")
         for k, o in enumerate(op.outputs):
             fwd.append(f"TensorPtr v_{o.name} = r[{k}];")
         return fwd, []
@@ -282,7 +287,8 @@ def header_context(op: OpSpec, build: Build) -> dict[str, Any]:
     """What templates/op.h.j2 places: the kernel declarations of the targets ``build`` compiles."""
     tvars = [v for v, _ in op.typevars]
     kernels = []
-    for row in (TARGETS[t] for t in build.targets if isinstance(op.impl, CppImpl) and op.target(t) is not None):
+    compiled = [t for t in build.targets if t == HOST_TARGET or build.device_kernels]
+    for row in (TARGETS[t] for t in compiled if isinstance(op.impl, CppImpl) and op.target(t) is not None):
         tparams = ", ".join(f"typename {v}" for v in tvars)
         inst = [f"template void opforge::{row.namespace}::{op.name}<{_template_args(op, b, True)}>"
                 f"({_kernel_params(op, qualified=True)});" for b in (_bindings(op, row.name) if tvars else [])]
@@ -303,7 +309,7 @@ def header_context(op: OpSpec, build: Build) -> dict[str, Any]:
         "expr": _expr_functor(op),
         "device_kernels": [{"namespace": TARGETS[t].namespace, "params": _device_kernel_params(op),
                             "file": f"{op.name}{TARGETS[t].kernel_suffix}"}
-                           for t in api.device_kernel_targets(op, build)],
+                           for t in api.generated_device_targets(op, build)],
     }
 
 

@@ -34,7 +34,7 @@ def _bprop(op: OpSpec, lb: api.LoweredBprop) -> list[str]:
     return lines
 
 
-def _context(op: OpSpec, table: Mapping[str, api.Callee]) -> dict[str, Any]:
+def _context(op: OpSpec, table: Mapping[str, api.Callee], build: Build) -> dict[str, Any]:
     lowered = api.lower_formulas(op, table, PY)
     attr_params = [f"a_{a.name}" for a in op.attrs]
     aot = (op.impl.library, op.impl.symbol) if isinstance(op.impl, AotImpl) else None
@@ -51,6 +51,7 @@ def _context(op: OpSpec, table: Mapping[str, api.Callee]) -> dict[str, Any]:
         "bprop": None, "bprop_params": "", "saved": "",
         "aot_symbols": _tuple([repr((m, sym)) for m, sym in api.aot_symbols(op)]),
         "aot_kernel": repr(aot),
+        "runs": repr(tuple(str(t) for t in api.runnable_targets(op, build))),
     }
     lb = lowered.bprop
     if lb is None:
@@ -71,7 +72,7 @@ def render_formulas(ops: Sequence[OpSpec], sources: Sequence[str],
     targets = [f"{str(r.name)!r}: TargetDef({str(r.name)!r}, {r.device_type!r}, {r.torch_dispatch_key!r}, "
                f"{r.mindspore_target!r}, {r.dlpack_device_type})" for r in TARGETS.values()]
     text = render("formulas.py.j2", banner=banner("#", f"{len(sources)} specs", "formulas.py.j2"),
-                  ops=[_context(op, table) for op in ops], targets=targets,
+                  ops=[_context(op, table, build) for op in ops], targets=targets,
                   builds=[f"{b.backend!r}: BuildDef({b.backend!r}, {b.wheel_label!r}, "
                           f"{tuple(str(t) for t in b.targets)!r}, {b.available}, {b.runtime_requires!r}, "
                           f"{b.runtime_libs!r})" for b in BUILDS.values()],

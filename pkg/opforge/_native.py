@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shlex
 import subprocess
 import sysconfig
@@ -82,6 +83,50 @@ def ldflags() -> list[str]:
 
 def cflags() -> list[str]:
     return [*CXXFLAGS, *(f"-I{d}" for d in include_dirs())]
+
+
+# ---- CUDA TUs of op modules in the cu130 wheel (nvcc from _cuda_toolkit.find())
+
+
+def cuda_arch() -> str:
+    """The architectures op modules' device code is built for: ``$OPFORGE_CUDA_ARCH``, else the
+    wheel's own (meson's ``ops_cuda_arch``: ``8.0 9.0+PTX``), in that syntax."""
+    return os.environ.get("OPFORGE_CUDA_ARCH") or _build_info.CUDA_ARCH
+
+
+def cuda_arch_flags(arch: str) -> list[str]:
+    """nvcc's -gencode flags for an architecture list (``8.0 9.0+PTX``: sm_80 and sm_90 code, and
+    compute_90 PTX); ValueError naming the bad item."""
+    flags = []
+    for item in arch.replace(",", " ").split():
+        ptx = item.endswith("+PTX")
+        number = item[:-4] if ptx else item
+        if not re.fullmatch(r"\d+\.\d+[af]?", number):
+            raise ValueError(f"[load] CUDA architecture {item!r} is not of the form 9.0 or 9.0+PTX "
+                             f"(from {arch!r}; set OPFORGE_CUDA_ARCH)")
+        sm = number.replace(".", "")
+        codes = f"[sm_{sm},compute_{sm}]" if ptx else f"sm_{sm}"
+        flags.append(f"-gencode=arch=compute_{sm},code={codes}")
+    if not flags:
+        raise ValueError(f"[load] no CUDA architecture in {arch!r} (set OPFORGE_CUDA_ARCH)")
+    return flags
+
+
+#: nvcc flags of every op module's CUDA TU (those of opforge's own device code, meson.build's)
+NVCCFLAGS = (
+    f"-std={_build_info.CXX_STD}", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
+    "-Xcompiler=-fPIC,-fno-math-errno,-fvisibility=hidden,-fvisibility-inlines-hidden",
+)
+
+
+def cuda_flags(arch: str) -> list[str]:
+    return [*NVCCFLAGS, *cuda_arch_flags(arch), *(f"-I{d}" for d in include_dirs())]
+
+
+def cuda_ldflags(lib_dir: str, major: int) -> list[str]:
+    """The CUDA runtime the module's device code calls: the same soname libopforge.so links (the
+    copy opforge's import loaded from nvidia-cuda-runtime serves both at run time)."""
+    return [f"-L{lib_dir}", f"-l:libcudart.so.{major}"]
 
 
 def extension_suffix() -> str:

@@ -74,6 +74,7 @@ class OpDef(NamedTuple):
     saved: tuple[tuple[str, tuple[int, ...]], ...]  # (tensor name, input indices whose gradient reads it)
     aot_symbols: tuple[tuple[int, str], ...]  # (mask of present inputs, exported AOT entry point)
     aot_kernel: Optional[tuple[str, str]]  # (library, symbol) of an aot op's external kernel, else None
+    runs: tuple[str, ...] = ("cpu",)  # the targets whose calls this build runs (its rows with compiled kernels)
 
     def aot_symbol(self, present: tuple[bool, ...]) -> str:
         """The AOT entry point for a call whose inputs are present (a bool per input)."""

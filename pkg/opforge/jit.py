@@ -18,6 +18,13 @@ the specs, the sources, opforge's version and library, the codegen, the compiler
 - spec mistakes raise ``opforge.codegen.SpecError`` (``file:line:col: key: message``) before
   any compiler runs.
 
+In the cu130 wheel (``backend="cuda"``) the ops' cuda rows run too: each ``expr`` op with cuda rows
+gets its generated CUDA kernel and each ``cpp`` op with cuda rows takes its kernel file ``<op>.cu``
+from ``sources``, compiled by nvcc (found as the wheel's build finds it, pkg/opforge/_cuda_toolkit.py:
+``$OPFORGE_NVCC``, ``$CUDA_HOME``, the ``cuda-toolkit`` wheels, PATH) for the architectures of
+``$OPFORGE_CUDA_ARCH``, else the wheel's own; nvcc's version and the architectures are part of the
+key. Modules without cuda rows need no nvcc.
+
 The cache root is ``build_dir``, else ``$OPFORGE_CACHE_DIR``, else ``~/.cache/opforge/jit``. What
 every module shares, whatever its cache root (the runtime's precompiled header, opforge's parsed
 specs), is kept once per installation, in ``opforge/_jit_cache/``, when this user can keep private
@@ -63,7 +70,8 @@ __all__ = ["load", "BuildError", "default_cache_dir"]
 PathLike = Union[str, "os.PathLike[str]"]
 T = TypeVar("T")
 CPP_SUFFIXES = (".cpp", ".cc", ".cxx")
-HEADER_SUFFIXES = (".h", ".hpp", ".inc")
+CUDA_SUFFIXES = (".cu",)
+HEADER_SUFFIXES = (".h", ".hpp", ".inc", ".cuh")
 
 _loaded: dict[Path, ModuleType] = {}
 
@@ -86,8 +94,9 @@ def load(name: str, specs: Sequence[PathLike], sources: Sequence[PathLike] = (),
         name: the module's name (a Python identifier); its ops are ``module.<op>``.
         specs: spec files (``<op>.yaml``) or directories of them.
         sources: C++ files: each ``cpp`` op's kernel, ``<op>.cpp`` (it includes ``"<op>.h"``,
-            generated), and any helpers; headers listed here are not compiled but are part of
-            the cache key, and their directories are on the include path.
+            generated), and any helpers; with backend cuda, each cpp op with cuda rows's CUDA
+            kernel ``<op>.cu`` too; headers listed here are not compiled but are part of the
+            cache key, and their directories are on the include path.
         backend: the wheel backend to build for (default: this opforge's, ``opforge.backend``);
             must be the one this opforge was built for.
         build_dir: the cache root (default: ``default_cache_dir()``).
@@ -113,8 +122,8 @@ def load(name: str, specs: Sequence[PathLike], sources: Sequence[PathLike] = (),
         raise ValueError(f"[load] no spec files in specs={list(map(str, specs))!r}")
     source_files = _files("sources", sources)
     seen: dict[tuple[str, str], Path] = {}
-    for p in spec_files + [s for s in source_files if s.suffix in CPP_SUFFIXES]:
-        kind = "spec" if p.suffix in (".yaml", ".yml") else "source"
+    for p in spec_files + [s for s in source_files if s.suffix in CPP_SUFFIXES + CUDA_SUFFIXES]:
+        kind = "spec" if p.suffix in (".yaml", ".yml") else ("CUDA source" if p.suffix in CUDA_SUFFIXES else "source")
         if (kind, p.stem) in seen:
             raise ValueError(f"[load] two {kind}s named {p.stem!r}: {seen[(kind, p.stem)]} and {p}")
         seen[(kind, p.stem)] = p
@@ -127,7 +136,8 @@ def load(name: str, specs: Sequence[PathLike], sources: Sequence[PathLike] = (),
     for text in (str(root), *map(str, source_files), *cxx, *cflags, *ldflags):
         if "\n" in text or "\r" in text:
             raise ValueError(f"[load] {text!r} holds a line break: it cannot go into build.ninja (rename it)")
-    key = _cache_key(name, backend, spec_files, source_files, cxx, cflags, ldflags)
+    cuda = _cuda_setup(backend)
+    key = _cache_key(name, backend, spec_files, source_files, cxx, cflags, ldflags, cuda.key)
 
     home = root / name
     entry = home / key
@@ -138,7 +148,8 @@ def load(name: str, specs: Sequence[PathLike], sources: Sequence[PathLike] = (),
         _private_dir(root)
         _private_dir(home)
         module = _cached_module(name, home, entry, target, info, verbose, lambda: _build(
-            name, spec_files, source_files, cxx, cflags, pch_cflags, ldflags, root, home, entry, target, verbose))
+            name, spec_files, source_files, cxx, cflags, pch_cflags, ldflags, cuda, root, home, entry, target,
+            verbose))
     info["seconds"] = time.perf_counter() - start
     module.__opforge_build__ = info  # type: ignore[attr-defined]
     if verbose:
@@ -158,8 +169,9 @@ def _files(what: str, paths: Sequence[PathLike], expand: bool = False) -> list[P
         if expand and p.is_dir():
             out.extend(sorted(p.glob("*.yaml")))
         elif p.is_file():
-            if what == "sources" and p.suffix not in CPP_SUFFIXES + HEADER_SUFFIXES:
-                raise ValueError(f"[load] {p}: a source must be C++ ({', '.join(CPP_SUFFIXES + HEADER_SUFFIXES)})")
+            allowed = CPP_SUFFIXES + CUDA_SUFFIXES + HEADER_SUFFIXES
+            if what == "sources" and p.suffix not in allowed:
+                raise ValueError(f"[load] {p}: a source must be C++ or CUDA ({', '.join(allowed)})")
             out.append(p)
         else:
             raise FileNotFoundError(f"[load] {what}: {p}: no such file" + (" or directory" if expand else ""))
@@ -181,11 +193,32 @@ def _library_id() -> str:
     return f"{st.st_size}:{st.st_mtime_ns}"
 
 
+class _Cuda:
+    """How a module's CUDA TUs build in this backend: nvcc and its flags (``toolkit`` None: none
+    found, or the backend has no cuda target; ``problem`` says which, for a module that needs it)."""
+
+    def __init__(self, toolkit: Any, flags: list[str], ldflags: list[str], problem: str) -> None:
+        self.toolkit, self.flags, self.ldflags, self.problem = toolkit, flags, ldflags, problem
+        self.key = "\0".join([f"{toolkit.nvcc}:{toolkit.version}" if toolkit else problem, *flags, *ldflags])
+
+
+def _cuda_setup(backend: str) -> _Cuda:
+    if "cuda" not in _formulas.BUILDS[backend].targets:
+        return _Cuda(None, [], [], f"the {backend} wheel has no cuda target")
+    from opforge import _cuda_toolkit
+
+    try:
+        kit = _cuda_toolkit.find()
+    except _cuda_toolkit.ToolkitError as exc:
+        return _Cuda(None, [], [], str(exc))
+    return _Cuda(kit, _native.cuda_flags(_native.cuda_arch()), _native.cuda_ldflags(str(kit.lib_dir), kit.major), "")
+
+
 def _cache_key(name: str, backend: str, spec_files: list[Path], source_files: list[Path],
-               cxx: tuple[str, ...], cflags: list[str], ldflags: list[str]) -> str:
+               cxx: tuple[str, ...], cflags: list[str], ldflags: list[str], cuda: str) -> str:
     h = hashlib.sha256()
     for part in (_FORMAT, name, backend, _build_info.VERSION, _library_id(), _codegen_digest(),
-                 " ".join(cxx), _native.compiler_version(cxx), "\0".join(cflags), "\0".join(ldflags)):
+                 " ".join(cxx), _native.compiler_version(cxx), "\0".join(cflags), "\0".join(ldflags), cuda):
         h.update(part.encode() + b"\0\0")
     for kind, files in (("spec", spec_files), ("source", source_files)):
         for p in sorted(files, key=lambda p: p.name):
@@ -437,12 +470,13 @@ def _opforge_signatures() -> list[Any]:
 
 
 def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tuple[str, ...],
-           cflags: list[str], pch_cflags: list[str], ldflags: list[str], root: Path, home: Path, entry: Path,
-           target: Path, verbose: bool) -> list[str]:
+           cflags: list[str], pch_cflags: list[str], ldflags: list[str], cuda: _Cuda, root: Path, home: Path,
+           entry: Path, target: Path, verbose: bool) -> list[str]:
     """Generate, compile and link the module into the cache entry; returns the TUs compiled."""
     from opforge.codegen import SpecError, load_specs
-    from opforge.codegen.gen import render_module, write_if_changed
-    from opforge.codegen.targets import BUILDS
+    from opforge.codegen.api import generated_device_targets
+    from opforge.codegen.gen import device_file, render_module, write_if_changed
+    from opforge.codegen.targets import BUILDS, Backend
 
     shared = _shared_root(root)
     header, gch = _pch_paths(shared, cxx, pch_cflags)
@@ -451,10 +485,20 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
     known = _opforge_signatures()
     ops = load_specs(spec_files, known=known, build=BUILDS[_build_info.BACKEND])  # SpecErrors: before any compiler runs
     kernels = {p.stem for p in source_files if p.suffix in CPP_SUFFIXES}
+    cuda_kernels = {p.stem for p in source_files if p.suffix in CUDA_SUFFIXES}
+    build_row = BUILDS[_build_info.BACKEND]
+    on_cuda = Backend.CUDA in build_row.targets
     for op in ops:
         if op.impl.kind == "cpp" and op.name not in kernels:
             raise SpecError(op.impl.loc, "impl", f"op '{op.name}' has a cpp impl: pass its kernel file "
                             f"{op.name}.cpp in sources=[...]")
+        if on_cuda and op.impl.kind == "cpp" and op.target(Backend.CUDA) is not None and op.name not in cuda_kernels:
+            raise SpecError(op.impl.loc, "impl", f"op '{op.name}' has cuda rows: pass its CUDA kernel file "
+                            f"{op.name}.cu in sources=[...] (or leave cuda out of its targets)")
+    device_tus = [device_file(op, t) for op in ops for t in generated_device_targets(op, build_row)]
+    cuda_sources = [p.resolve() for p in source_files if p.suffix in CUDA_SUFFIXES]
+    if (device_tus or cuda_sources) and cuda.toolkit is None:
+        raise BuildError(f"[load] module '{name}' has CUDA code to compile, and no nvcc: {cuda.problem}")
     _native.check_toolchain(cxx)
     if verbose:
         print(f"[opforge.load] {name}: building {len(ops)} op{'s' if len(ops) != 1 else ''} into {entry}",
@@ -464,7 +508,7 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
     gen = _private_dir(build / "gen")
     # (no AOT entry points: MindSpore's ops.Custom is served by opforge's own library and packages)
     rendered = render_module(ops, {o.name: f"{o.name}.yaml" for o in ops}, name, known, aot_entry_points=False,
-                             build=BUILDS[_build_info.BACKEND])
+                             build=build_row, device_kernels=on_cuda)
     for r in rendered:
         write_if_changed(gen / r.name, r.text)
     keep = {r.name for r in rendered}
@@ -473,15 +517,17 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
             stale.unlink()
     # ninja runs in build/: the cache's own paths are relative to it (the cache root, which may be
     # any directory, appears neither in build.ninja nor in the compiler's dependency files)
-    tus = [Path("gen", f"{o.name}.cpp") for o in ops]
-    tus += [p.resolve() for p in source_files if p.suffix in CPP_SUFFIXES]
+    tus = [Path("gen", f"{o.name}.cpp") for o in ops] + [Path("gen", f) for f in device_tus]
+    tus += [p.resolve() for p in source_files if p.suffix in CPP_SUFFIXES] + cuda_sources
     lib = name + _native.extension_suffix()
     lines = [
         "ninja_required_version = 1.3",
         "pipe = |",  # (no $-escape writes | in a path: _ninja_path writes it as $pipe)
         f"cxx = {_ninja_text(_shell(cxx))}",
         f"cflags = {_ninja_text(_shell(['-Igen', *cflags]))}",
-        f"ldflags = {_ninja_text(_shell(ldflags))}",
+        f"ldflags = {_ninja_text(_shell([*ldflags, *(cuda.ldflags if device_tus or cuda_sources else [])]))}",
+        f"nvcc = {_ninja_text(_shell([str(cuda.toolkit.nvcc)] if cuda.toolkit else ['false']))}",
+        f"cuflags = {_ninja_text(_shell(['-Igen', *cuda.flags, *(f for f in cflags if f.startswith('-I'))]))}",
         f"pch = {_ninja_text(_shell([os.path.relpath(header, build)]))}",
         "rule cxx",  # op TUs: with the precompiled header when there is one (gcc reads
         # <header>.gch if it is valid, else the header's text: the same command either way)
@@ -495,14 +541,21 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
         "  depfile = $out.d",
         "  deps = gcc",
         "  description = compile $in",
+        "rule nvcc",  # device kernels: generated <op>.cu and the sources' .cu files
+        "  command = $nvcc -MD -MF $out.d $cuflags -c $in -o $out",
+        "  depfile = $out.d",
+        "  deps = gcc",
+        "  description = compile $in",
         "rule link",
         "  command = $cxx $in -o $out $ldflags",
         "  description = link $out",
     ]
     objects = []
     for tu in tus:  # ($in and $out: ninja quotes them for the shell)
-        objects.append(_ninja_path(f"obj/{'src' if tu.is_absolute() else 'gen'}/{tu.stem}.o"))
-        lines.append(f"build {objects[-1]}: {'cxx_plain' if tu.is_absolute() else 'cxx'} {_ninja_path(tu)}")
+        cu = tu.suffix in CUDA_SUFFIXES
+        rule = "nvcc" if cu else ("cxx_plain" if tu.is_absolute() else "cxx")
+        objects.append(_ninja_path(f"obj/{'src' if tu.is_absolute() else 'gen'}/{tu.stem}{'.cu' if cu else ''}.o"))
+        lines.append(f"build {objects[-1]}: {rule} {_ninja_path(tu)}")
     objects.append(_ninja_path(f"obj/gen/{name}.module.o"))
     lines.append(f"build {objects[-1]}: cxx_plain {_ninja_path(Path('gen', f'{name}.module.cpp'))}")
     lines.append(f"build {_ninja_path(lib)}: link {' '.join(objects)}")

@@ -28,6 +28,10 @@ op's own meta rule (``opforge._C._meta``), so a call the registration table does
 raises the op's own TypeError/ValueError before any kernel runs (MindSpore never casts a dtype
 the op does not list).
 
+On a MindSpore GPU build (``device_target="GPU"``) the ops the cu130 wheel runs on cuda are
+registered for target ``GPU``: MindSpore passes device buffers and its stream, and the entry point
+queues the op's work on that stream. (Not verified here: PyPI's MindSpore is a CPU build.)
+
 MindSpore 2.10 needs NumPy 1.x: ``pip install mindspore==2.10.0 "numpy<2"``.
 """
 
@@ -57,8 +61,16 @@ __all__ = ["ops", "functional", "primitive", "LIBRARY", "F", "H"]
 #: The shared library holding every op's AOT entry point (libopforge.so, beside opforge._C).
 LIBRARY: str = opforge.LIBRARY
 
-# the target whose kernels ops.Custom runs here (its row of the target table, codegen/targets.py)
+# the host's row of the target table (codegen/targets.py)
 _CPU = _formulas.TARGETS["cpu"]
+
+
+def _target(op: OpDef) -> Any:
+    """The target row ops.Custom registers op for: MindSpore's device target (``GPU``: the cu130
+    wheel's cuda rows, whose AOT entry points take device pointers and MindSpore's stream) when
+    this build runs op there, else the host's."""
+    want = ms.get_context("device_target")
+    return next((_formulas.TARGETS[t] for t in op.runs if _formulas.TARGETS[t].mindspore_target == want), _CPU)
 
 _DTYPES = {
     "bool": ms.bool_, "uint8": ms.uint8, "int8": ms.int8, "int16": ms.int16, "int32": ms.int32,
@@ -111,8 +123,8 @@ def _attr_text(atype: str, value: Any) -> str:
 
 
 def _rows(op: OpDef, present: Sequence[bool]) -> list[tuple[tuple[str, str], ...]]:
-    """The op's dtype rows on CPU, as MindSpore DataType pairs for the present inputs and the outputs."""
-    info = next(t for t in _C.op_info(op.name) if t["target"] == _CPU.mindspore_target)
+    """The op's dtype rows on its target, as MindSpore DataType pairs for the present inputs and the outputs."""
+    info = next(t for t in _C.op_info(op.name) if t["target"] == _target(op).mindspore_target)
     keep = [k for k, p in enumerate(present) if p] + list(range(len(op.inputs), len(op.inputs) + len(op.outputs)))
     rows: list[tuple[tuple[str, str], ...]] = []
     for row in info["dtype_format"]:
@@ -137,7 +149,7 @@ def _reg_info(op: OpDef, present: Sequence[bool], attrs: Sequence[Any]) -> dict[
         reg = reg.attr(a.name, "required", "str", value=_attr_text(a.type, v))
     for row in _rows(op, present):
         reg = reg.dtype_format(*row)
-    info: dict[str, Any] = reg.target(_CPU.mindspore_target).get_op_info()
+    info: dict[str, Any] = reg.target(_target(op).mindspore_target).get_op_info()
     return info
 
 

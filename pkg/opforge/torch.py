@@ -13,6 +13,10 @@ attrs with their defaults), and three kernels come from the generated op table
 - **CPU**: exchanges memory with the opforge runtime through DLPack (no copies) and runs the op's
   opforge kernel; a call the registration table does not allow raises the runtime's exception,
   which names the op and what it supports.
+- **CUDA** (the cu130 wheel, ops with cuda rows): the same exchange with torch.cuda tensors
+  (zero copy), the op running on torch's current stream of the inputs' device. An op without a
+  cuda kernel has no CUDA registration: torch says so (``NotImplementedError``: could not run
+  ``opforge::<op>`` with arguments from the 'CUDA' backend).
 - **Fake/Meta**: output shapes and dtypes from the spec's rules, checked by the same C++ code as a
   real call (``opforge._C._meta``), so ``torch.compile`` and ``FakeTensor`` tracing see the same
   errors as eager calls. Rules ``same``, ``broadcast``, ``reduce`` and ``matmul`` are computed
@@ -128,6 +132,37 @@ def _cpu_kernel(op: OpDef, run: Callable[..., Any]) -> Callable[..., Any]:
                 return kernel(x, y, *attrs)
             return _from_dlpack(run(_to_dlpack(x), _to_dlpack(y), *attrs).__dlpack__())
         return kernel2
+    return kernel
+
+
+# ---------------------------------------------------------------------------- device kernels
+
+
+def _device_kernel(op: OpDef, run: Callable[..., Any], device_type: str) -> Callable[..., Any]:
+    """The kernel for torch tensors on a device (cuda): the CPU kernel's DLPack exchange, run on
+    torch's current stream of the inputs' device, which is opforge's current stream during the
+    call, so torch's work before and after is ordered with opforge's without synchronizing."""
+    n_in = len(op.inputs)
+    single = len(op.outputs) == 1
+    streams = torch.get_device_module(device_type)
+
+    def kernel(*args: Any) -> Any:
+        args = _full_args(op, args)
+        like = next(t for t in args[:n_in] if t is not None)
+        index = like.device.index if like.device.index is not None else streams.current_device()
+        name = f"{device_type}:{index}"
+        stream = streams.current_stream(index).cuda_stream
+        previous = _C._current_stream(name)[1]
+        _C._set_current_stream(name, stream)
+        try:  # (exported on that stream too: the consumer's own, so nothing waits)
+            out = run(*[_to_runtime(t) for t in args[:n_in]], *args[n_in:])
+            consumer = stream or 1  # (torch's default stream is 0, DLPack's legacy default 1)
+            if single:
+                return _from_dlpack(out.__dlpack__(stream=consumer))
+            return tuple(_from_dlpack(o.__dlpack__(stream=consumer)) for o in out)
+        finally:
+            _C._set_current_stream(name, previous)
+
     return kernel
 
 
@@ -332,6 +367,11 @@ def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: s
             lib.impl(op.name, decomposed, "CompositeImplicitAutograd")
             continue
         lib.impl(op.name, _cpu_kernel(op, getattr(kernels, op.name)), _formulas.TARGETS["cpu"].torch_dispatch_key)
+        for target in op.runs:  # the device targets this build runs the op on (cuda)
+            if target != "cpu":
+                row = _formulas.TARGETS[target]
+                lib.impl(op.name, _device_kernel(op, getattr(kernels, op.name), row.device_type),
+                         row.torch_dispatch_key)
         torch.library.register_fake(f"{namespace}::{op.name}", _fake_kernel(op, getattr(metas, op.name)),
                                     lib=lib)
         # ops without a bprop (comparisons, indices) still get one: their outputs never require grad

@@ -26,7 +26,7 @@ namespace {
 thread_local std::string t_last_error;
 
 TensorPtr wrap_param(const char* op, const char* role, const char* arg, void* data, int ndim,
-                     const int64_t* shape, const char* dtype_str) {
+                     const int64_t* shape, const char* dtype_str, std::optional<Device>* device) {
   if (ndim < 0 || (ndim > 0 && !shape)) fail<ValueError>(op, role, " '", arg, "': bad shape from the host");
   if (!dtype_str) fail<TypeError>(op, role, " '", arg, "': no dtype from the host");
   DType dtype;
@@ -40,6 +40,16 @@ TensorPtr wrap_param(const char* op, const char* role, const char* arg, void* da
   storage->data = data;
   storage->nbytes = static_cast<size_t>(n) * itemsize(dtype);
   storage->external = true;
+  if (n > 0) {  // every buffer on the device of the first one
+    const Device here = locate_pointer(data);
+    if (!device->has_value()) {
+      *device = here;
+    } else if (here != **device) {
+      fail<ValueError>(op, role, " '", arg, "' is on ", here.str(), " but the buffers before it are on ", (*device)->str(),
+                       ": an AOT call's buffers must all be on one device");
+    }
+    storage->device = here;
+  }
   return std::make_shared<Tensor>(std::move(storage), dtype, s, contiguous_strides(s), 0);
 }
 
@@ -89,17 +99,19 @@ Call::Call(const OpInfo& info, uint32_t present, int nparam, void** params, int*
     fail<ValueError>(info.name, "AOT entry point: null params, ndims, shapes or dtypes");
   }
   size_t p = 0;
+  std::optional<Device> where;  // the buffers' device, from the first non-empty one
   for (size_t k = 0; k < info.inputs.size(); ++k) {
     if (!((present >> k) & 1u)) {
       inputs_.push_back(nullptr);
       continue;
     }
-    inputs_.push_back(wrap_param(info.name, "input", info.inputs[k].name, params[p], ndims[p], shapes[p], dtypes[p]));
+    inputs_.push_back(wrap_param(info.name, "input", info.inputs[k].name, params[p], ndims[p], shapes[p], dtypes[p],
+                                 &where));
     ++p;
   }
   for (size_t k = 0; k < info.outputs.size(); ++k) {
     const ArgInfo& out = info.outputs[k];
-    outputs_.push_back(wrap_param(info.name, "output", out.name, params[p], ndims[p], shapes[p], dtypes[p]));
+    outputs_.push_back(wrap_param(info.name, "output", out.name, params[p], ndims[p], shapes[p], dtypes[p], &where));
     const TensorPtr& t = outputs_.back();
     // two outputs in one buffer: whichever is written last would overwrite the other
     for (size_t j = 0; j < k; ++j) {
@@ -113,8 +125,17 @@ Call::Call(const OpInfo& info, uint32_t present, int nparam, void** params, int*
     // before it is read
     const bool on_input = std::any_of(inputs_.begin(), inputs_.end(),
                                       [&](const TensorPtr& in) { return in && overlap(in, t); });
-    if (t->numel() > 0 && !on_input) offers_.push_back(BufferOffer{t->raw_data(), t->dtype(), t->shape()});
+    if (t->numel() > 0 && !on_input) {
+      offers_.push_back(BufferOffer{t->raw_data(), t->dtype(), t->shape(), t->storage()->device});
+    }
     ++p;
+  }
+  device_ = where.value_or(Device{});
+  for (const TensorPtr& t : inputs_) {  // (empty buffers: wherever the others are)
+    if (t && t->numel() == 0) t->storage()->device = device_;
+  }
+  for (const TensorPtr& t : outputs_) {
+    if (t->numel() == 0) t->storage()->device = device_;
   }
 }
 
@@ -248,7 +269,7 @@ void Call::set_outputs(const TensorList& outs) const {
                       dtype_name(dst->dtype()), " but the op gives ", dtype_name(src->dtype()));
     }
     if (src->numel() == 0 || src->raw_data() == dst->raw_data()) continue;
-    if (src->is_contiguous()) {
+    if (src->is_contiguous() && dst->on_host() && src->on_host()) {
       std::memcpy(dst->raw_data(), src->raw_data(), static_cast<size_t>(src->numel()) * itemsize(src->dtype()));
     } else {
       copy_into(dst, src);
@@ -370,14 +391,17 @@ Resolved resolve(const char* op, const char* library, const char* symbol) {
 }
 
 TensorList call_external(const char* op, const char* library, const char* symbol, const TensorList& inputs,
-                         const std::vector<Shape>& out_shapes, const std::vector<DType>& out_dtypes) {
+                         const std::vector<Shape>& out_shapes, const std::vector<DType>& out_dtypes, Device device) {
   Kernel kernel = resolve(op, library, symbol).kernel;
   TensorList ins;
   for (const TensorPtr& t : inputs) {
     if (t) ins.push_back(contiguous(t));  // the ABI has no strides
   }
   TensorList outs;
-  for (size_t k = 0; k < out_shapes.size(); ++k) outs.push_back(empty(out_dtypes[k], out_shapes[k]));
+  for (size_t k = 0; k < out_shapes.size(); ++k) {
+    outs.push_back(empty(out_dtypes[k], out_shapes[k], Format::Default, device));
+  }
+  void* stream = device.type == DeviceType::CPU ? nullptr : device_runtime(op, device).current_stream(device.index);
   std::vector<void*> params;
   std::vector<int> ndims;
   std::vector<int64_t*> shapes;
@@ -396,7 +420,7 @@ TensorList call_external(const char* op, const char* library, const char* symbol
     }
   }
   const int rc = kernel(static_cast<int>(params.size()), params.data(), ndims.data(), shapes.data(),
-                        dtypes.data(), nullptr, nullptr);
+                        dtypes.data(), stream, nullptr);
   if (rc != 0) {
     fail<RuntimeError>(op, "AOT kernel ", symbol, " in ", library, " returned ", rc);
   }

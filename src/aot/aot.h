@@ -3,6 +3,11 @@
 //                    const char** dtypes, void* stream, void* extra)
 // (what MindSpore's ops.Custom(func_type="aot") loads), and the other direction: an op whose
 // kernel is such a function in an external shared library (impl kind `aot`).
+//
+// On a device (seed 004's GPU form): the buffers may be device memory, found by asking the
+// device runtimes where each pointer lives (all on one device), and `stream` (a cudaStream_t;
+// null: the legacy default stream) is the stream the op's work is queued on, asynchronously, as
+// the host expects: results are ordered on that stream, not waited for.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +25,8 @@ namespace opforge::aot {
 // Non-zero return codes of an entry point, by the exception that stopped the call.
 enum Status : int { kOk = 0, kTypeError = 1, kValueError = 2, kIndexError = 3, kRuntimeError = 4, kOther = 5 };
 
-// One call of an entry point: the host's buffers seen as opforge tensors (no copies), the attrs
-// from `extra` and the host's output buffers.
+// One call of an entry point: the host's buffers seen as opforge tensors (no copies) on the device
+// they live on, the attrs from `extra` and the host's output buffers.
 //
 // params holds the present inputs in spec order (absent optional inputs are skipped; `present`
 // has bit k set when input k is there), then the outputs. Attrs come from MindSpore's AotExtra
@@ -35,6 +40,7 @@ class Call {
        const char** dtypes, void* extra);
 
   TensorPtr input(size_t k) const { return inputs_[k]; }
+  Device device() const { return device_; }  // where the buffers live (the host's when there are none)
 
   bool attr_bool(const char* name) const;
   int64_t attr_int(const char* name) const;
@@ -65,6 +71,7 @@ class Call {
 
   const OpInfo& info_;
   void* extra_;
+  Device device_;
   std::vector<TensorPtr> inputs_;
   std::vector<TensorPtr> outputs_;
   std::vector<BufferOffer> offers_;
@@ -74,7 +81,7 @@ class Call {
 // last_error() and written to stderr (a host such as MindSpore reports only the code).
 template <typename Body>
 int run(const OpInfo& info, uint32_t present, int nparam, void** params, int* ndims, int64_t** shapes,
-        const char** dtypes, void* extra, Body&& body) noexcept;
+        const char** dtypes, void* stream, void* extra, Body&& body) noexcept;
 
 int fail_status(const char* op, const std::exception* e) noexcept;
 const std::string& last_error();  // this thread's last failure message ("" if none)
@@ -109,16 +116,19 @@ struct Resolved {
 Resolved resolve(const char* op, const char* library, const char* symbol);
 
 // Calls an external kernel with the inputs and freshly allocated outputs of the given shapes
-// and dtypes; a non-zero return raises RuntimeError naming the op, library, symbol and code.
+// and dtypes on device (the call's: a device kernel gets device pointers and the device's
+// current stream, the host's kernel a null stream); a non-zero return raises RuntimeError naming
+// the op, library, symbol and code.
 TensorList call_external(const char* op, const char* library, const char* symbol,
                          const TensorList& inputs, const std::vector<Shape>& out_shapes,
-                         const std::vector<DType>& out_dtypes);
+                         const std::vector<DType>& out_dtypes, Device device = Device{});
 
 template <typename Body>
 int run(const OpInfo& info, uint32_t present, int nparam, void** params, int* ndims, int64_t** shapes,
-        const char** dtypes, void* extra, Body&& body) noexcept {
+        const char** dtypes, void* stream, void* extra, Body&& body) noexcept {
   try {
     Call call(info, present, nparam, params, ndims, shapes, dtypes, extra);
+    StreamScope on_stream(info.name, call.device(), stream);
     BufferOfferScope scope(call.offers());
     body(call);
     return kOk;

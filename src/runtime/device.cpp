@@ -75,4 +75,25 @@ DeviceRuntime& device_runtime(const char* op, Device& device) {
   return *rt;
 }
 
+Device locate_pointer(const void* p) noexcept {
+  for (int t = 0; t < kDeviceTypes; ++t) {
+    DeviceRuntime* rt = find_device_runtime(static_cast<DeviceType>(t));
+    Device d;
+    if (rt && static_cast<DeviceType>(t) != DeviceType::CPU && rt->device_count() > 0 && rt->locate(p, &d)) return d;
+  }
+  return Device{};
+}
+
+StreamScope::StreamScope(const char* op, Device device, void* stream) {
+  if (device.type == DeviceType::CPU) return;
+  runtime_ = &device_runtime(op, device);
+  index_ = device.index;
+  previous_ = runtime_->current_stream(index_);
+  runtime_->set_current_stream(index_, stream);
+}
+
+StreamScope::~StreamScope() {
+  if (runtime_) runtime_->set_current_stream(index_, previous_);
+}
+
 }  // namespace opforge

@@ -71,6 +71,10 @@ class DeviceRuntime {
   // converted to out's dtype; accumulated in float (16-bit and 32-bit floats), double or int64.
   virtual void sum_rows(const char* op, const Tensor& x, int64_t R, const Tensor& out, double scale) = 0;
 
+  // Whether p points into memory of one of this type's devices (memory from any allocator: a
+  // host's buffers given to an AOT entry point); if so, *device receives it. Never throws.
+  virtual bool locate(const void* p, Device* device) noexcept = 0;
+
   // Streams.
   virtual void* current_stream(int index) = 0;
   virtual void set_current_stream(int index, void* stream) = 0;
@@ -83,6 +87,25 @@ class DeviceRuntime {
 void register_device_runtime(DeviceType type, DeviceRuntime* runtime);
 // The runtime serving type, or null when this build has none.
 DeviceRuntime* find_device_runtime(DeviceType type);
+// The device whose memory p points into: a device of a registered runtime that claims it, else
+// the host (a build without device runtimes, or no device present, answers the host at once).
+Device locate_pointer(const void* p) noexcept;
+
+// Makes stream the calling thread's current stream on device for the guard's lifetime (nothing
+// for the host): how a caller's stream (an AOT host's, torch's) orders opforge's work.
+class StreamScope {
+ public:
+  StreamScope(const char* op, Device device, void* stream);
+  ~StreamScope();
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  DeviceRuntime* runtime_ = nullptr;
+  int index_ = 0;
+  void* previous_ = nullptr;
+};
+
 // The runtime serving device, checked: RuntimeError naming op when this build has no runtime for
 // its type (naming the wheel that has one), when no device of the type is present (with the
 // runtime's reason), or when the index is out of range. A bare index -1 is the current device.

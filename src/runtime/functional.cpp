@@ -152,8 +152,21 @@ void sum_block(const In* x, Out* out, int64_t K1, int64_t R, int64_t K2, double 
 
 }  // namespace
 
-// sum_into on a device: x viewed with its kept dimensions first and its reduced ones last, copied
-// contiguous when that view is not (a transpose on the device), then summed row by row.
+TensorPtr reduced_last(const TensorPtr& x, const Shape& kept) {
+  Shape shape, strides;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int64_t k = 0; k < x->dim(); ++k) {
+      const bool reduced = kept[static_cast<size_t>(k)] == 1 && x->shape()[static_cast<size_t>(k)] != 1;
+      if (reduced == (pass == 1)) {
+        shape.push_back(x->shape()[static_cast<size_t>(k)]);
+        strides.push_back(x->strides()[static_cast<size_t>(k)]);
+      }
+    }
+  }
+  return contiguous(std::make_shared<Tensor>(x->storage(), x->dtype(), shape, strides, x->offset(), x->format()));
+}
+
+// sum_into on a device: rows of x's reduced elements (reduced_last), summed row by row.
 static void sum_on_device(const char* op, const TensorPtr& x, const Shape& kept, const TensorPtr& out, double scale) {
   Device d = x->device();
   DeviceRuntime& rt = device_runtime(op, d);
@@ -166,19 +179,7 @@ static void sum_on_device(const char* op, const TensorPtr& x, const Shape& kept,
     });
     return;
   }
-  Shape shape, strides;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int64_t k = 0; k < x->dim(); ++k) {
-      const bool reduced = kept[static_cast<size_t>(k)] == 1 && x->shape()[static_cast<size_t>(k)] != 1;
-      if (reduced == (pass == 1)) {
-        shape.push_back(x->shape()[static_cast<size_t>(k)]);
-        strides.push_back(x->strides()[static_cast<size_t>(k)]);
-      }
-    }
-  }
-  TensorPtr rows = std::make_shared<Tensor>(x->storage(), x->dtype(), shape, strides, x->offset(), x->format());
-  rows = contiguous(rows);
-  rt.sum_rows(op, *rows, R, *out, scale);
+  rt.sum_rows(op, *reduced_last(x, kept), R, *out, scale);
 }
 
 void sum_into(const char* op, const TensorPtr& x_in, const Axes& axes, const TensorPtr& out, double scale) {

@@ -27,6 +27,10 @@ Shape matmul_shape(const char* op, const Shape& a, const Shape& b);
 // ---- kernels (no autograd)
 // out = scale * sum of x over axes; out is contiguous with x's reduced shape (keepdims or not).
 void sum_into(const char* op, const TensorPtr& x, const Axes& axes, const TensorPtr& out, double scale = 1.0);
+// x viewed with its kept dimensions first and its reduced ones last (kept: reduce_shape's shape
+// with keepdims; reduced dimensions of size 1 count as kept), copied contiguous when that view is
+// not: rows of numel(x) / numel(kept) elements, one per output element (device reductions).
+TensorPtr reduced_last(const TensorPtr& x, const Shape& kept);
 // The same into a new tensor of dtype out.
 TensorPtr sum_kernel(const char* op, const TensorPtr& x, const Axes& axes, bool keepdims, DType out,
                      double scale = 1.0);

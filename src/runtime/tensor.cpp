@@ -202,6 +202,18 @@ BufferOfferScope::BufferOfferScope(std::vector<BufferOffer>* offers) : previous_
 BufferOfferScope::~BufferOfferScope() { t_offers = previous_; }
 
 TensorPtr empty(DType dtype, const Shape& shape, Format format, Device device) {
+  if (t_offers) {
+    for (BufferOffer& o : *t_offers) {
+      if (o.taken || o.dtype != dtype || o.shape != shape || o.device != device) continue;
+      o.taken = true;
+      auto storage = std::make_shared<Storage>();
+      storage->data = o.data;
+      storage->nbytes = static_cast<size_t>(shape_numel(shape)) * itemsize(dtype);
+      storage->external = true;
+      storage->device = device;
+      return std::make_shared<Tensor>(std::move(storage), dtype, shape, contiguous_strides(shape), 0, format);
+    }
+  }
   if (device.type != DeviceType::CPU) {
     DeviceRuntime& rt = device_runtime(current_op() ? current_op() : "empty", device);
     const int64_t n = checked_numel("allocate", shape, dtype);
@@ -213,17 +225,6 @@ TensorPtr empty(DType dtype, const Shape& shape, Format format, Device device) {
       storage->capacity = storage->nbytes;
     }
     return std::make_shared<Tensor>(std::move(storage), dtype, shape, contiguous_strides(shape), 0, format);
-  }
-  if (t_offers) {
-    for (BufferOffer& o : *t_offers) {
-      if (o.taken || o.dtype != dtype || o.shape != shape) continue;
-      o.taken = true;
-      auto storage = std::make_shared<Storage>();
-      storage->data = o.data;
-      storage->nbytes = static_cast<size_t>(shape_numel(shape)) * itemsize(dtype);
-      storage->external = true;
-      return std::make_shared<Tensor>(std::move(storage), dtype, shape, contiguous_strides(shape), 0, format);
-    }
   }
   const int64_t n = checked_numel("allocate", shape, dtype);
   auto storage = std::make_shared<Storage>();

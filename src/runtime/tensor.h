@@ -123,6 +123,7 @@ struct BufferOffer {
   void* data;
   DType dtype;
   Shape shape;
+  Device device;  // where data lives
   bool taken = false;
 };
 // Sets this thread's offers for the guard's lifetime.

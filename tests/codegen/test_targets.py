@@ -99,7 +99,7 @@ def test_a_default_restating_targets_block_changes_no_generated_file(spec_dir: P
             toggled += 1
         else:  # it narrows: not a default restated (keep the spec as it is)
             candidate.write_text(text, encoding="utf-8")
-    assert toggled >= len(ops) // 2
+    assert toggled >= max(1, sum(op.targets_derived for op in ops))  # every spec without targets, at least
     again = load_specs([other], known=known)
     sources = {o.name: f"{spec_dir.name}/{o.name}.yaml" for o in ops}
 

@@ -6,6 +6,7 @@ benchmarks/results/cuda-tests.md)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -17,18 +18,18 @@ import opforge.cuda
 from opforge import ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ops"))
-from cases import Case, as_numpy, cases, make_data, reference, to_inputs, tolerance  # noqa: E402
+from cases import Case, all_specs, as_numpy, cases, make_data, reference, to_inputs, tolerance  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not opforge.cuda.is_available(),
                                 reason=f"no CUDA device: {opforge.cuda.unavailable_reason()}")
 
 
 def cuda_cases() -> list[Case]:
-    """The cpu cases of ops whose cuda rows the cuda wheel runs (expr ops: generated kernels), in the
-    dtypes of those rows."""
+    """The cpu cases of ops whose cuda rows the cuda wheel runs (expr ops: generated kernels; cpp
+    ops: their src/kernels/cuda/ files), in the dtypes of those rows."""
     out = []
     for c in cases():
-        if c.op.impl.kind == "expr" and c.op.target("cuda") is not None:
+        if c.op.impl.kind in ("expr", "cpp") and c.op.target("cuda") is not None:
             rows = c.op.target("cuda").rows()
             if any(c.dtype in [str(d) for d in b.values()] for b, _ in rows) or not c.op.typevars:
                 out.append(c)
@@ -156,7 +157,18 @@ def test_mixed_devices_and_ops_without_cuda_rows_are_clear_errors() -> None:
         ops.mul(opforge.tensor(np.ones(4, np.int64), device="cuda"), opforge.tensor(np.ones(4, np.int64), device="cuda"))
 
 
-GRAD_OPS = [c for c in CUDA_CASES if c.dtype == "float64" and any(i.differentiable for i in c.op.inputs)]
+# ops without cuda rows yet (part 2 of the CUDA backend): a bprop calling one cannot run on cuda
+NO_CUDA = {o.name for o in all_specs() if o.target("cuda") is None}
+
+
+def backward_needs(op) -> set[str]:  # type: ignore[no-untyped-def]
+    """The ops without cuda rows that op's bprop formulas call."""
+    texts = [f.text for _, f in op.bprop.lets + op.bprop.grads] if op.bprop else []
+    return {n for n in NO_CUDA for t in texts if re.search(rf"\b{n}\(", t)}
+
+
+GRAD_OPS = [c for c in CUDA_CASES if c.dtype == "float64" and any(i.differentiable for i in c.op.inputs)
+            and not backward_needs(c.op)]
 
 
 @pytest.mark.parametrize("case", GRAD_OPS, ids=lambda c: c.id)
@@ -177,3 +189,83 @@ def test_gradients_on_cuda_match_the_cpu(case: Case) -> None:
         if g_cpu is not None:
             assert g_cuda.device == "cuda:0" and g_cuda.shape == g_cpu.shape
             np.testing.assert_allclose(g_cuda.cpu().numpy(), g_cpu.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_backward_through_ops_without_cuda_rows_is_a_clear_error() -> None:
+    # max's gradient scatters through scatter_add_along_axis, whose cuda kernel is part 2's
+    assert backward_needs(next(o for o in all_specs() if o.name == "max")) == {"scatter_add_along_axis"}
+    x = opforge.tensor(np.arange(6.0).reshape(2, 3), device="cuda", requires_grad=True)
+    values, _ = ops.max(x, axis=1)
+    with pytest.raises(RuntimeError, match=r"\[scatter_add_along_axis\] has no kernel for target cuda"):
+        ops.sum(values).backward()
+
+
+# ---------------------------------------------------------------------------- reductions (CUB)
+
+REDUCE_SHAPES = [
+    (1 << 22,),        # one row: the device-wide reduction
+    (3, 100_003),      # few long rows: split into chunks, then the chunks' partials
+    (4096, 37),        # many short rows: a block per row
+    (0, 5), (5, 0), (),
+]
+
+
+@pytest.mark.parametrize("shape", REDUCE_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_sum_and_mean_over_every_layout(shape: tuple[int, ...], dtype: str) -> None:
+    rng = np.random.default_rng(4)
+    x = (rng.integers(-50, 50, shape) if dtype == "int64" else rng.standard_normal(shape)).astype(dtype)
+    t = on_cuda(x)
+    axes: list = [None] + ([[-1], [0]] if x.ndim == 2 else [])
+    for axis in axes:
+        want = np.sum(x.astype(np.float64), axis=None if axis is None else tuple(axis))
+        got = ops.sum(t, axis=axis).cpu().numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-3 if dtype == "float32" else 0)
+        if dtype != "int64":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                want_mean = np.mean(x.astype(np.float64), axis=None if axis is None else tuple(axis))
+            np.testing.assert_allclose(ops.mean(t, axis=axis).cpu().numpy(), want_mean, rtol=1e-5, atol=1e-6)
+
+
+def test_half_sums_accumulate_in_float() -> None:
+    x = np.full(1 << 16, 1.0, np.float16)  # 65536 ones: a float16 accumulator would stop at 2048
+    assert ops.sum(opforge.tensor(x, device="cuda")).cpu().numpy().astype(np.float32) == 65536.0
+
+
+@pytest.mark.parametrize("shape,axis", [((3, 100_003), 1), ((100_003, 3), 0), ((7, 5, 9), 1), ((1 << 21,), 0),
+                                        ((), -1)], ids=str)
+@pytest.mark.parametrize("which", ["max", "min"])
+def test_max_min_values_and_first_index(shape: tuple[int, ...], axis: int, which: str) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.integers(-20, 20, shape).astype(np.float32)  # many ties: the first index must win
+    values, indices = getattr(ops, which)(on_cuda(x), axis=axis)
+    np.testing.assert_array_equal(values.cpu().numpy(), getattr(np, which)(x, axis=axis))
+    np.testing.assert_array_equal(indices.cpu().numpy(), getattr(np, f"arg{which}")(x, axis=axis))
+
+
+def test_max_min_nan_wins_and_empty_axis_raises() -> None:
+    x = np.array([[1.0, np.nan, 3.0, np.nan], [-np.inf, -np.inf, -np.inf, -np.inf], [-0.0, 0.0, 2.0, 2.0]], np.float32)
+    for which in ("max", "min"):
+        values, indices = getattr(ops, which)(on_cuda(x), axis=1)
+        np.testing.assert_array_equal(indices.cpu().numpy(), getattr(np, f"arg{which}")(x, axis=1))
+        np.testing.assert_array_equal(values.cpu().numpy(), getattr(np, which)(x, axis=1))
+        with pytest.raises(ValueError, match=rf"\[{which}\] cannot take the {which} over axis 1 of size 0"):
+            getattr(ops, which)(on_cuda(np.ones((2, 0), np.float32)), axis=1)
+    assert np.signbit(ops.min(on_cuda(x[2:, :2]), axis=1)[0].cpu().numpy()[0])  # the element itself: -0.0
+
+
+@pytest.mark.parametrize("shape,axis", [((3, 100_003), [1]), ((64, 33), [0]), ((4, 5, 6), [0, 2]), ((1 << 20,), None),
+                                        ((2, 0), [1])], ids=str)
+def test_logsumexp_matches_numpy(shape: tuple[int, ...], axis) -> None:  # type: ignore[no-untyped-def]
+    x = np.random.default_rng(6).standard_normal(shape) * 30
+    want = np.logaddexp.reduce(x, axis=None if axis is None else tuple(axis)) if x.size else np.full(shape[0], -np.inf)
+    for dtype, rtol in (("float64", 1e-12), ("float32", 1e-5)):
+        got = ops.logsumexp(on_cuda(x.astype(dtype)), axis=axis).cpu().numpy()
+        np.testing.assert_allclose(got, want, rtol=rtol)
+
+
+def test_logsumexp_infinities_and_nan() -> None:
+    x = np.array([[-np.inf, -np.inf], [np.inf, 1.0], [np.nan, 1.0], [-np.inf, 0.0]], np.float32)
+    got = ops.logsumexp(on_cuda(x), axis=[1]).cpu().numpy()
+    np.testing.assert_array_equal(got[:2], [-np.inf, np.inf])
+    assert np.isnan(got[2]) and got[3] == 0.0

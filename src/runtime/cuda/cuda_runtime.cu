@@ -162,6 +162,17 @@ class CudaRuntime final : public DeviceRuntime {
 
   // Streams made here are kept for reuse, never destroyed: memory freed on a stream is ordered
   // after its work (cudaFreeAsync), which needs the stream to exist (torch pools its streams too).
+  bool locate(const void* p, Device* device) noexcept override {
+    if (!p) return false;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();  // (memory CUDA does not know: the host's)
+      return false;
+    }
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) return false;
+    *device = Device{DeviceType::CUDA, a.device};
+    return true;
+  }
   void* current_stream(int index) override { return t_streams[index]; }
   void set_current_stream(int index, void* stream) override { t_streams[index] = static_cast<cudaStream_t>(stream); }
   void* create_stream(const char* op, int index) override {

@@ -1,11 +1,10 @@
 // The core's tensor helpers on CUDA devices (DeviceRuntime::copy_convert, add, sum_rows): the
-// elementwise loop of runtime/cuda/elementwise.cuh, and row sums through CUB's segmented reduction.
-#include <cub/device/device_segmented_reduce.cuh>
-#include <thrust/iterator/counting_iterator.h>
+// elementwise loop of runtime/cuda/elementwise.cuh, and row sums through CUB (runtime/cuda/reduce.cuh).
 #include <thrust/iterator/transform_iterator.h>
 
 #include "runtime/cuda/elementwise.cuh"
 #include "runtime/cuda/functional.h"
+#include "runtime/cuda/reduce.cuh"
 
 namespace opforge::cuda {
 
@@ -40,11 +39,6 @@ struct ToAcc {
   __host__ __device__ Acc operator()(In v) const { return static_cast<Acc>(convert<compute_t<In>>(v)); }
 };
 
-struct RowStart {
-  int64_t R;
-  __host__ __device__ int64_t operator()(int64_t r) const { return r * R; }
-};
-
 }  // namespace
 
 void copy_convert(const char* op, const Tensor& dst, const Tensor& src) {
@@ -73,18 +67,9 @@ void sum_rows(const char* op, const Tensor& x, int64_t R, const Tensor& out, dou
   visit_dtype(x.dtype(), [&](auto in_tag) {
     using In = decltype(in_tag);
     using Acc = typename device_acc<In>::type;
-    DeviceGuard guard(op, device.index);
-    const cudaStream_t stream = current_stream(op, device);
     TensorPtr acc = empty(dtype_of<Acc>::value, {rows}, Format::Default, device);
     const auto values = thrust::make_transform_iterator(static_cast<const In*>(x.raw_data()), ToAcc<In, Acc>{});
-    const auto starts = thrust::make_transform_iterator(thrust::make_counting_iterator<int64_t>(0), RowStart{R});
-    const auto ends = thrust::make_transform_iterator(thrust::make_counting_iterator<int64_t>(1), RowStart{R});
-    size_t bytes = 0;
-    check(op, cub::DeviceSegmentedReduce::Reduce(nullptr, bytes, values, acc->data<Acc>(), rows, starts, ends, Plus{},
-                                                  Acc(0), stream));
-    TensorPtr temp = empty(DType::UInt8, {static_cast<int64_t>(std::max<size_t>(bytes, 1))}, Format::Default, device);
-    check(op, cub::DeviceSegmentedReduce::Reduce(temp->raw_data(), bytes, values, acc->data<Acc>(), rows, starts, ends,
-                                                  Plus{}, Acc(0), stream));
+    reduce_rows(op, device, values, rows, R, acc->data<Acc>(), Plus{}, Acc(0));
     visit_dtype(out.dtype(), [&](auto out_tag) {
       using Out = decltype(out_tag);
       CurrentOpScope scope(op);
