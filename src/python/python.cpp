@@ -379,19 +379,12 @@ Managed* make_managed(const TensorPtr& t) {
 // then read-only memory is handed out as a copy, unless the consumer said copy=False.
 // __dlpack__(stream=...) of a tensor on a device: the consumer will use the memory on its stream
 // (the Array API's values: None or 1 the legacy default stream, 2 the per-thread one, -1 none,
-// others a cudaStream_t), so our work on the tensor must be done by then: the work queued on the
-// stream its memory was allocated on (where the op that made it ran) and on our current stream.
-// Waits for them unless the consumer uses that same stream or asks for no ordering.
+// others a cudaStream_t), so that stream must wait for our work on the tensor: the work queued on
+// the stream its memory was allocated on (where the op that made it ran) and on our current
+// stream. The wait is queued on the device (an event), not on the host; nothing waits when the
+// consumer uses that same stream or asks for no ordering.
 void order_for_consumer(const Tensor& t, py::handle stream) {
-  Device d = t.device();
-  DeviceRuntime& rt = device_runtime("__dlpack__", d);
-  void* made_on = t.storage()->capacity ? t.storage()->stream : nullptr;
-  if (made_on && made_on != rt.current_stream(d.index) &&
-      !(PyLong_Check(stream.ptr()) && stream.cast<long long>() == -1)) {
-    py::gil_scoped_release nogil;
-    rt.synchronize_stream("__dlpack__", d.index, made_on);
-  }
-  void* ours = rt.current_stream(d.index);
+  void* consumer = nullptr;  // (our handle of the legacy default stream)
   if (!stream.is_none()) {
     if (!PyLong_Check(stream.ptr())) {
       fail<TypeError>("__dlpack__", "stream must be an int or None, got ", py::repr(stream).cast<std::string>());
@@ -399,12 +392,15 @@ void order_for_consumer(const Tensor& t, py::handle stream) {
     const long long s = stream.cast<long long>();
     if (s == -1) return;
     if (s == 0) fail<ValueError>("__dlpack__", "stream 0 is ambiguous for CUDA: pass 1 for the legacy default stream");
-    if ((s == 1 && ours == nullptr) || reinterpret_cast<void*>(static_cast<uintptr_t>(s)) == ours) return;
-  } else if (ours == nullptr) {
-    return;  // (None: the legacy default stream, ours too)
+    if (s < -1) fail<ValueError>("__dlpack__", "stream ", s, " is not a stream");
+    if (s != 1) consumer = reinterpret_cast<void*>(static_cast<uintptr_t>(s));
   }
-  py::gil_scoped_release nogil;
-  rt.synchronize_stream("__dlpack__", d.index, ours);
+  Device d = t.device();
+  DeviceRuntime& rt = device_runtime("__dlpack__", d);
+  void* ours = rt.current_stream(d.index);
+  void* made_on = t.storage()->capacity ? t.storage()->stream : ours;
+  if (made_on != consumer) rt.stream_wait("__dlpack__", d.index, consumer, made_on);
+  if (ours != consumer && ours != made_on) rt.stream_wait("__dlpack__", d.index, consumer, ours);
 }
 
 py::capsule to_dlpack(const TensorPtr& t, py::handle max_version, py::handle copy) {

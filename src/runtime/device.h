@@ -81,6 +81,9 @@ class DeviceRuntime {
   virtual void* create_stream(const char* op, int index) = 0;
   virtual void destroy_stream(int index, void* stream) noexcept = 0;
   virtual void synchronize_stream(const char* op, int index, void* stream) = 0;
+  // Work queued on waiter from now on waits for the work queued on waitee so far, on the device
+  // (no host wait). Handles 1 and 2 are the legacy and per-thread default streams, as in CUDA.
+  virtual void stream_wait(const char* op, int index, void* waiter, void* waitee) = 0;
 };
 
 // Called once per type by the runtime that serves it (a static initializer of its TU).

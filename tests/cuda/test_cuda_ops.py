@@ -269,3 +269,33 @@ def test_logsumexp_infinities_and_nan() -> None:
     got = ops.logsumexp(on_cuda(x), axis=[1]).cpu().numpy()
     np.testing.assert_array_equal(got[:2], [-np.inf, np.inf])
     assert np.isnan(got[2]) and got[3] == 0.0
+
+
+def test_dlpack_with_cupy_both_ways_on_cupys_stream() -> None:
+    cp = pytest.importorskip("cupy", reason="CuPy is not installed")
+    a = cp.arange(1 << 20, dtype=cp.float32)
+    t = opforge.from_dlpack(a)  # CuPy's __dlpack__ orders its work before our current stream's
+    assert t.device == "cuda:0" and t.shape == (1 << 20,)
+    s = cp.cuda.Stream(non_blocking=True)
+    with opforge.cuda.Stream():  # made on one of our streams, consumed on CuPy's: an event orders it
+        y = ops.mul(t, t)
+    with s:
+        b = cp.from_dlpack(y)
+        total = float(b.sum())
+    assert cp.from_dlpack(y).data.ptr == b.data.ptr  # the same memory each time: no copies
+    assert total == float((a * a).sum())
+    assert cp.from_dlpack(t).data.ptr == a.data.ptr  # zero copy back
+
+
+def test_double_backward_on_cuda_matches_the_cpu() -> None:
+    x0 = np.linspace(-2.0, 2.0, 11)
+    results = {}
+    for device in ("cpu", "cuda"):
+        x = opforge.tensor(x0, device=device, requires_grad=True)
+        y = ops.sum(ops.mul(ops.tanh(x), ops.exp(x)))
+        (g,) = opforge.gradients([y], [x], create_graph=True)
+        (gg,) = opforge.gradients([ops.sum(g)], [x])
+        assert gg.device == ("cuda:0" if device == "cuda" else "cpu")
+        results[device] = (g.detach().cpu().numpy(), gg.cpu().numpy())
+    for a, b in zip(results["cpu"], results["cuda"]):
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)

@@ -160,8 +160,6 @@ class CudaRuntime final : public DeviceRuntime {
     cuda::sum_rows(op, x, R, out, scale);
   }
 
-  // Streams made here are kept for reuse, never destroyed: memory freed on a stream is ordered
-  // after its work (cudaFreeAsync), which needs the stream to exist (torch pools its streams too).
   bool locate(const void* p, Device* device) noexcept override {
     if (!p) return false;
     cudaPointerAttributes a{};
@@ -173,6 +171,9 @@ class CudaRuntime final : public DeviceRuntime {
     *device = Device{DeviceType::CUDA, a.device};
     return true;
   }
+
+  // Streams made here are kept for reuse, never destroyed: memory freed on a stream is ordered
+  // after its work (cudaFreeAsync), which needs the stream to exist (torch pools its streams too).
   void* current_stream(int index) override { return t_streams[index]; }
   void set_current_stream(int index, void* stream) override { t_streams[index] = static_cast<cudaStream_t>(stream); }
   void* create_stream(const char* op, int index) override {
@@ -197,6 +198,16 @@ class CudaRuntime final : public DeviceRuntime {
   void synchronize_stream(const char* op, int index, void* stream) override {
     DeviceGuard guard(op, index);
     check(op, cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  }
+  void stream_wait(const char* op, int index, void* waiter, void* waitee) override {
+    if (waiter == waitee) return;
+    DeviceGuard guard(op, index);
+    cudaEvent_t e = nullptr;
+    check(op, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    cudaError_t r = cudaEventRecord(e, static_cast<cudaStream_t>(waitee));
+    if (r == cudaSuccess) r = cudaStreamWaitEvent(static_cast<cudaStream_t>(waiter), e, 0);
+    cudaEventDestroy(e);  // (its resources go once the recorded work completes)
+    check(op, r);
   }
 
  private:
