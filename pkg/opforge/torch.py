@@ -25,6 +25,12 @@ attrs with their defaults), and three kernels come from the generated op table
   with these same torch ops, so gradients of gradients work; outputs the spec marks not
   differentiable (indices) are marked so, non-differentiable inputs (labels) get no gradient.
 
+Inputs that share a type variable with another input may be Python numbers, as in opforge's own
+API: each such input has an overload ``<op>.scalar_<input>`` taking it as a ``Scalar``, converted
+to the other input's dtype (``ops.add(t, 1.0)``, ``ops.where(c, t, 0.0)``, ``ops.pow(2.0, t)``),
+which torch's overload resolution picks for a number. One number per call; the result has the
+tensor's dtype (no type promotion).
+
 Composite ops (an ``impl.composite`` formula and no bprop) register the formula itself as their
 ``CompositeImplicitAutograd`` kernel. Torch tensors carry no layout format: they reach the runtime
 as ``DefaultFormat``.
@@ -47,7 +53,7 @@ import opforge._C as _C
 import opforge._formulas as _formulas
 from opforge._opdef import OpDef
 
-__all__ = ["ops", "NAMESPACE", "schema", "register_ops", "register_module", "TORCH_DTYPES"]
+__all__ = ["ops", "NAMESPACE", "schema", "scalar_slots", "register_ops", "register_module", "TORCH_DTYPES"]
 
 NAMESPACE = "opforge"
 
@@ -77,9 +83,11 @@ def _schema_default(atype: str, value: Any) -> str:
     return repr(value)
 
 
-def schema(op: OpDef) -> str:
-    """The op's torch schema: ``name(Tensor x, Tensor? w=None, int[]? axis=None, ...) -> Tensor``."""
-    args = [f"Tensor? {i.name}=None" if i.optional else f"Tensor {i.name}" for i in op.inputs]
+def schema(op: OpDef, scalar: Optional[int] = None) -> str:
+    """The op's torch schema: ``name(Tensor x, Tensor? w=None, int[]? axis=None, ...) -> Tensor``;
+    with ``scalar`` = k, its overload ``name.scalar_<input k>`` taking input k as a ``Scalar``."""
+    args = [f"Tensor? {i.name}=None" if i.optional else f"{'Scalar' if k == scalar else 'Tensor'} {i.name}"
+            for k, i in enumerate(op.inputs)]
     for a in op.attrs:
         t = _SCHEMA_TYPES[a.type]
         if a.required:
@@ -89,7 +97,37 @@ def schema(op: OpDef) -> str:
         else:
             args.append(f"{t} {a.name}={_schema_default(a.type, a.default)}")
     returns = "Tensor" if len(op.outputs) == 1 else "(" + ", ".join("Tensor" for _ in op.outputs) + ")"
-    return f"{op.name}({', '.join(args)}) -> {returns}"
+    name = op.name if scalar is None else f"{op.name}.scalar_{op.inputs[scalar].name}"
+    return f"{name}({', '.join(args)}) -> {returns}"
+
+
+def scalar_slots(op: OpDef) -> list[tuple[int, int]]:
+    """(k, j): input k may be a Python number, as in opforge's own API, which takes the dtype of
+    input j (the first other required input of the same type variable), as torch's ``Scalar``
+    overloads do (``add(t, 1.0)``)."""
+    slots = []
+    for k, i in enumerate(op.inputs):
+        if i.optional or i.dtype not in op.typevars:
+            continue
+        j = next((j for j, o in enumerate(op.inputs) if j != k and not o.optional and o.dtype == i.dtype), None)
+        if j is not None:
+            slots.append((k, j))
+    return slots
+
+
+def _scalar_kernel(op: OpDef, k: int, j: int, default: Any) -> Callable[..., Any]:
+    """The ``scalar_<input>`` overload: the number as a 0-d tensor of input j's dtype and device,
+    then the op (CompositeImplicitAutograd: autograd, fake tensors and torch.compile see the op)."""
+    def kernel(*args: Any) -> Any:
+        full = list(_full_args(op, args))
+        value, like = full[k], full[j]
+        if isinstance(value, complex):
+            raise TypeError(f"[{op.name}] input '{op.inputs[k].name}': complex numbers are not supported "
+                            "(opforge has no complex dtypes)")
+        full[k] = torch.scalar_tensor(value, dtype=like.dtype, device=like.device)
+        return default(*full)
+
+    return kernel
 
 
 def _full_args(op: OpDef, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -184,7 +222,7 @@ def _hint(s: Any) -> int:
 
 
 def _axes(value: Any, rank: int) -> list[int]:
-    if value is None:
+    if value is None or rank == 0:  # (a 0-d tensor's axis 0 or -1 is no axis, as in the runtime)
         return list(range(rank))
     axes = [value] if isinstance(value, int) else list(value)
     return sorted({a + rank if a < 0 else a for a in axes})
@@ -354,10 +392,15 @@ def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: s
     lib = torch.library.Library(namespace, "DEF")
     for op in table.values():
         lib.define(schema(op))
+        for k, _ in scalar_slots(op):
+            lib.define(schema(op, scalar=k))
     F = SimpleNamespace(**(extern or {}),
                         **{name: getattr(getattr(torch.ops, namespace), name).default for name in table})
     for op in table.values():
         overload = getattr(F, op.name)
+        for k, j in scalar_slots(op):
+            lib.impl(f"{op.name}.scalar_{op.inputs[k].name}", _scalar_kernel(op, k, j, overload),
+                     "CompositeImplicitAutograd")
         if op.composite is not None and op.bprop is None:
             composite = op.composite
 

@@ -44,6 +44,7 @@ template <typename T> OPFORGE_HD OPFORGE_INLINE auto ceil(T x) { return std::cei
 template <typename T> OPFORGE_HD OPFORGE_INLINE auto pow(T x, T y) { return std::pow(x, y); }
 template <typename T> OPFORGE_HD OPFORGE_INLINE T abs(T x) {
   if constexpr (std::is_unsigned_v<T> || std::is_same_v<T, bool>) return x;
+  else if constexpr (std::is_floating_point_v<T>) return std::fabs(x);  // (abs(-0.0) is +0.0)
   else return x < T(0) ? T(-x) : x;
 }
 // NaN-propagating, like numpy.maximum / numpy.minimum.

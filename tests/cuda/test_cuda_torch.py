@@ -113,6 +113,7 @@ def test_gradcheck_and_gradgradcheck_on_cuda(case: Case, rng) -> None:  # type: 
     assert torch.autograd.gradgradcheck(fn, inputs, rtol=rtol, atol=atol)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's import
 def test_compile_fullgraph_with_cuda_inputs() -> None:
     torch._dynamo.reset()
 

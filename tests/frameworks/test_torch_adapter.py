@@ -29,6 +29,32 @@ def test_schemas_come_from_the_specs() -> None:
         "opforge::leaky_relu(Tensor x, float alpha=0.01) -> Tensor")
 
 
+def test_python_numbers_as_operands_like_torchs_scalar_overloads() -> None:
+    table = ot._formulas.OPS
+    assert ot.scalar_slots(table["add"]) == [(0, 1), (1, 0)]
+    assert ot.scalar_slots(table["where"]) == [(1, 2), (2, 1)]  # (not the bool condition)
+    assert ot.scalar_slots(table["exp"]) == [] and ot.scalar_slots(table["layer_norm"]) == []
+    assert str(torch.ops.opforge.add.scalar_y._schema) == "opforge::add.scalar_y(Tensor x, Scalar y) -> Tensor"
+    t = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float16, requires_grad=True)
+    out = ops.add(t, 1.0)  # torch's overload resolution picks add.scalar_y
+    assert out.dtype == torch.float16  # the number takes the tensor's dtype
+    torch.testing.assert_close(out, torch.add(t, 1.0))
+    torch.testing.assert_close(ops.pow(2.0, t.detach()), torch.pow(2.0, t.detach()))
+    torch.testing.assert_close(ops.where(t.detach() > 0, t.detach(), 0.0), torch.where(t > 0, t, 0.0).detach())
+    torch.testing.assert_close(ops.greater(t.detach(), 0), t.detach() > 0)
+    out.sum().backward()  # autograd through the op the overload calls
+    torch.testing.assert_close(t.grad, torch.ones_like(t))
+    with FakeTensorMode() as mode:  # fake tensors: the composite overload sees the op's fake kernel
+        fake = ops.mul(mode.from_tensor(torch.ones(2, 3)), 2.0)
+        assert fake.shape == (2, 3) and fake.dtype == torch.float32
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: ops.mul(ops.add(x, 1.0), 0.5), backend="aot_eager", fullgraph=True)
+    x = torch.randn(4, 5)
+    torch.testing.assert_close(f(x), (x + 1.0) * 0.5)
+    with pytest.raises(TypeError, match=r"\[add\] input 'y': complex numbers are not supported"):
+        ops.add(torch.ones(2), 1j)
+
+
 def test_attrs_take_spec_defaults_and_keywords() -> None:
     x = torch.tensor([-2.0, 3.0])
     torch.testing.assert_close(ops.leaky_relu(x), torch.tensor([-0.02, 3.0]))

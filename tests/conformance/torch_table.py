@@ -1,0 +1,164 @@
+"""Which opforge op answers to which of PyTorch's OpInfos, how a sample's arguments become the
+opforge op's, and the documented differences a sample may be excluded for: data for
+test_torch_conformance.py (issue 16).
+
+An adapter takes a SampleInput (``input``, ``args``, ``kwargs``) and returns the opforge op's
+arguments (tensors, then attrs by name), or raises ``NotMapped(key)`` when the sample is outside
+opforge's signature or semantics; ``key`` must then be one of the op's ``DIFFERENCES``, whose
+reasons are the documented semantics (op_specs/README.md, "Whose semantics").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+
+class NotMapped(Exception):
+    """The sample is outside opforge's signature or semantics: args[0] names the difference."""
+
+
+@dataclass(frozen=True)
+class Counterpart:
+    op: str                    # the opforge op
+    torch: str                 # its OpInfo's name
+    variant: str = ""          # and variant_test_name
+    adapt: Callable[[Any], tuple[list[Any], dict[str, Any]]] = field(default=None)  # type: ignore[assignment]
+    outputs: Optional[Callable[[Any], Any]] = None  # torch's result -> opforge's outputs' layout
+
+
+def _operands(sample: Any) -> list[Any]:
+    return [sample.input, *sample.args]
+
+
+def _check_tensors(values: list[Any]) -> None:
+    """Tensors of one dtype, and at most one Python number (real: opforge has no complex dtypes),
+    which torch.ops.opforge's scalar_<input> overloads take."""
+    numbers = [v for v in values if not isinstance(v, torch.Tensor)]
+    if any(isinstance(v, complex) for v in numbers):
+        raise NotMapped("complex number")
+    if len(numbers) > 1:
+        raise NotMapped("two python numbers")
+    if len({v.dtype for v in values if isinstance(v, torch.Tensor)}) > 1:
+        raise NotMapped("mixed dtypes")
+
+
+def tensors(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    """Every argument a tensor of one dtype, no keyword arguments."""
+    if sample.kwargs:
+        raise NotMapped("keyword " + ",".join(sorted(sample.kwargs)))
+    values = _operands(sample)
+    _check_tensors(values)
+    return values, {}
+
+
+def _axes(dim: Any) -> Optional[list[int]]:
+    if dim is None:
+        return None
+    return [int(dim)] if isinstance(dim, int) else [int(d) for d in dim]
+
+
+def reduction(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    """sum/mean(x, dim=None, keepdim=False), logsumexp(x, dim, keepdim)."""
+    kwargs = dict(sample.kwargs)
+    if "dtype" in kwargs:
+        raise NotMapped("keyword dtype")
+    args = list(sample.args)
+    dim = args.pop(0) if args else kwargs.pop("dim", None)
+    keep = args.pop(0) if args else kwargs.pop("keepdim", False)
+    if args or kwargs:
+        raise NotMapped("keyword " + ",".join(sorted(kwargs)))
+    return [sample.input], {"axis": _axes(dim), "keepdims": bool(keep)}
+
+
+def arg_reduction(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    """max/min(x, dim, keepdim=False) -> (values, indices)."""
+    args = list(sample.args)
+    return [sample.input], {"axis": int(args[0]), "keepdims": bool(args[1]) if len(args) > 1 else False}
+
+
+def along_axis(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    """softmax/log_softmax(x, dim)."""
+    if sample.kwargs:
+        raise NotMapped("keyword " + ",".join(sorted(sample.kwargs)))
+    return [sample.input], {"axis": int(sample.args[0])}
+
+
+def clamp(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    bounds = list(sample.args) + [None] * (2 - len(sample.args))
+    if any(isinstance(b, torch.Tensor) for b in bounds):
+        raise NotMapped("tensor bounds")
+    return [sample.input], {"min": bounds[0], "max": bounds[1]}
+
+
+def where(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    """OpInfo's where(self, condition, other) is torch.where(condition, self, other)."""
+    cond, other = sample.args
+    values = [sample.input, other]
+    _check_tensors(values)
+    return [cond, sample.input, other], {}
+
+
+def gelu(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    return [sample.input], {"approximate": sample.kwargs.get("approximate", "none")}
+
+
+def leaky_relu(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    slope = sample.args[0] if sample.args else sample.kwargs.get("negative_slope", 0.01)
+    return [sample.input], {"alpha": float(slope)}
+
+
+UNARY = ["abs", "exp", "log", "erf", "neg", "rsqrt", "sigmoid", "sign", "sqrt", "square", "tanh"]
+BINARY = ["add", "sub", "mul", "maximum", "minimum", "pow"]
+COMPARISONS = {"equal": "eq", "not_equal": "ne", "greater": "gt", "greater_equal": "ge", "less": "lt",
+               "less_equal": "le"}
+
+COUNTERPARTS: list[Counterpart] = [
+    *(Counterpart(n, n, adapt=tensors) for n in UNARY),
+    *(Counterpart(n, n, adapt=tensors) for n in BINARY),
+    Counterpart("div", "div", "no_rounding_mode", adapt=tensors),
+    *(Counterpart(n, t, adapt=tensors) for n, t in COMPARISONS.items()),
+    Counterpart("relu", "nn.functional.relu", adapt=tensors),
+    Counterpart("silu", "nn.functional.silu", adapt=tensors),
+    Counterpart("leaky_relu", "nn.functional.leaky_relu", adapt=leaky_relu),
+    Counterpart("gelu", "nn.functional.gelu", adapt=gelu),
+    Counterpart("clamp", "clamp", adapt=clamp),
+    Counterpart("where", "where", adapt=where),
+    Counterpart("sum", "sum", adapt=reduction),
+    Counterpart("mean", "mean", adapt=reduction),
+    Counterpart("logsumexp", "logsumexp", adapt=reduction),
+    Counterpart("max", "max", "reduction_with_dim", adapt=arg_reduction, outputs=tuple),
+    Counterpart("min", "min", "reduction_with_dim", adapt=arg_reduction, outputs=tuple),
+    Counterpart("softmax", "softmax", adapt=along_axis),
+    Counterpart("log_softmax", "log_softmax", adapt=along_axis),
+    Counterpart("matmul", "matmul", adapt=tensors),
+]
+
+# (op, key) -> why opforge differs: the documented semantics (op_specs/README.md). A key is a
+# NotMapped key, or "values: <what>" for samples whose values differ as documented (VALUE_RULES).
+_NO_PROMOTION = ("opforge has no type promotion: operands of one type variable share a dtype "
+                 "(TypeError naming the op), where torch promotes")
+_COMPLEX = "opforge has no complex dtypes"
+DIFFERENCES: dict[tuple[str, str], str] = {
+    **{(n, "mixed dtypes"): _NO_PROMOTION for n in [*COMPARISONS, "where"]},
+    **{(n, "complex number"): _COMPLEX for n in ["where"]},
+    **{(n, "two python numbers"): "a call takes at most one Python number: with no tensor operand there "
+                                  "is no dtype to give it (torch computes add(2.0, 3.0) as a 0-d tensor)"
+       for n in ["add", "sub", "mul", "div", "where"]},
+    ("add", "keyword alpha"): "opforge's add has no alpha (write add(x, mul(y, alpha)))",
+    ("sub", "keyword alpha"): "opforge's sub has no alpha (write sub(x, mul(y, alpha)))",
+    ("clamp", "tensor bounds"): "clamp's bounds are float attrs, not tensors (use maximum/minimum)",
+    ("sign", "values: sign of NaN"): "sign(NaN) is NaN, as in NumPy; torch gives 0",
+}
+
+
+def _has_nan(values: list[Any]) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.is_floating_point() and bool(torch.isnan(v).any()) for v in values)
+
+
+# op -> (key, predicate on the opforge arguments): samples whose values differ as documented
+VALUE_RULES: dict[str, list[tuple[str, Callable[[list[Any]], bool]]]] = {
+    "sign": [("values: sign of NaN", _has_nan)],
+}
