@@ -114,6 +114,9 @@ def run(c: Counterpart, dtype_name: str) -> Stats:
     stats = Stats()
     gen = torch.Generator().manual_seed(0)
 
+    def mine(outs: Any) -> Any:
+        return c.mine(outs) if c.mine else outs
+
     def call_torch(args: list[Any], kwargs: dict[str, Any]) -> Any:
         out = info.op(*args, **kwargs)
         return c.outputs(out) if c.outputs else out
@@ -122,7 +125,7 @@ def run(c: Counterpart, dtype_name: str) -> Stats:
         try:
             tensors, attrs = c.adapt(sample)
             for key, rule in VALUE_RULES.get(c.op, []):
-                if rule(tensors):
+                if rule(tensors, attrs):
                     raise NotMapped(key)
         except NotMapped as e:
             key = str(e)
@@ -133,7 +136,7 @@ def run(c: Counterpart, dtype_name: str) -> Stats:
         where = f"sample {k} ({', '.join(str(tuple(t.shape)) for t in tensors if isinstance(t, torch.Tensor))}, {attrs})"
         args = [sample.input, *sample.args]
         try:
-            got = op(*tensors, **attrs)
+            got = mine(op(*tensors, **attrs))
             want = call_torch(args, sample.kwargs)
             if not _compare(got, want, lambda: call_torch([_up(a) for a in args], sample.kwargs)):
                 stats.closer_than_torch += 1
@@ -143,12 +146,12 @@ def run(c: Counterpart, dtype_name: str) -> Stats:
         stats.compared += 1
         if not has_grad or dtype_name not in ("float32", "float64"):
             continue
-        mine, theirs = _leaves(tensors), _leaves(args)
-        diff = [t for t in mine if isinstance(t, torch.Tensor) and t.requires_grad]
+        leaves, theirs = _leaves(tensors), _leaves(args)
+        diff = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
         if not diff:
             continue
         try:
-            outs = [o for o in _flat(op(*mine, **attrs)) if o.is_floating_point()]
+            outs = [o for o in _flat(mine(op(*leaves, **attrs))) if o.is_floating_point()]
             douts = [torch.randn(o.shape, dtype=o.dtype, generator=gen) for o in outs]
             g_mine = torch.autograd.grad(outs, diff, douts, allow_unused=True)
 

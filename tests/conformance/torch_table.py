@@ -27,6 +27,7 @@ class Counterpart:
     variant: str = ""          # and variant_test_name
     adapt: Callable[[Any], tuple[list[Any], dict[str, Any]]] = field(default=None)  # type: ignore[assignment]
     outputs: Optional[Callable[[Any], Any]] = None  # torch's result -> opforge's outputs' layout
+    mine: Optional[Callable[[Any], Any]] = None     # opforge's outputs -> those torch's op returns
 
 
 def _operands(sample: Any) -> list[Any]:
@@ -110,6 +111,78 @@ def leaky_relu(sample: Any) -> tuple[list[Any], dict[str, Any]]:
     return [sample.input], {"alpha": float(slope)}
 
 
+def _normalized_axes(sample: Any) -> list[int]:
+    shape = sample.args[0] if sample.args else sample.kwargs["normalized_shape"]
+    n = 1 if isinstance(shape, int) else len(shape)
+    return list(range(-n, 0))
+
+
+def _arg(sample: Any, index: int, name: str, default: Any) -> Any:
+    return sample.args[index] if len(sample.args) > index else sample.kwargs.get(name, default)
+
+
+def layer_norm(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    """F.layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5) -> y."""
+    return ([sample.input, _arg(sample, 1, "weight", None), _arg(sample, 2, "bias", None)],
+            {"axis": _normalized_axes(sample), "eps": float(_arg(sample, 3, "eps", 1e-5))})
+
+
+def rms_norm(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    """F.rms_norm(x, normalized_shape, weight=None, eps=None) -> y (eps None: the dtype's epsilon)."""
+    eps = _arg(sample, 2, "eps", None)
+    return ([sample.input, _arg(sample, 1, "weight", None)],
+            {"axis": _normalized_axes(sample), "eps": float(torch.finfo(sample.input.dtype).eps if eps is None else eps)})
+
+
+def linear(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    """F.linear(x, weight, bias=None)."""
+    return [sample.input, sample.args[0], _arg(sample, 1, "bias", None)], {}
+
+
+def transpose(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    """torch.transpose(x, d0, d1) when it swaps the last two dims."""
+    n = sample.input.dim()
+    dims = {d % n if n else d for d in sample.args[:2]}
+    if n < 2 or dims != {n - 2, n - 1}:
+        raise NotMapped("dims other than the last two")
+    return [sample.input], {}
+
+
+def take_along_axis(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    """torch.take_along_dim(x, indices, dim) with indices of x's shape but along dim."""
+    indices = sample.args[0]
+    dim = _arg(sample, 1, "dim", None)
+    if dim is None:
+        raise NotMapped("no dim (flattened)")
+    x = sample.input
+    other = [i for i in range(x.dim()) if i != dim % x.dim()]
+    if indices.dim() != x.dim() or any(indices.shape[i] != x.shape[i] for i in other):
+        raise NotMapped("broadcast indices")
+    return [x, indices], {"axis": int(dim), "keepdims": True}
+
+
+def embedding(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    """OpInfo's embedding(weight, indices, padding_idx=None, max_norm=None, ...) is
+    F.embedding(indices, weight, ...)."""
+    if any(v is not None and v is not False for v in sample.kwargs.values()):
+        raise NotMapped("padding_idx, max_norm, scale_grad_by_freq or sparse")
+    return [sample.args[0], sample.input], {}
+
+
+def cross_entropy(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    """F.cross_entropy(logits, target, reduction=...) with class labels of 2-D logits."""
+    target = sample.args[0]
+    if sample.input.dim() != 2 or target.dtype != torch.int64:
+        raise NotMapped("not (N, C) logits with class labels")
+    if {k for k in sample.kwargs if k != "reduction"}:
+        raise NotMapped("weight, ignore_index or label_smoothing")
+    return [sample.input, target], {"reduction": sample.kwargs.get("reduction", "mean")}
+
+
+def _first(outs: Any) -> Any:
+    return outs[0]
+
+
 UNARY = ["abs", "exp", "log", "erf", "neg", "rsqrt", "sigmoid", "sign", "sqrt", "square", "tanh"]
 BINARY = ["add", "sub", "mul", "maximum", "minimum", "pow"]
 COMPARISONS = {"equal": "eq", "not_equal": "ne", "greater": "gt", "greater_equal": "ge", "less": "lt",
@@ -134,6 +207,13 @@ COUNTERPARTS: list[Counterpart] = [
     Counterpart("softmax", "softmax", adapt=along_axis),
     Counterpart("log_softmax", "log_softmax", adapt=along_axis),
     Counterpart("matmul", "matmul", adapt=tensors),
+    Counterpart("linear", "nn.functional.linear", adapt=linear),
+    Counterpart("layer_norm", "nn.functional.layer_norm", adapt=layer_norm, mine=_first),
+    Counterpart("rms_norm", "nn.functional.rms_norm", adapt=rms_norm, mine=_first),
+    Counterpart("transpose", "transpose", adapt=transpose),
+    Counterpart("take_along_axis", "take_along_dim", adapt=take_along_axis),
+    Counterpart("embedding", "nn.functional.embedding", adapt=embedding),
+    Counterpart("cross_entropy", "nn.functional.cross_entropy", adapt=cross_entropy),
 ]
 
 # (op, key) -> why opforge differs: the documented semantics (op_specs/README.md). A key is a
@@ -151,6 +231,23 @@ DIFFERENCES: dict[tuple[str, str], str] = {
     ("sub", "keyword alpha"): "opforge's sub has no alpha (write sub(x, mul(y, alpha)))",
     ("clamp", "tensor bounds"): "clamp's bounds are float attrs, not tensors (use maximum/minimum)",
     ("sign", "values: sign of NaN"): "sign(NaN) is NaN, as in NumPy; torch gives 0",
+    **{(n, "values: negative eps"): f"{n}'s eps must be >= 0 (ValueError naming the op): a negative eps can "
+                                    "make the normalizer imaginary; torch accepts any float"
+       for n in ("layer_norm", "rms_norm")},
+    ("transpose", "dims other than the last two"): "opforge's transpose swaps the last two dims (no dim "
+                                                   "arguments: NumPy's swapaxes(x, -1, -2))",
+    ("take_along_axis", "no dim (flattened)"): "take_along_axis needs an axis (no flattened form)",
+    ("take_along_axis", "broadcast indices"): "indices must match x's shape on every other axis, as "
+                                              "documented (no broadcasting)",
+    ("take_along_axis", "values: negative indices"): "an index outside [0, size) raises IndexError naming "
+                                                     "the op; torch and NumPy count negative ones from the end",
+    ("embedding", "padding_idx, max_norm, scale_grad_by_freq or sparse"):
+        "opforge's embedding is the plain lookup: no padding_idx, max_norm, scale_grad_by_freq or sparse",
+    ("cross_entropy", "not (N, C) logits with class labels"):
+        "opforge's cross_entropy takes (N, C) logits and int64 class labels (no K-dimensional logits, no "
+        "class-probability targets)",
+    ("cross_entropy", "weight, ignore_index or label_smoothing"):
+        "opforge's cross_entropy has only reduction (no weight, ignore_index or label_smoothing)",
 }
 
 
@@ -158,7 +255,14 @@ def _has_nan(values: list[Any]) -> bool:
     return any(isinstance(v, torch.Tensor) and v.is_floating_point() and bool(torch.isnan(v).any()) for v in values)
 
 
-# op -> (key, predicate on the opforge arguments): samples whose values differ as documented
-VALUE_RULES: dict[str, list[tuple[str, Callable[[list[Any]], bool]]]] = {
-    "sign": [("values: sign of NaN", _has_nan)],
+def _negative_indices(values: list[Any]) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.dtype == torch.int64 and bool((v < 0).any()) for v in values)
+
+
+# op -> (key, predicate on the opforge arguments and attrs): samples whose values differ as documented
+VALUE_RULES: dict[str, list[tuple[str, Callable[[list[Any], dict[str, Any]], bool]]]] = {
+    "sign": [("values: sign of NaN", lambda t, a: _has_nan(t))],
+    "layer_norm": [("values: negative eps", lambda t, a: a["eps"] < 0)],
+    "rms_norm": [("values: negative eps", lambda t, a: a["eps"] < 0)],
+    "take_along_axis": [("values: negative indices", lambda t, a: _negative_indices(t))],
 }
