@@ -21,6 +21,7 @@ from opforge import _formulas  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ops"))
 from cases import Case, all_specs, make_data, reference, tolerance, widest_cases  # noqa: E402
+from torch_cases import differentiable_fn, overload, torch_inputs  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (opforge.cuda.is_available() and torch.cuda.is_available()),
                                 reason="no CUDA device for opforge and torch: "
@@ -51,21 +52,7 @@ GRAD_CASES = [c for c in CASES if c.dtype == "float64" and any(i.differentiable 
 
 
 def cuda_inputs(case: Case, data: list[Any], requires_grad: bool = False) -> list[Any]:
-    out = []
-    for inp, a in zip(case.op.inputs, data):
-        if a is None:
-            out.append(None)
-            continue
-        dtype = case.dtype if inp.dtype in dict(case.op.typevars) else inp.dtype
-        t = torch.from_numpy(np.asarray(a, dtype=dtype)).to("cuda")
-        if requires_grad and inp.differentiable:
-            t.requires_grad_(True)
-        out.append(t)
-    return out
-
-
-def overload(case: Case) -> Any:
-    return getattr(ot.ops, case.op.name).default
+    return torch_inputs(case, data, requires_grad, device="cuda")
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
@@ -96,18 +83,7 @@ def test_opcheck_on_cuda(case: Case, rng) -> None:  # type: ignore[no-untyped-de
 @pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: c.id)
 def test_gradcheck_and_gradgradcheck_on_cuda(case: Case, rng) -> None:  # type: ignore[no-untyped-def]
     data = make_data(case.op, case.dtype, case.shapes, rng)
-    args = cuda_inputs(case, data, requires_grad=True)
-    slots = [k for k, (inp, a) in enumerate(zip(case.op.inputs, args)) if inp.differentiable and a is not None]
-    op = overload(case)
-
-    def fn(*diff: Any) -> Any:
-        full = list(args)
-        for k, t in zip(slots, diff):
-            full[k] = t
-        out = op(*full, **case.attrs)
-        return tuple(o for o in out if o.dtype.is_floating_point) if isinstance(out, tuple) else out
-
-    inputs = tuple(args[k] for k in slots)
+    fn, inputs = differentiable_fn(case, cuda_inputs(case, data, requires_grad=True))
     rtol, atol = case.op.tests.grad_tolerance or (1e-3, 1e-5)
     assert torch.autograd.gradcheck(fn, inputs, rtol=rtol, atol=atol)
     assert torch.autograd.gradgradcheck(fn, inputs, rtol=rtol, atol=atol)

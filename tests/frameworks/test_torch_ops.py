@@ -19,30 +19,13 @@ import opforge  # noqa: E402
 from opforge import _formulas  # noqa: E402  (opforge's own ops: list_ops() also has ops that tests load)
 import opforge.torch as ot  # noqa: E402
 from cases import Case, make_data, reference, tolerance, widest_cases  # noqa: E402
+from torch_cases import differentiable_fn, overload, torch_inputs  # noqa: E402
 
 OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
 
 CASES = widest_cases()
 GRAD_CASES = [c for c in CASES if c.dtype == "float64" and any(i.differentiable for i in c.op.inputs)]
-
-
-def torch_inputs(case: Case, data: list[Any], requires_grad: bool = False) -> list[Any]:
-    out = []
-    for inp, a in zip(case.op.inputs, data):
-        if a is None:
-            out.append(None)
-            continue
-        dtype = case.dtype if inp.dtype in dict(case.op.typevars) else inp.dtype
-        t = torch.from_numpy(np.asarray(a, dtype=dtype)).clone(memory_format=torch.contiguous_format)
-        if requires_grad and inp.differentiable:
-            t.requires_grad_(True)
-        out.append(t)
-    return out
-
-
-def overload(case: Case) -> Any:
-    return getattr(ot.ops, case.op.name).default
 
 
 def test_every_op_is_registered() -> None:
@@ -84,26 +67,10 @@ def test_opcheck(case: Case, rng) -> None:
     assert result == {t: "SUCCESS" for t in OPCHECK_TESTS}
 
 
-def _differentiable_fn(case: Case, args: list[Any]):
-    slots = [k for k, (inp, a) in enumerate(zip(case.op.inputs, args)) if inp.differentiable and a is not None]
-    op = overload(case)
-
-    def fn(*diff: Any) -> Any:
-        full = list(args)
-        for k, t in zip(slots, diff):
-            full[k] = t
-        out = op(*full, **case.attrs)
-        if isinstance(out, tuple):  # integer outputs (indices) have no gradient
-            return tuple(o for o in out if o.dtype.is_floating_point)
-        return out
-
-    return fn, tuple(args[k] for k in slots)
-
-
 @pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: c.id)
 def test_gradcheck_and_gradgradcheck(case: Case, rng) -> None:
     data = make_data(case.op, case.dtype, case.shapes, rng)
-    fn, inputs = _differentiable_fn(case, torch_inputs(case, data, requires_grad=True))
+    fn, inputs = differentiable_fn(case, torch_inputs(case, data, requires_grad=True))
     rtol, atol = case.op.tests.grad_tolerance or (1e-3, 1e-5)
     assert torch.autograd.gradcheck(fn, inputs, rtol=rtol, atol=atol)
     assert torch.autograd.gradgradcheck(fn, inputs, rtol=rtol, atol=atol)
