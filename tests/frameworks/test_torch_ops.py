@@ -8,8 +8,6 @@ test_schema, test_autograd_registration, test_faketensor and test_aot_dispatch_d
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
