@@ -179,6 +179,22 @@ def cross_entropy(sample: Any) -> tuple[list[Any], dict[str, Any]]:
     return [sample.input, target], {"reduction": sample.kwargs.get("reduction", "mean")}
 
 
+def softmax_backward(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    """_softmax_backward_data(grad_output, output, dim, input_dtype)."""
+    output, dim, input_dtype = sample.args
+    if input_dtype != sample.input.dtype:
+        raise NotMapped("input_dtype other than the gradient's")
+    return [sample.input, output], {"axis": int(dim)}
+
+
+def slope_001(sample: Any) -> tuple[list[Any], dict[str, Any]]:
+    """leaky_relu_ext is leaky_relu with its slope fixed at 0.01 (torch's default)."""
+    slope = sample.args[0] if sample.args else sample.kwargs.get("negative_slope", 0.01)
+    if slope != 0.01:
+        raise NotMapped("a slope other than 0.01")
+    return [sample.input], {}
+
+
 def _first(outs: Any) -> Any:
     return outs[0]
 
@@ -214,6 +230,8 @@ COUNTERPARTS: list[Counterpart] = [
     Counterpart("take_along_axis", "take_along_dim", adapt=take_along_axis),
     Counterpart("embedding", "nn.functional.embedding", adapt=embedding),
     Counterpart("cross_entropy", "nn.functional.cross_entropy", adapt=cross_entropy),
+    Counterpart("softmax_backward", "_softmax_backward_data", adapt=softmax_backward),
+    Counterpart("leaky_relu_ext", "nn.functional.leaky_relu", adapt=slope_001),
 ]
 
 # (op, key) -> why opforge differs: the documented semantics (op_specs/README.md). A key is a
