@@ -108,6 +108,13 @@ assert "gen/twice.cu" in compiled and any(c.endswith("rowsum.cu") for c in compi
 assert m.__opforge_formulas__["twice"].runs == ("cpu", "cuda") == m.__opforge_formulas__["rowsum"].runs
 np.testing.assert_allclose(m.twice(np.arange(3.0)).numpy(), [0.0, 2.0, 4.0])
 np.testing.assert_allclose(m.rowsum(np.ones((2, 3), np.float32)).numpy(), [3.0, 3.0])
+from opforge.codegen import SpecError
+try:  # a cpp op with cuda rows needs its .cu kernel: a located error before any compiler runs
+    opforge.load("jitcu_missing", [SPECS + "/rowsum.yaml"], [SPECS + "/rowsum.cpp"], build_dir="cache")
+except SpecError as e:
+    assert "rowsum.yaml" in str(e) and "pass its CUDA kernel file rowsum.cu" in str(e), e
+else:
+    raise AssertionError("no SpecError")
 print("ok", opforge.cuda.unavailable_reason())
 """.replace("SPECS", repr(str(FIXTURES / "cuda_module")))
     env = {**os.environ, "PYTHONPATH": str(site), "PYTHONNOUSERSITE": "1"}

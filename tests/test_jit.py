@@ -144,6 +144,18 @@ def test_source_must_be_cpp(tmp_path: Path) -> None:
         opforge.load("m", specs=[write_spec(tmp_path, "softplus")], sources=[src], build_dir=tmp_path / "c")
 
 
+def test_cuda_architecture_flags() -> None:
+    from opforge import _native
+
+    assert _native.cuda_arch_flags("8.0 9.0+PTX") == ["-gencode=arch=compute_80,code=sm_80",
+                                                      "-gencode=arch=compute_90,code=[sm_90,compute_90]"]
+    assert _native.cuda_arch_flags("9.0a") == ["-gencode=arch=compute_90a,code=sm_90a"]
+    with pytest.raises(ValueError, match=r"CUDA architecture 'sm_90' is not of the form 9.0 or 9.0\+PTX"):
+        _native.cuda_arch_flags("8.0 sm_90")
+    with pytest.raises(ValueError, match=r"no CUDA architecture in ''"):
+        _native.cuda_arch_flags("")
+
+
 # ---------------------------------------------------------------------------- builds
 
 

@@ -18,7 +18,7 @@ import opforge.cuda
 from opforge import ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ops"))
-from cases import Case, all_specs, as_numpy, cases, make_data, reference, to_inputs, tolerance  # noqa: E402
+from cases import Case, all_specs, assert_outputs, cases, make_data, reference, to_inputs  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not opforge.cuda.is_available(),
                                 reason=f"no CUDA device: {opforge.cuda.unavailable_reason()}")
@@ -47,17 +47,8 @@ def check(case: Case, data) -> None:  # type: ignore[no-untyped-def]
     inputs = [on_cuda(x) for x in to_inputs(case.op, case.dtype, data)]
     outs = getattr(ops, case.op.name)(*inputs, **case.attrs)
     outs = outs if isinstance(outs, tuple) else (outs,)
-    refs = reference(case.op, data, case.attrs)
-    rtol, atol = tolerance(case.op, case.dtype)
-    for o, r, spec in zip(outs, refs, case.op.outputs):
-        assert o.device == "cuda:0", spec.name
-        host = o.cpu()
-        r = np.asarray(r)
-        assert host.shape == r.shape, spec.name
-        if host.dtype == "bool" or host.dtype.startswith(("int", "uint")):
-            np.testing.assert_array_equal(host.numpy(), r.astype(host.dtype), err_msg=spec.name)
-        else:
-            np.testing.assert_allclose(as_numpy(host), r, rtol=rtol, atol=atol, err_msg=spec.name)
+    assert all(o.device == "cuda:0" for o in outs)
+    assert_outputs(case, tuple(o.cpu() for o in outs), reference(case.op, data, case.attrs))
 
 
 @pytest.mark.parametrize("case", CUDA_CASES, ids=lambda c: c.id)

@@ -149,6 +149,22 @@ def tolerance(op: OpSpec, dtype: str) -> tuple[float, float]:
     return spec_tol.get(dtype, DEFAULT_TOL.get(dtype, (0.0, 0.0)))
 
 
+def assert_outputs(case: Case, outs: tuple, refs: tuple) -> None:
+    """The op's host outputs against the reference's: dtype (the case's for type-variable outputs),
+    shape, and values (exact for bool/integer outputs, within the spec's tolerance otherwise)."""
+    assert len(outs) == len(refs) == len(case.op.outputs)
+    rtol, atol = tolerance(case.op, case.dtype)
+    for o, r, spec in zip(outs, refs, case.op.outputs):
+        expected_dtype = case.dtype if spec.dtype in dict(case.op.typevars) else spec.dtype
+        assert o.dtype == expected_dtype, spec.name
+        r = np.asarray(r)
+        assert o.shape == r.shape, spec.name
+        if o.dtype in ("bool",) or o.dtype.startswith(("int", "uint")):
+            np.testing.assert_array_equal(o.numpy(), r.astype(o.dtype), err_msg=spec.name)
+        else:
+            np.testing.assert_allclose(as_numpy(o), r, rtol=rtol, atol=atol, err_msg=spec.name)
+
+
 def cases() -> list[Case]:
     out = []
     for op in tested_specs():

@@ -9,7 +9,7 @@ import opforge
 from opforge import _formulas  # (opforge's own ops: list_ops() also has ops that tests load)
 from opforge import ops
 
-from cases import (Case, as_numpy, cases, grad_cases, make_data, reference, to_inputs, tolerance)
+from cases import Case, assert_outputs, cases, grad_cases, make_data, reference, to_inputs
 
 CASES = cases()
 GRAD_CASES = grad_cases()
@@ -22,19 +22,7 @@ def run(case: Case, data):
 
 
 def check_forward(case: Case, data) -> None:
-    outs = run(case, data)
-    refs = reference(case.op, data, case.attrs)
-    assert len(outs) == len(refs) == len(case.op.outputs)
-    rtol, atol = tolerance(case.op, case.dtype)
-    for o, r, spec in zip(outs, refs, case.op.outputs):
-        expected_dtype = case.dtype if spec.dtype in dict(case.op.typevars) else spec.dtype
-        assert o.dtype == expected_dtype, spec.name
-        r = np.asarray(r)
-        assert o.shape == r.shape, spec.name
-        if o.dtype in ("bool",) or o.dtype.startswith(("int", "uint")):
-            np.testing.assert_array_equal(o.numpy(), r.astype(o.dtype), err_msg=spec.name)
-        else:
-            np.testing.assert_allclose(as_numpy(o), r, rtol=rtol, atol=atol, err_msg=spec.name)
+    assert_outputs(case, run(case, data), reference(case.op, data, case.attrs))
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)

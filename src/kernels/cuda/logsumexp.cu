@@ -68,15 +68,14 @@ void logsumexp(const TensorPtr& x, const TensorPtr& out, const LogsumexpAttrs& a
   const int64_t n = x->numel() / rows;
   const TensorPtr src = reduced_last(x, kept);
   const Device device = x->device();
-  const TensorPtr parts = empty(DType::UInt8, {rows * static_cast<int64_t>(sizeof(LsePart<C>))}, Format::Default,
-                                device);
+  const TensorPtr parts = ::opforge::cuda::scratch(device, static_cast<size_t>(rows) * sizeof(LsePart<C>));
   auto* pp = static_cast<LsePart<C>*>(parts->raw_data());
   const auto in = thrust::make_transform_iterator(src->data<T>(), LoadPart<T>{});
   ::opforge::cuda::reduce_rows(kOp, device, in, rows, n, pp, LseCombine{},
                                LsePart<C>{-std::numeric_limits<C>::infinity(), C(0)});
   ::opforge::cuda::DeviceGuard guard(kOp, device.index);
-  const int blocks = static_cast<int>(std::min<int64_t>((rows + 255) / 256, 65535));
-  finish_lse<T><<<blocks, 256, 0, ::opforge::cuda::current_stream(kOp, device)>>>(rows, pp, out->data<T>());
+  finish_lse<T><<<::opforge::cuda::detail::blocks_for(rows), ::opforge::cuda::kThreads, 0,
+                  ::opforge::cuda::current_stream(kOp, device)>>>(rows, pp, out->data<T>());
   ::opforge::cuda::check(kOp, cudaGetLastError());
 }
 

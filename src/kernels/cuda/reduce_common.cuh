@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 
+#include "runtime/cuda/elementwise.cuh"
 #include "runtime/cuda/reduce.cuh"
 #include "runtime/runtime.h"
 
@@ -72,8 +73,7 @@ void arg_reduce(const char* op, const TensorPtr& x, const TensorPtr& values, con
   if (rows == 0) return;
   const TensorPtr src = axes.empty() ? x : reduced_last(x, reduce_shape(op, x->shape(), axes, true));
   const Device device = x->device();
-  const TensorPtr best = empty(DType::UInt8, {rows * static_cast<int64_t>(sizeof(detail::Best<C>))},
-                               Format::Default, device);
+  const TensorPtr best = ::opforge::cuda::scratch(device, static_cast<size_t>(rows) * sizeof(detail::Best<C>));
   auto* bp = static_cast<detail::Best<C>*>(best->raw_data());
   const C worst = kMax ? (std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity()
                                                                  : std::numeric_limits<C>::lowest())
@@ -84,8 +84,8 @@ void arg_reduce(const char* op, const TensorPtr& x, const TensorPtr& values, con
   ::opforge::cuda::reduce_rows(op, device, in, rows, n, bp, detail::ArgBetter<kMax, C>{},
                                detail::Best<C>{std::numeric_limits<int64_t>::max(), worst});
   ::opforge::cuda::DeviceGuard guard(op, device.index);
-  const int blocks = static_cast<int>(std::min<int64_t>((rows + 255) / 256, 65535));
-  detail::finish_arg<T, C><<<blocks, 256, 0, ::opforge::cuda::current_stream(op, device)>>>(
+  detail::finish_arg<T, C><<<::opforge::cuda::detail::blocks_for(rows), ::opforge::cuda::kThreads, 0,
+                             ::opforge::cuda::current_stream(op, device)>>>(
       rows, n, bp, src->data<T>(), values->data<T>(), indices->data<int64_t>());
   ::opforge::cuda::check(op, cudaGetLastError());
 }

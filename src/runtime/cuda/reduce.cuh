@@ -21,6 +21,12 @@
 
 namespace opforge::cuda {
 
+// Temporary device memory of at least bytes (one byte when 0), from the allocator on the current
+// stream: freed, stream-ordered after the work queued so far, when the tensor goes.
+inline TensorPtr scratch(Device device, size_t bytes) {
+  return empty(DType::UInt8, {static_cast<int64_t>(std::max<size_t>(bytes, 1))}, Format::Default, device);
+}
+
 namespace detail {
 
 // Bound of segment s when each of the rows of R elements is split into k chunks of `chunk`
@@ -32,10 +38,6 @@ struct SegmentBound {
     return (s / k) * R + (j * chunk < R ? j * chunk : R);
   }
 };
-
-inline TensorPtr scratch(Device device, size_t bytes) {
-  return empty(DType::UInt8, {static_cast<int64_t>(std::max<size_t>(bytes, 1))}, Format::Default, device);
-}
 
 // Rows at or above this count keep the device busy with a block per row; shorter rows are not split.
 constexpr int64_t kBusyRows = 1024;
@@ -54,7 +56,7 @@ void reduce_rows(const char* op, Device device, It values, int64_t rows, int64_t
   if (rows == 1 && R > 0) {
     size_t bytes = 0;
     check(op, cub::DeviceReduce::Reduce(nullptr, bytes, values, out, R, reduce, init, stream));
-    const TensorPtr temp = detail::scratch(device, bytes);
+    const TensorPtr temp = scratch(device, bytes);
     check(op, cub::DeviceReduce::Reduce(temp->raw_data(), bytes, values, out, R, reduce, init, stream));
     return;
   }
@@ -65,7 +67,7 @@ void reduce_rows(const char* op, Device device, It values, int64_t rows, int64_t
     const auto ends = thrust::make_transform_iterator(counting, bound);
     size_t bytes = 0;
     check(op, cub::DeviceSegmentedReduce::Reduce(nullptr, bytes, in, dst, segments, begins, ends, reduce, init, stream));
-    const TensorPtr temp = detail::scratch(device, bytes);
+    const TensorPtr temp = scratch(device, bytes);
     check(op, cub::DeviceSegmentedReduce::Reduce(temp->raw_data(), bytes, in, dst, segments, begins, ends, reduce,
                                                   init, stream));
   };
@@ -79,7 +81,7 @@ void reduce_rows(const char* op, Device device, It values, int64_t rows, int64_t
   }
   const int64_t chunk = (R + k - 1) / k;
   k = (R + chunk - 1) / chunk;
-  const TensorPtr partial = detail::scratch(device, static_cast<size_t>(rows * k) * sizeof(Acc));
+  const TensorPtr partial = scratch(device, static_cast<size_t>(rows * k) * sizeof(Acc));
   Acc* parts = static_cast<Acc*>(partial->raw_data());
   segmented(values, rows * k, detail::SegmentBound{R, chunk, k, 0}, parts);
   segmented(static_cast<const Acc*>(parts), rows, detail::SegmentBound{k, k, 1, 0}, out);
