@@ -225,13 +225,27 @@ def docstring(op: OpSpec) -> str:
         for t in op.targets:
             desc = "; ".join(f"{v}: {', '.join(ds)}" for v, ds in t.dtypes)
             lines.append(f"    {t.name}: {desc} (formats: {', '.join(t.formats)})")
-    if op.bprop is not None:
-        lines.append("Gradients:")
-        for ns, f in op.bprop.lets:
-            lines.append(f"    let {', '.join(ns)} = {f.text}")
-        for n, f in op.bprop.grads:
-            lines.append(f"    d{n} = {f.text}")
+    lines += derivative_lines(op, "    ")
     return "\n".join(lines)
+
+
+def derivative_lines(op: OpSpec, indent: str = "") -> list[str]:
+    """The op's gradients (reverse mode) and tangents (forward mode) as docs and ``opforge info``
+    show them, saying which were derived and from what."""
+    lines = []
+    if op.bprop is not None:
+        how = f" (derived from {op.bprop.derived})" if op.bprop.derived else ""
+        lines.append(f"Gradients{how}:")
+        lines += [f"{indent}let {', '.join(ns)} = {f.text}" for ns, f in op.bprop.lets]
+        lines += [f"{indent}d{n} = {f.text}" for n, f in op.bprop.grads]
+    if op.jvp is not None:
+        how = f" (derived from {op.jvp.derived})" if op.jvp.derived else ""
+        lines.append(f"Tangents (forward mode){how}:")
+        lines += [f"{indent}let {', '.join(ns)} = {f.text}" for ns, f in op.jvp.lets]
+        lines += [f"{indent}{n}_t = {f.text}" for n, f in op.jvp.tangents]
+    elif op.bprop is not None:
+        lines.append("Tangents (forward mode): none (forward mode raises)")
+    return lines
 
 
 # ---------------------------------------------------------------------------- formulas
@@ -260,10 +274,18 @@ class LoweredBprop:
 
 
 @dataclass(frozen=True)
+class LoweredJvp:
+    tangents: tuple[tuple[int, str, str], ...]   # (input index, tangent name, how the tangent is bound)
+    lets: tuple[tuple[str, str, str], ...]       # (name, code, C++ type)
+    outputs: tuple[tuple[int, str], ...]         # (output index, code of its tangent)
+
+
+@dataclass(frozen=True)
 class Lowered:
     composite: Optional[str]
     bprop: Optional[LoweredBprop]
     used_ops: tuple[str, ...]
+    jvp: Optional[LoweredJvp] = None
 
 
 def _attr_scope(op: OpSpec, prefix: str) -> dict[str, tuple[VType, str]]:
@@ -342,7 +364,60 @@ def lower_formulas(op: OpSpec, table: Mapping[str, Callee], lang: CppLang = CPP)
         uses_attrs = any(a.name in needers for a in op.attrs)
         bprop = LoweredBprop(let_rows, tuple(grads), saved, uses_attrs, tuple(sorted(bscope_used)))
         used |= bscope_used
-    return Lowered(composite, bprop, tuple(sorted(used)))
+    jvp = _lower_jvp(op, sigs, lang, prefix, used)
+    return Lowered(composite, bprop, tuple(sorted(used)), jvp)
+
+
+def _lower_jvp(op: OpSpec, sigs: Mapping[str, OpSignature], lang: CppLang, prefix: str,
+               used: set[str]) -> Optional[LoweredJvp]:
+    """The op's jvp formulas in ``lang``: tangents ``v_d<input>`` (a zero tensor where the caller
+    gave none; optional inputs' tangents are absent with them), lets, one code per output."""
+    if op.jvp is None:
+        return None
+    tensors = {i.name: f"v_{i.name}" for i in op.inputs}
+    tensors.update({o.name: f"v_{o.name}" for o in op.outputs})
+    optional = {i.name for i in op.inputs if i.optional}
+    tangents = []
+    for k, i in enumerate(op.inputs):
+        if not i.differentiable:
+            continue
+        t = op.tangent_name(i.name)
+        tensors[t] = f"v_{t}"
+        if i.optional:
+            optional.add(t)
+        tangents.append((k, t, i.name))
+    scalars = _attr_scope(op, prefix)
+    # if_given(weight, ...) makes weight's tangent present too
+    companions = {i.name: (op.tangent_name(i.name),) for i in op.inputs if i.optional and i.differentiable}
+    lets: list[tuple[str, str, str]] = []
+    for k, (names, f) in enumerate(op.jvp.lets):
+        scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, companions=companions)
+        if len(names) > 1:
+            code = lower_outputs(f, names, scope, lang)
+            lets.append((f"j{k}", code, "TensorList"))
+            for j, name in enumerate(names):
+                tensors[name] = f"v_{name}"
+                lets.append((name, lang.output(f"v_j{k}", j), "TensorPtr"))
+        else:
+            code, kind = lower_graph(f, scope, lang)
+            if kind.is_tensor:
+                tensors[names[0]] = f"v_{names[0]}"
+            elif kind.is_number:
+                scalars[names[0]] = (NUMBER, f"v_{names[0]}")
+            else:
+                raise f.error(0, f"a let must give a tensor or a number, got {kind}")
+            lets.append((names[0], code, "TensorPtr" if kind.is_tensor else "double"))
+        used |= scope.used_ops
+    index = {o.name: k for k, o in enumerate(op.outputs)}
+    outputs = []
+    for name, f in op.jvp.tangents:
+        scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, companions=companions)
+        code, kind = lower_graph(f, scope, lang)
+        if not kind.is_tensor:
+            raise f.error(0, f"a tangent must be a tensor, got {kind}")
+        used |= scope.used_ops
+        outputs.append((index[name], code))
+    return LoweredJvp(tuple(tangents), tuple(lets), tuple(outputs))
 
 
 def device_kernel_targets(op: OpSpec, build: Build) -> tuple[Backend, ...]:

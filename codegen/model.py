@@ -20,7 +20,8 @@ import yaml
 from .errors import Loc, SpecError, SpecErrors, did_you_mean
 from .formula.expr import ExprScope, lower_expr
 from .formula.kinds import Kind
-from .formula.syntax import Formula, make_formula
+from .formula import derive
+from .formula.syntax import Binary, Formula, make_formula
 from .names import RESERVED, class_name, reserved_identifier
 from .source import LocMap, locate
 from .targets import HOST, Backend
@@ -234,6 +235,18 @@ class Bprop:
     lets: tuple[tuple[tuple[str, ...], Formula], ...]   # names bound (several: the outputs of one call)
     grads: tuple[tuple[str, Formula], ...]   # input name -> formula
     loc: Loc
+    derived: str = ""  # "" when written in the spec, else what it was derived from ("impl.expr")
+
+
+@dataclass(frozen=True)
+class Jvp:
+    """Forward mode: the tangent of each differentiable output from the inputs' tangents
+    (``<input>_t``, zeros where the caller gives none), the primal inputs, attrs and outputs."""
+
+    lets: tuple[tuple[tuple[str, ...], Formula], ...]
+    tangents: tuple[tuple[str, Formula], ...]   # output name -> formula
+    loc: Loc
+    derived: str = ""  # "" when written, "impl.expr" (symbolic), "bprop" (elementwise and linear)
 
 
 @dataclass(frozen=True)
@@ -264,6 +277,7 @@ class OpSpec:
     # format), as MindSpore derives registration info from the inputs when none is given; kept so
     # that to_yaml leaves the key out again (naming the built targets would fix them to this build's)
     targets_derived: bool = False
+    jvp: Optional[Jvp] = None
 
     @property
     def class_name(self) -> str:
@@ -288,9 +302,14 @@ class OpSpec:
         return not (isinstance(self.impl, CompositeImpl) and self.bprop is None)
 
     def formulas(self) -> list[Formula]:
-        """The graph formulas: the composite's, then bprop lets and gradients."""
+        """The graph formulas: the composite's, bprop lets and gradients, jvp lets and tangents."""
         out = [self.impl.formula] if isinstance(self.impl, CompositeImpl) else []
-        return out + ([f for _, f in self.bprop.lets + self.bprop.grads] if self.bprop else [])
+        out += [f for _, f in self.bprop.lets + self.bprop.grads] if self.bprop else []
+        return out + ([f for _, f in self.jvp.lets + self.jvp.tangents] if self.jvp else [])
+
+    def tangent_name(self, input_name: str) -> str:
+        """How jvp formulas name an input's tangent."""
+        return derive.tangent(input_name)
 
     @staticmethod
     def from_yaml(name: str, doc: LocMap) -> "OpSpec":
@@ -313,6 +332,23 @@ def expr_scope(inputs: Sequence[Input], attrs: Sequence[Attr]) -> ExprScope:
 
 
 # ---------------------------------------------------------------------------- back to YAML
+
+
+def derive_formulas(impl: ExprImpl, inputs: Sequence[Input], outputs: Sequence[Output], attrs: Sequence[str],
+                    mode: str) -> tuple[tuple[tuple[tuple[str, ...], Formula], ...], tuple[tuple[str, Formula], ...]]:
+    """An expr op's bprop (mode "bprop") or jvp (mode "jvp") formulas by symbolic differentiation,
+    as (lets, formulas) located at its impl.expr (raises derive.DeriveError)."""
+    op = derive.ExprOp([i.name for i in inputs], [i.name for i in inputs if i.differentiable],
+                       [(n, f.ast) for n, f in impl.formulas])
+    taken = ({i.name for i in inputs} | {o.name for o in outputs} | set(attrs)
+             | {"d" + o.name for o in outputs} | {derive.tangent(i.name) for i in inputs})
+    result = derive.derive(op, mode, taken)
+    note = f" (derived from impl.expr: {mode} " + "{}" + ")"
+    lets = tuple(((n,), make_formula(t, impl.loc, mode + ".let." + n + note.format("let"), ">"))
+                 for n, t in result.lets)
+    formulas = tuple((k, make_formula(t, impl.loc, mode + "." + k + note.format(k), ">"))
+                     for k, t in result.formulas)
+    return lets, formulas
 
 
 class _Dumper(yaml.SafeDumper):
@@ -376,11 +412,15 @@ def _yaml_body(op: OpSpec) -> dict[str, Any]:
         body["impl"] = {"pyfunc": impl.function}
     else:
         body["impl"] = {str(impl.kind): {}}
-    if op.bprop is not None:
+    if op.bprop is not None and not op.bprop.derived:
         bprop: dict[str, Any] = ({"let": {", ".join(ns): f.text for ns, f in op.bprop.lets}}
                                  if op.bprop.lets else {})
         bprop.update({n: f.text for n, f in op.bprop.grads})
         body["bprop"] = bprop
+    if op.jvp is not None and not op.jvp.derived:
+        jvp: dict[str, Any] = ({"let": {", ".join(ns): f.text for ns, f in op.jvp.lets}} if op.jvp.lets else {})
+        jvp.update({n: f.text for n, f in op.jvp.tangents})
+        body["jvp"] = jvp
     t = op.tests
     if t is not None:
         tests: dict[str, Any] = {"reference": t.reference}
@@ -533,13 +573,14 @@ class _Builder:
         targets = self.targets(declared)
         impl = self.impl(inputs, attrs, outputs)
         kind = ImplKind(next(iter(b["impl"]))) if len(b["impl"]) == 1 else None
-        bprop = self.bprop(inputs, outputs, kind)
+        bprop = self.bprop(inputs, outputs, kind, impl)
+        jvp = self.jvp(inputs, attrs, outputs, impl, bprop)
         tests = self.tests(inputs, attrs)
         if self.errors or impl is None:
             raise SpecErrors(self.errors)
         return OpSpec(self.name, self.path, self.doc.key_locs[self.name], b["doc"].strip(), tuple(inputs),
                       tuple(outputs), tuple(attrs), typevars, targets, impl, bprop, tests,
-                      targets_derived="targets" not in b)
+                      targets_derived="targets" not in b, jvp=jvp)
 
     def attr(self, n: str, spec: LocMap) -> Attr:
         keys = ("attrs", n)
@@ -747,11 +788,26 @@ class _Builder:
         if any(i.optional for i in inputs):
             self.err(keys, "an expr op cannot have optional inputs")
 
-    def bprop(self, inputs: list[Input], outputs: list[Output], kind: Optional[ImplKind]) -> Optional[Bprop]:
+    def derived(self, impl: ExprImpl, inputs: list[Input], outputs: list[Output], attrs: Sequence[str],
+                mode: str) -> Optional[tuple[tuple[tuple[tuple[str, ...], Formula], ...], tuple[tuple[str, Formula], ...]]]:
+        """derive_formulas, or None after reporting why they cannot be derived."""
+        try:
+            return derive_formulas(impl, inputs, outputs, attrs, mode)
+        except derive.DeriveError as exc:
+            self.errors.append(SpecError(impl.loc, "impl.expr", f"cannot derive the {mode}: {exc}; write a "
+                                         f"{mode} section"))
+            return None
+
+    def bprop(self, inputs: list[Input], outputs: list[Output], kind: Optional[ImplKind],
+              impl: Optional[Impl] = None) -> Optional[Bprop]:
         spec = self.body.get("bprop")
         diff = [i.name for i in inputs if i.differentiable]
+        if spec is None and isinstance(impl, ExprImpl) and diff and any(o.differentiable for o in outputs):
+            # derived: the gradient of each input from the expression (codegen/formula/derive.py)
+            got = self.derived(impl, inputs, outputs, list(self.body.get("attrs") or {}), "bprop")
+            return None if got is None else Bprop(got[0], got[1], impl.loc, derived="impl.expr")
         if spec is None:
-            if kind != ImplKind.COMPOSITE and diff:
+            if kind != ImplKind.COMPOSITE and kind != ImplKind.EXPR and diff:
                 self.errors.append(SpecError(self.doc.key_locs[self.name], "bprop",
                                              f"missing: give a formula for each differentiable input "
                                              f"({', '.join(diff)}), or mark inputs differentiable: false"))
@@ -798,6 +854,106 @@ class _Builder:
                 self.err(("bprop",), f"missing formula for differentiable input '{n}' "
                          "(or mark it differentiable: false)")
         return Bprop(tuple(lets), tuple(grads), self.loc("bprop"))
+
+    def jvp(self, inputs: list[Input], attrs: list[Attr], outputs: list[Output], impl: Optional[Impl],
+            bprop: Optional[Bprop]) -> Optional[Jvp]:
+        """The forward-mode formulas: written (``jvp:``), derived from an expr op's expression, or
+        for an elementwise op whose one gradient is linear in its output's gradient (PyTorch's
+        ``auto_element_wise``), its bprop with the output gradient replaced by the input tangent.
+        None: the op has no forward mode (a call with tangents raises, naming it)."""
+        spec = self.body.get("jvp")
+        diff_in = [i for i in inputs if i.differentiable]
+        diff_out = [o for o in outputs if o.differentiable]
+        names = {i.name for i in inputs} | {o.name for o in outputs} | {a.name for a in attrs}
+        if spec is not None or isinstance(impl, ExprImpl):
+            for i in diff_in:
+                if derive.tangent(i.name) in names:
+                    where = ("jvp",) if spec is not None else ("impl", "expr")
+                    self.err(where, f"the tangent of input '{i.name}' is named '{derive.tangent(i.name)}' in "
+                             "jvp formulas, which clashes with an input, output or attr")
+                    return None
+        if spec is None:
+            if not diff_in or not diff_out:
+                return None
+            # a written bprop's choices at kinks win (relu, abs, pow); else the expression's derivative
+            elementwise = self.elementwise_jvp(inputs, diff_out, bprop)
+            if elementwise is not None or not isinstance(impl, ExprImpl):
+                return elementwise
+            got = self.derived(impl, inputs, outputs, [a.name for a in attrs], "jvp")
+            return None if got is None else Jvp(got[0], got[1], impl.loc, derived="impl.expr")
+        if not diff_in:
+            self.err(("jvp",), "the op has no differentiable inputs: nothing has a tangent", key=True)
+            return None
+        taken = names | {derive.tangent(i.name) for i in diff_in}
+        lets = []
+        let_spec: LocMap = spec.get("let") or LocMap()
+        bound: set[str] = set()
+        for key in let_spec:
+            bind = tuple(n.strip() for n in key.split(","))
+            clash = next((n for n in bind if n in taken), None)
+            twice = next((n for k, n in enumerate(bind) if n in bound or n in bind[:k]), None)
+            if clash is not None:
+                self.err(("jvp", "let", key), f"let name '{clash}' shadows an input, output, attr or tangent",
+                         key=True)
+                continue
+            if twice is not None:
+                self.err(("jvp", "let", key), f"let name '{twice}' is bound twice", key=True)
+                continue
+            bound.update(bind)
+            try:
+                lets.append((bind, self.formula(let_spec, key, ("jvp", "let", key))))
+            except SpecError as exc:
+                self.errors.append(exc)
+        tangents = []
+        out_names = [o.name for o in outputs]
+        for n in spec:
+            if n == "let":
+                continue
+            if n not in out_names:
+                self.err(("jvp", n), f"'{n}' is not an output{did_you_mean(n, out_names)}", key=True)
+                continue
+            if n not in {o.name for o in diff_out}:
+                self.err(("jvp", n), f"output '{n}' is not differentiable and has no tangent", key=True)
+                continue
+            try:
+                tangents.append((n, self.formula(spec, n, ("jvp", n))))
+            except SpecError as exc:
+                self.errors.append(exc)
+        for o in diff_out:
+            if o.name not in spec:
+                self.err(("jvp",), f"missing formula for differentiable output '{o.name}' (or mark it "
+                         "differentiable: false)")
+        return Jvp(tuple(lets), tuple(tangents), self.loc("jvp"))
+
+    @staticmethod
+    def elementwise_jvp(inputs: list[Input], diff_out: list[Output], bprop: Optional[Bprop]) -> Optional[Jvp]:
+        """PyTorch's auto_element_wise case: one differentiable output o whose shape is same() or
+        broadcast() of the inputs, and a written gradient of each differentiable input that is
+        elementwise and linear in do (its lets inlined): the Jacobian is diagonal per input, so the
+        tangent of o is Σ_x (x's gradient formula with do replaced by x_t). The written formulas'
+        choices at kinks (relu at 0, pow at 0) hold in forward mode too."""
+        if bprop is None or bprop.derived or len(diff_out) != 1 or any(i.optional for i in inputs):
+            return None
+        o = diff_out[0]
+        if o.shape.kind not in (ShapeKind.SAME, ShapeKind.BROADCAST):
+            return None
+        lets: dict[str, Any] = {}
+        for names, f in bprop.lets:
+            if len(names) != 1:
+                return None
+            lets[names[0]] = derive.inline(f.ast, lets)
+        total = None
+        for x, f in bprop.grads:
+            body = derive.inline(f.ast, lets)
+            if not derive.is_linear_in(body, o.grad_name):
+                return None
+            term = derive.substitute(body, o.grad_name, derive.tangent(x))
+            total = term if total is None else Binary("+", total, term, 0)
+        if total is None or not any(i.differentiable for i in inputs):
+            return None
+        text = derive.unparse(total)
+        key = f"jvp.{o.name} (derived from bprop: elementwise and linear in {o.grad_name})"
+        return Jvp((), ((o.name, make_formula(text, bprop.loc, key, ">")),), bprop.loc, derived="bprop")
 
     def tests(self, inputs: list[Input], attrs: list[Attr]) -> Optional[TestSpec]:
         spec = self.body.get("tests")

@@ -109,5 +109,6 @@ OP: dict[str, Any] = {
                 "valuesrules": {"type": "dict", "nullable": True, "schema": TARGET}},
     "impl": {"type": "dict", "required": True, "schema": IMPL},
     "bprop": BPROP,
+    "jvp": BPROP,  # the same shape: lets, then one formula per differentiable output
     "tests": {"type": "dict", "schema": TESTS},
 }

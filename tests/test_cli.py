@@ -27,8 +27,8 @@ def test_check_installed_and_source_specs() -> None:
 
 def test_check_reports_mistakes_and_exits_non_zero(tmp_path: Path) -> None:
     shutil.copytree(SPEC_DIR, tmp_path, dirs_exist_ok=True)
-    text = (tmp_path / "leaky_relu.yaml").read_text().replace("alpha * dout", "alhpa * dout")
-    (tmp_path / "leaky_relu.yaml").write_text(text)
+    text = (tmp_path / "relu.yaml").read_text().replace("zeros_like(dout), dout)", "zeros_like(dout), dotu)")
+    (tmp_path / "relu.yaml").write_text(text)
     (tmp_path / "bad.yaml").write_text("bad:\n  doc: x\n  inputs: {x: T}\n")
     r = subprocess.run([sys.executable, "-m", "opforge", "check", str(tmp_path)], capture_output=True,
                        text=True, cwd=tmp_path)
@@ -36,7 +36,7 @@ def test_check_reports_mistakes_and_exits_non_zero(tmp_path: Path) -> None:
     assert r.stderr.splitlines() == [
         "bad.yaml:2:3: missing required key 'impl'",
         "bad.yaml:2:3: missing required key 'outputs'",
-        "leaky_relu.yaml:18:27: bprop.x: unknown name 'alhpa' (did you mean 'alpha'?)",
+        "relu.yaml:18:40: bprop.x: unknown name 'dotu' (did you mean 'dout'?)",
         "3 errors",
     ]
 
@@ -122,7 +122,8 @@ def test_docs_pages_and_their_examples_run(tmp_path: Path) -> None:
     assert "| [`leaky_relu`](leaky_relu.md) | expr |" in index
     page = (tmp_path / "leaky_relu.md").read_text()
     assert "leaky_relu(x: TensorLike, alpha: float = 0.01) -> Tensor" in page
-    assert "| `alpha` | float | `0.01` |" in page and "dx = where(x > 0, dout, alpha * dout)" in page
+    assert "| `alpha` | float | `0.01` |" in page and "dx = where(x > 0, dout, dout * alpha)" in page
+    assert "Gradients (derived from impl.expr):" in page and "out_t = where(x > 0, x_t, x_t * alpha)" in page
     assert "- **cpu**: T: float16, bfloat16, float32, float64" in page
     # every page's example runs
     code = []

@@ -57,8 +57,7 @@ def example(op: OpSpec) -> list[str]:
 
 
 def render_op_page(op: OpSpec, source: str) -> Rendered:
-    grads = ([f"let {', '.join(ns)} = {f.text}" for ns, f in op.bprop.lets] + [f"d{n} = {f.text}" for n, f in op.bprop.grads]
-             if op.bprop is not None else [])
+    grads = api.derivative_lines(op, "    ")
     targets = []
     for t in op.targets:
         dts = "; ".join(f"{v}: {', '.join(ds)}" for v, ds in t.dtypes) or "concrete dtypes only"

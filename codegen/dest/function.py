@@ -255,6 +255,22 @@ def _backward(op: OpSpec, lb: LoweredBprop) -> list[str]:
     return bw
 
 
+def _jvp(op: OpSpec, lj: api.LoweredJvp) -> list[str]:
+    """Jvp's body: the outputs, each input's tangent (zeros where the caller gave none), lets, and
+    one tangent per differentiable output (nullptr for the others)."""
+    lines = [f"[[maybe_unused]] const TensorPtr& v_{o.name} = outputs[{k}];" for k, o in enumerate(op.outputs)]
+    for k, t, name in lj.tangents:
+        value = f"tangents[{k}] ? tangents[{k}] : zeros_like(v_{name})"
+        if op.inputs[k].optional:
+            value = f"v_{name} ? ({value}) : nullptr"
+        lines.append(f"[[maybe_unused]] const TensorPtr v_{t} = {value};")
+    lines += [f"[[maybe_unused]] const {ctype} v_{n} = {code};" for n, code, ctype in lj.lets]
+    lines.append(f"TensorList out({len(op.outputs)});")
+    lines += [f"out[{k}] = {code};" for k, code in lj.outputs]
+    lines.append("return out;")
+    return lines
+
+
 _SCALAR_ATTRS = (AttrType.BOOL, AttrType.INT, AttrType.FLOAT)
 
 
@@ -341,6 +357,7 @@ def context(op: OpSpec, lowered: Lowered, build: Build) -> dict[str, Any]:
         "non_diff": ", ".join(f"v_{o.name}" for o in op.outputs if not o.differentiable),
         "saves": _saves(op, lb) if lb is not None else [],
         "backward": {"lines": _backward(op, lb)} if lb is not None else {},
+        "jvp": _jvp(op, lowered.jvp) if lowered.jvp is not None else [],
         "outputs_ret": (f"v_{op.outputs[0].name}" if len(op.outputs) == 1
                         else "TensorList{" + ", ".join(f"v_{o.name}" for o in op.outputs) + "}"),
         "params": _params(op, with_defaults=False),

@@ -34,6 +34,21 @@ def _bprop(op: OpSpec, lb: api.LoweredBprop) -> list[str]:
     return lines
 
 
+def _jvp(op: OpSpec, lj: api.LoweredJvp) -> list[str]:
+    """The body of ``_jvp_<op>``: tangents (zeros where none was given), lets, one tangent (or None)
+    per output."""
+    lines = []
+    for k, t, name in lj.tangents:
+        value = f"t[{k}] if t[{k}] is not None else H.zeros_like(v_{name})"
+        if op.inputs[k].optional:
+            value = f"({value}) if v_{name} is not None else None"
+        lines.append(f"v_{t} = {value}")
+    lines += [f"v_{n} = {code}" for n, code, _ in lj.lets]
+    codes = dict(lj.outputs)
+    lines.append("return (" + "".join(f"{codes.get(k, 'None')}, " for k in range(len(op.outputs))).rstrip() + ")")
+    return lines
+
+
 def _context(op: OpSpec, table: Mapping[str, api.Callee], build: Build) -> dict[str, Any]:
     lowered = api.lower_formulas(op, table, PY)
     attr_params = [f"a_{a.name}" for a in op.attrs]
@@ -49,6 +64,9 @@ def _context(op: OpSpec, table: Mapping[str, api.Callee], build: Build) -> dict[
         "composite": lowered.composite,
         "composite_params": ", ".join([f"v_{i.name}" for i in op.inputs] + attr_params),
         "bprop": None, "bprop_params": "", "saved": "",
+        "jvp": _jvp(op, lowered.jvp) if lowered.jvp is not None else None,
+        "jvp_params": ", ".join([f"v_{i.name}" for i in op.inputs] + [f"v_{o.name}" for o in op.outputs]
+                                + attr_params),
         "aot_symbols": _tuple([repr((m, sym)) for m, sym in api.aot_symbols(op)]),
         "aot_kernel": repr(aot),
         "runs": repr(tuple(str(t) for t in api.runnable_targets(op, build))),

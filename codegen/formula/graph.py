@@ -66,6 +66,8 @@ class GraphScope:
     attrs: Mapping[str, tuple[VType, str]]  # name -> (type, code): attrs, and number lets
     ops: Mapping[str, OpSignature]
     used_ops: set[str] = field(default_factory=set)
+    # optional tensors present with another (an optional input's tangent in jvp formulas): name -> them
+    companions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 Lowered = tuple[str, VType]  # (code, the value's type)
@@ -125,6 +127,10 @@ class _Lowering:
         if isinstance(node, Call):
             if node.func in HELPERS:
                 return self.if_given(node) if node.func == "if_given" else self.helper(node)
+            if node.func == "where" and len(node.args) == 3 and not node.kwargs:
+                chosen = self.static_where(node)
+                if chosen is not None:
+                    return chosen
             if node.func in self.scope.ops:
                 return self.call_op(node)
             known = list(self.scope.ops) + list(HELPERS)
@@ -146,6 +152,10 @@ class _Lowering:
         scope = self.scope
         if node.id in scope.tensors:
             if node.id in scope.optional:
+                owner = next((k for k, v in scope.companions.items() if node.id in v), None)
+                if owner is not None:
+                    raise self.error(node.pos, f"'{node.id}' is absent with optional input '{owner}'; "
+                                     f"use it in if_given({owner}, ..., ...)'s first branch")
                 raise self.error(node.pos, f"optional input '{node.id}' may be absent; "
                                  f"use if_given({node.id}, ..., ...)")
             return scope.tensors[node.id], TENSOR
@@ -155,10 +165,24 @@ class _Lowering:
         known = list(scope.tensors) + list(scope.attrs)
         raise self.error(node.pos, f"unknown name '{node.id}'{did_you_mean(node.id, known)}")
 
+    def static_where(self, node: Call) -> Optional[Lowered]:
+        """``where(test, a, b)`` whose test is a bool (an attr test such as ``approximate ==
+        "tanh"``, as derived formulas have), not a tensor: one branch, chosen once per call."""
+        test, kind = self.go(node.args[0])
+        if kind != BOOL:
+            return None
+        ac, ak = self.go(node.args[1])
+        bc, bk = self.go(node.args[2])
+        if ak.is_tensor != bk.is_tensor:
+            raise self.error(node.pos, "where() with a bool test: both branches must be tensors or both numbers")
+        return self.lang.choose(test, ac, bc), ak
+
     def binary(self, node: Binary) -> Lowered:
         op, lang = node.op, self.lang
         lc, lk = self.go(node.left)
         rc, rk = self.go(node.right)
+        if op in ("==", "!=") and lk == STR and rk == STR:  # a str attr tested against a string
+            return lang.number(op, lc, rc), BOOL
         for k, n in ((lk, node.left), (rk, node.right)):
             if not (k.is_tensor or k.is_number):
                 raise self.error(n.pos, f"operator '{op}' needs tensors or numbers, got {k}")
@@ -271,11 +295,13 @@ class _Lowering:
             finally:
                 scope.attrs = {**scope.attrs, cond.id: saved}
         else:
-            scope.optional.discard(cond.id)
+            present = [cond.id, *scope.companions.get(cond.id, ())]
+            unlocked = [n for n in present if n in scope.optional]
+            scope.optional.difference_update(unlocked)
             try:
                 ac, ak = self.go(node.args[1])
             finally:
-                scope.optional.add(cond.id)
+                scope.optional.update(unlocked)
             test = lang.given_tensor(scope.tensors[cond.id])
         bc, bk = self.go(node.args[2])
         if ak.is_tensor != bk.is_tensor:

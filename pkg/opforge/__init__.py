@@ -61,7 +61,7 @@ except ImportError as exc:
                       f"pip install {' '.join(repr(r) for r in _requires)}") from exc
 from opforge._C import Tensor, from_dlpack, from_numpy, is_grad_enabled, list_ops, set_grad_enabled
 from opforge import cuda, ops
-from opforge._autograd import enable_grad, grad, gradients, no_grad, value_and_grad
+from opforge._autograd import enable_grad, grad, gradients, jacfwd, jvp, no_grad, value_and_grad
 from opforge._build_info import VERSION as _VERSION
 from opforge.jit import load
 
@@ -69,7 +69,8 @@ __version__: str = _VERSION
 
 __all__ = [
     "Tensor", "tensor", "from_numpy", "from_dlpack", "ops", "op_info", "list_ops", "spec", "backend",
-    "no_grad", "enable_grad", "grad", "value_and_grad", "gradients", "is_grad_enabled", "set_grad_enabled",
+    "no_grad", "enable_grad", "grad", "value_and_grad", "gradients", "jvp", "jacfwd", "is_grad_enabled",
+    "set_grad_enabled",
     "DTYPES", "load", "LIBRARY", "cuda",
 ]
 

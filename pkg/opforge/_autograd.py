@@ -1,4 +1,5 @@
-"""Functional autograd on top of the C++ engine: no_grad, grad, value_and_grad."""
+"""Functional autograd on top of the C++ engine: no_grad, grad, value_and_grad (reverse mode),
+jvp and jacfwd (forward mode)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ def _as_leaf(x: Any) -> Tensor:
     """A fresh leaf that requires grad (sharing x's memory when x is a Tensor or array)."""
     import opforge
 
+    if isinstance(x, Tensor) and _C._tangent(x) is not None:
+        raise RuntimeError("[grad] a gradient inside forward mode (grad of a function of jvp's dual inputs) is "
+                           "not supported: take the gradient of the jvp instead (reverse-over-forward), "
+                           "e.g. grad(lambda x: (jvp(f, (x,), (v,))[1] * u).sum())")
     if isinstance(x, Tensor):
         t = x.detach()
     elif hasattr(x, "__array_interface__") or hasattr(x, "__dlpack__"):
@@ -143,3 +148,89 @@ def gradients(outputs: Union[Tensor, Sequence[Tensor]], inputs: Union[Tensor, Se
         raise ValueError(f"[gradients] {len(outs)} outputs but {len(gs)} grad_outputs")
     retain = create_graph if retain_graph is None else retain_graph
     return tuple(_C._run_backward(outs, gs, retain, create_graph, ins, allow_unused))
+
+
+# ---------------------------------------------------------------------------- forward mode
+
+
+def _as_tensor(x: Any, what: str) -> Tensor:
+    import opforge
+
+    if isinstance(x, Tensor):
+        return x
+    if hasattr(x, "__array_interface__") or hasattr(x, "__dlpack__"):
+        return opforge.tensor(x)
+    if isinstance(x, (int, float)):
+        return opforge.tensor(x, dtype="float32" if isinstance(x, float) else None)
+    raise TypeError(f"[jvp] {what} must be opforge Tensors or arrays, got {type(x).__name__}")
+
+
+def jvp(fn: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any],
+        has_aux: bool = False) -> tuple[Any, ...]:
+    """Forward mode, like ``torch.func.jvp``: ``(fn(*primals), J·tangents)``, the outputs and their
+    tangents (the directional derivative of fn at primals along tangents), in one pass.
+
+    Each op computes its outputs' tangents with its spec's ``jvp`` formulas (derived for
+    elementwise ops); an op without one raises a RuntimeError naming it. fn returns a Tensor or a
+    tuple of Tensors (then the tangents are a tuple too); an output that does not depend on the
+    primals has a zero tangent. Tangents have their primals' shapes (and are cast to their dtypes).
+    Reverse mode over forward mode works (``grad`` of a function calling ``jvp``: Hessian-vector
+    products); forward over reverse (``jvp`` of ``grad``) and nested ``jvp`` raise."""
+    if not isinstance(primals, (tuple, list)) or not isinstance(tangents, (tuple, list)):
+        raise TypeError("[jvp] primals and tangents must be tuples (one entry per argument of fn)")
+    if len(primals) != len(tangents):
+        raise ValueError(f"[jvp] {len(primals)} primals but {len(tangents)} tangents")
+    duals = [_C._make_dual(_as_tensor(p, "primals"), _as_tensor(t, "tangents")) for p, t in zip(primals, tangents)]
+    value = fn(*duals)
+    aux: Any = None
+    if has_aux:
+        if not isinstance(value, tuple) or len(value) != 2:
+            raise TypeError("[jvp] with has_aux=True the function must return (output, aux)")
+        value, aux = value
+    outs = value if isinstance(value, tuple) else (value,)
+    for o in outs:
+        if not isinstance(o, Tensor):
+            raise TypeError(f"[jvp] the function must return opforge Tensors, got {type(o).__name__}")
+    tangent_outs = []
+    for o in outs:
+        t = _C._tangent(o)
+        tangent_outs.append(t if t is not None else _C._zeros_like(o))
+        _C._drop_tangent(o)  # (ours: made from the duals; the primal is returned without it)
+    for d in duals:
+        _C._drop_tangent(d)
+    result = (value, tuple(tangent_outs) if isinstance(value, tuple) else tangent_outs[0])
+    return (*result, aux) if has_aux else result
+
+
+def jacfwd(fn: Callable[..., Any], argnums: Union[int, Sequence[int]] = 0) -> Callable[..., Any]:
+    """The Jacobian of fn (one Tensor output) with respect to the arguments at ``argnums`` by forward
+    mode, like ``torch.func.jacfwd``: shape ``output.shape + input.shape``, one jvp per input element."""
+    import numpy as np
+
+    import opforge
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        positions = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+        jacobians = []
+        for p in positions:
+            k = p % len(args)
+            x = _as_tensor(args[k], "arguments")
+
+            def only(xk: Any, _k: int = k) -> Any:
+                return fn(*args[:_k], xk, *args[_k + 1:])
+
+            columns = []
+            for e in range(x.size):  # one jvp per basis vector of x
+                basis = np.zeros(x.size)
+                basis[e] = 1.0
+                out, t = jvp(only, (x,), (opforge.tensor(basis.reshape(x.shape), dtype=x.dtype),))
+                if not isinstance(out, Tensor):
+                    raise TypeError("[jacfwd] the function must return one Tensor")
+                columns.append(t.numpy())
+            out_shape = tuple(columns[0].shape) if columns else tuple(only(x).shape)
+            jac = np.stack(columns, axis=-1) if columns else np.zeros(out_shape + (0,), dtype=x.numpy().dtype)
+            jacobians.append(opforge.tensor(np.ascontiguousarray(jac.reshape(out_shape + tuple(x.shape)))))
+        return jacobians[0] if isinstance(argnums, int) else tuple(jacobians)
+
+    return wrapper

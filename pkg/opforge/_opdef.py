@@ -75,6 +75,9 @@ class OpDef(NamedTuple):
     aot_symbols: tuple[tuple[int, str], ...]  # (mask of present inputs, exported AOT entry point)
     aot_kernel: Optional[tuple[str, str]]  # (library, symbol) of an aot op's external kernel, else None
     runs: tuple[str, ...] = ("cpu",)  # the targets whose calls this build runs (its rows with compiled kernels)
+    # forward mode: (F, H, tangents, *inputs, *outputs, *attrs) -> one tangent (or None) per output,
+    # ``tangents`` one per input (None where none was given); None when the op has no jvp
+    jvp: Optional[Callable[..., tuple[Any, ...]]] = None
 
     def aot_symbol(self, present: tuple[bool, ...]) -> str:
         """The AOT entry point for a call whose inputs are present (a bool per input)."""

@@ -31,8 +31,9 @@ _EXPR = _HEAD + """\
   # no targets: every built target, every dtype of T, formats DefaultFormat/NCHW/NHWC
   impl:
     expr: where(x > 0, alpha * x, x)      # elementwise expression (op_specs/README.md, 4.2)
-  bprop:
+  bprop:                                  # optional for an expr op: derived from the expression
     x: where(x > 0, alpha * dout, dout)   # dL/dx from dout, built from ops (so twice differentiable)
+  # no jvp: forward mode is derived (this bprop is elementwise and linear in dout)
   tests:
     reference: np.where(x > 0, alpha * x, x)  # the NumPy oracle of the generated tests
     attrs: [{{}}, {{alpha: 0.5}}]               # every case runs with each attr set

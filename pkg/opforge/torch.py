@@ -47,6 +47,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
     raise ImportError("opforge.torch needs PyTorch, which is not installed; install it with "
                       "`pip install torch==2.13.0` (the version opforge is tested with)") from exc
 
+import torch.autograd.forward_ad as _fwad
 from torch._C import _from_dlpack, _to_dlpack
 
 import opforge._C as _C
@@ -320,6 +321,10 @@ H = _Helpers()
 
 
 def _autograd_function(op: OpDef, overload: Any, F: Any) -> Any:
+    """The op's ``torch.autograd.Function`` (setup_context style, so that ``torch.func``'s grad, vjp,
+    jacrev, jvp, jacfwd and hessian transform it): backward is the spec's bprop formula and jvp its
+    jvp formula, both evaluated with these same torch ops (so they compose: gradients of
+    gradients, forward over reverse); vmap of it is generated from the ops' own batching."""
     n_in = len(op.inputs)
     n_attrs = len(op.attrs)
     out_names = [o.name for o in op.outputs]
@@ -328,37 +333,102 @@ def _autograd_function(op: OpDef, overload: Any, F: Any) -> Any:
     saved = [(slot[n], needers) for n, needers in op.saved]
     diff_out = [k for k, o in enumerate(op.outputs) if o.differentiable]
     non_diff = [k for k, o in enumerate(op.outputs) if not o.differentiable]
-    after_autograd = torch._C._after_autograd_keyset
+    single = len(op.outputs) == 1
     bprop = op.bprop
+    jvp_formula = op.jvp
     if bprop is None:
         raise ValueError(f"[{op.name}] has no bprop: its outputs never require grad")
 
-    def forward(ctx: Any, keyset: Any, *args: Any) -> Any:
+    def forward(*args: Any) -> Any:
         with torch._C._AutoDispatchBelowAutograd():
-            result = overload.redispatch(keyset & after_autograd, *args)
-        outs = result if isinstance(result, tuple) else (result,)
-        need = ctx.needs_input_grad[1:n_in + 1]
-        values = (*args[:n_in], *outs)
+            return overload(*args)
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        outs = output if isinstance(output, tuple) else (output,)
+        need = ctx.needs_input_grad[:n_in]
+        values = (*inputs[:n_in], *outs)
         keep = [values[s] if any(need[k] for k in needers) else None for s, needers in saved]
         ctx.save_for_backward(*keep)
         ctx.metas = [None if t is None or not need[k] else (t.shape, t.dtype)
-                     for k, t in enumerate(args[:n_in])]
-        ctx.attrs = args[n_in:n_in + n_attrs]
+                     for k, t in enumerate(inputs[:n_in])]
+        ctx.attrs = inputs[n_in:n_in + n_attrs]
         if non_diff:
             ctx.mark_non_differentiable(*(outs[k] for k in non_diff))
-        return result
+        if jvp_formula is not None and _forward_ad_active():
+            ctx.present = [t is not None for t in values]
+            ctx.save_for_forward(*(t for t in values if t is not None))
 
     def backward(ctx: Any, *grads: Any) -> Any:
         values: list[Any] = [None] * (n_in + len(out_names))
         for (s, _), t in zip(saved, ctx.saved_tensors):
             values[s] = t
-        need = ctx.needs_input_grad[1:n_in + 1]
+        need = ctx.needs_input_grad[:n_in]
         douts = [grads[k] for k in diff_out]
         result = bprop(F, H, need, ctx.metas, *values, *douts, *ctx.attrs)
-        return (None, *result, *([None] * (n_attrs)))
+        return (*result, *([None] * n_attrs))
+
+    def jvp(ctx: Any, *tangents: Any) -> Any:
+        if jvp_formula is None:
+            raise RuntimeError(f"[{op.name}] has no forward-mode derivative (jvp): its spec gives no jvp formula "
+                               "and none can be derived; add a jvp section to the op's spec, or use reverse mode")
+        it = iter(ctx.saved_tensors)
+        values = [next(it) if p else None for p in ctx.present]
+        result = jvp_formula(F, H, tangents[:n_in], *values, *ctx.attrs)
+        return result[0] if single else tuple(result)
 
     return type(f"{op.name}_autograd", (torch.autograd.Function,),
-                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+                {"forward": staticmethod(forward), "setup_context": staticmethod(setup_context),
+                 "backward": staticmethod(backward), "jvp": staticmethod(jvp),
+                 "vmap": staticmethod(_batching_rule(op, overload))})
+
+
+def _batching_rule(op: OpDef, overload: Any) -> Callable[..., Any]:
+    """The op under ``torch.func.vmap`` (its autograd.Function's vmap rule): an elementwise (expr)
+    op runs once on the whole batch (each batched input's batch dimension moved first, then padded
+    to the others' rank, so broadcasting lines up); any other op runs once per batch element and
+    the results are stacked (the per-example loop, without torch's fallback warning)."""
+    n_in = len(op.inputs)
+    n_out = len(op.outputs)
+    elementwise = op.impl == "expr"
+
+    def rule(info: Any, in_dims: tuple[Any, ...], *args: Any) -> Any:
+        ins, attrs, dims = args[:n_in], args[n_in:], in_dims[:n_in]
+        if elementwise:
+            rank = max(t.dim() - (d is not None) for t, d in zip(ins, dims))
+            moved = []
+            for t, d in zip(ins, dims):
+                if d is not None:
+                    t = t.movedim(d, 0)
+                    pad = rank - (t.dim() - 1)
+                    if pad:
+                        t = t.reshape(t.shape[0], *([1] * pad), *t.shape[1:])
+                moved.append(t)
+            out = overload(*moved, *attrs)
+            return out, (0 if n_out == 1 else (0,) * n_out)
+        rows = []
+        size = info.batch_size
+        for b in range(max(size, 1)):  # (an empty batch: one call on zeros gives the shapes)
+            rows.append(overload(*(t if d is None else t.select(d, b) if size else t.new_zeros(
+                t.shape[:d] + t.shape[d + 1:]) for t, d in zip(ins, dims)), *attrs))
+        if n_out == 1:
+            return torch.stack(rows)[:size], 0
+        return tuple(torch.stack([r[k] for r in rows])[:size] for k in range(n_out)), (0,) * n_out
+
+    return rule
+
+
+def _forward_ad_active() -> bool:
+    """Whether a forward-mode level is open (torch.autograd.forward_ad.dual_level, torch.func.jvp)."""
+    return bool(_fwad._current_level >= 0)
+
+
+def _functorch_kernel(op: OpDef, apply: Callable[..., Any]) -> Callable[..., Any]:
+    n = len(op.inputs) + len(op.attrs)
+
+    def kernel(*args: Any) -> Any:
+        return apply(*(args if len(args) == n else _full_args(op, args)))
+
+    return kernel
 
 
 def _autograd_kernel(op: OpDef, overload: Any, F: Any) -> Callable[..., Any]:
@@ -372,8 +442,8 @@ def _autograd_kernel(op: OpDef, overload: Any, F: Any) -> Callable[..., Any]:
     def kernel(keyset: Any, *args: Any) -> Any:
         if len(args) != n:
             args = _full_args(op, args)
-        if apply is not None and is_grad_enabled() and any_requires_grad(*args):
-            return apply(keyset, *args)
+        if apply is not None and ((is_grad_enabled() and any_requires_grad(*args)) or _fwad._current_level >= 0):
+            return apply(*args)
         with torch._C._AutoDispatchBelowAutograd():
             return overload.redispatch(keyset & after_autograd, *args)
 
@@ -408,6 +478,9 @@ def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: s
                 return _f(F, H, *_full_args(_op, args))
 
             lib.impl(op.name, decomposed, "CompositeImplicitAutograd")
+            # under torch.func too: decomposed where functorch's dispatch starts, so its transforms
+            # see the ops of the formula
+            lib.impl(op.name, decomposed, "FuncTorchDynamicLayerFrontMode")
             continue
         lib.impl(op.name, _cpu_kernel(op, getattr(kernels, op.name)), _formulas.TARGETS["cpu"].torch_dispatch_key)
         for target in op.runs:  # the device targets this build runs the op on (cuda)
@@ -419,6 +492,14 @@ def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: s
                                     lib=lib)
         # ops without a bprop (comparisons, indices) still get one: their outputs never require grad
         lib.impl(op.name, _autograd_kernel(op, overload, F), "Autograd", with_keyset=True)
+        if op.bprop is not None:
+            # torch.func's transforms: the autograd.Function applied where functorch's dispatch
+            # starts, so its grad/jvp/vmap rules see it (an autograd.Function applied inside the
+            # Autograd kernel is below them: torch's own custom ops fail there)
+            apply = _autograd_function(op, overload, F).apply
+            lib.impl(op.name, _functorch_kernel(op, apply), "FuncTorchDynamicLayerFrontMode")
+        else:  # (no derivative: only vmap needs a rule)
+            torch.library.register_vmap(f"{namespace}::{op.name}", _batching_rule(op, overload), lib=lib)
     return lib
 
 

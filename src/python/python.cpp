@@ -1166,6 +1166,12 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     return out;
   });
   m.def("_zeros_like", [](const TensorPtr& t) { return zeros_like(t); });
+  // forward mode (opforge.jvp): dual tensors and the tangents ops compute from them
+  m.def("_make_dual", [](const TensorPtr& primal, const TensorPtr& tangent) { return make_dual(primal, tangent); },
+        py::arg("primal"), py::arg("tangent"));
+  m.def("_tangent", [](const TensorPtr& t) { return t->fw_grad(); }, py::arg("t"),
+        "The tangent t carries (forward mode), or None.");
+  m.def("_drop_tangent", [](const TensorPtr& t) { t->set_fw_grad(nullptr); }, py::arg("t"));
   // The path of an aot op's external library, loaded and checked for the symbol (RuntimeError
   // naming the paths tried and the symbol otherwise): what framework adapters hand the host.
   m.def("_aot_library", [](const std::string& op, const std::string& library, const std::string& symbol) {

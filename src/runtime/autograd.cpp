@@ -12,10 +12,13 @@ namespace opforge {
 
 namespace {
 thread_local bool grad_mode_enabled = true;
+thread_local bool fw_grad_mode_enabled = true;
 }
 
 bool GradMode::is_enabled() { return grad_mode_enabled; }
 void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
+bool FwGradMode::is_enabled() { return fw_grad_mode_enabled; }
+void FwGradMode::set_enabled(bool enabled) { fw_grad_mode_enabled = enabled; }
 
 // ---------------------------------------------------------------------------- context
 
@@ -131,6 +134,29 @@ void unalias(TensorPtr& out, const TensorList& inputs) {
   }
 }
 
+void set_tangents(const char* op, const TensorList& outputs, const TensorList& tangents) {
+  for (size_t k = 0; k < outputs.size() && k < tangents.size(); ++k) {
+    TensorPtr t = tangents[k];
+    const TensorPtr& out = outputs[k];
+    if (!t || !out || !is_floating(out->dtype())) continue;
+    if (t->shape() != out->shape()) {
+      if (!broadcasts_to(t->shape(), out->shape())) {
+        fail<RuntimeError>(op, "the jvp for output ", k, " has shape ", shape_str(t->shape()),
+                           ", which is not the output's shape ", shape_str(out->shape()),
+                           " nor a broadcast of it (check the op's jvp formula)");
+      }
+      t = broadcast_to(t, out->shape());
+    }
+    if (t->dtype() != out->dtype()) t = cast(t, out->dtype());
+    out->set_fw_grad(std::move(t));
+  }
+}
+
+void fail_no_jvp(const char* op) {
+  fail<RuntimeError>(op, "has no forward-mode derivative (jvp): its spec gives no jvp formula and none can be "
+                         "derived; add a jvp section to the op's spec, or use reverse mode (grad, vjp)");
+}
+
 void record(const std::shared_ptr<Node>& node, AutogradContext& ctx, const TensorList& inputs,
             const TensorList& outputs) {
   node->next_edges.resize(inputs.size());
@@ -203,6 +229,16 @@ void accumulate(TensorList& buffer, uint32_t slot, const TensorPtr& g) {
 TensorList run_backward(const TensorList& roots, const TensorList& grad_roots, bool retain_graph,
                         bool create_graph, const TensorList& inputs, bool allow_unused) {
   GradModeGuard mode(create_graph);
+  // reverse mode inside forward mode (a gradient of a function of dual tensors) would need the
+  // tangents of every saved value: refused, rather than a gradient whose tangent is silently lost
+  for (const auto& r : roots) {
+    if (r && r->fw_grad() && FwGradMode::is_enabled()) {
+      fail<RuntimeError>("backward", "a gradient inside forward mode (backward of a tensor carrying a tangent, "
+                                     "e.g. grad inside jvp) is not supported; take the gradient of the jvp "
+                                     "instead (reverse-over-forward)");
+    }
+  }
+  FwGradModeGuard no_tangents(false);
   const bool capture_mode = !inputs.empty();
   std::map<std::pair<Node*, uint32_t>, std::vector<size_t>> capture;
   TensorList captured(inputs.size());

@@ -33,6 +33,23 @@ struct NoGradGuard : GradModeGuard {
   NoGradGuard() : GradModeGuard(false) {}
 };
 
+// Thread-local switch of forward-mode AD: when off, Apply ignores the tangents its inputs carry.
+// Off while an op's jvp formula runs (it computes the tangent: tangents of the tangent would be
+// second order, which one level of forward mode does not keep) and while backward runs.
+struct FwGradMode {
+  static bool is_enabled();
+  static void set_enabled(bool enabled);
+};
+
+struct FwGradModeGuard {
+  explicit FwGradModeGuard(bool enabled) : prev_(FwGradMode::is_enabled()) { FwGradMode::set_enabled(enabled); }
+  ~FwGradModeGuard() { FwGradMode::set_enabled(prev_); }
+  FwGradModeGuard(const FwGradModeGuard&) = delete;
+  FwGradModeGuard& operator=(const FwGradModeGuard&) = delete;
+ private:
+  bool prev_;
+};
+
 struct Edge {
   std::shared_ptr<Node> fn;
   uint32_t input_nr = 0;
@@ -155,6 +172,32 @@ void collect(TensorList& out, const A& a, const Rest&... rest) {
   if constexpr (std::is_convertible_v<const A&, const TensorPtr&>) out.push_back(a);
   collect(out, rest...);
 }
+template <typename A>
+bool has_tangent(const A& a) {
+  if constexpr (std::is_convertible_v<const A&, const TensorPtr&>) {
+    const TensorPtr& t = a;
+    return t && t->fw_grad();
+  } else {
+    return false;
+  }
+}
+inline void collect_tangents(TensorList&) {}
+template <typename A, typename... Rest>
+void collect_tangents(TensorList& out, const A& a, const Rest&... rest) {
+  if constexpr (std::is_convertible_v<const A&, const TensorPtr&>) {
+    const TensorPtr& t = a;
+    out.push_back(t ? t->fw_grad() : nullptr);
+  }
+  collect_tangents(out, rest...);
+}
+template <typename T, typename = void>
+struct has_jvp : std::false_type {};
+template <typename T>
+struct has_jvp<T, std::void_t<decltype(&T::Jvp)>> : std::true_type {};
+// Sets each output's tangent from the op's jvp results: a broadcast of the output's shape is
+// expanded, the dtype cast; another shape is the jvp formula's mistake (RuntimeError naming op).
+void set_tangents(const char* op, const TensorList& outputs, const TensorList& tangents);
+[[noreturn]] void fail_no_jvp(const char* op);
 inline void as_list(TensorList& out, const TensorPtr& t) { out.push_back(t); }
 inline void as_list(TensorList& out, const TensorList& ts) { out.insert(out.end(), ts.begin(), ts.end()); }
 // An output that is one of the inputs becomes a fresh alias, so recording it never rewrites the
@@ -176,6 +219,13 @@ struct Function {
   template <typename... Args>
   static auto Apply(const Args&... args) {
     CurrentOpScope running(T::kName);
+    if ((detail::has_tangent(args) || ...) && FwGradMode::is_enabled()) return ApplyDual(args...);
+    return ApplyPrimal(args...);
+  }
+
+  // The call as reverse mode sees it: Forward, recorded when an input requires grad.
+  template <typename... Args>
+  static auto ApplyPrimal(const Args&... args) {
     if (!GradMode::is_enabled() || !(detail::requires_grad(args) || ...)) {
       AutogradContext ctx;  // records nothing: no allocation on this path
       ctx.init_no_grad(T::kName);
@@ -193,6 +243,29 @@ struct Function {
     TensorList outputs;
     detail::as_list(outputs, result);
     detail::record(node, node->ctx, inputs, outputs);
+    return result;
+  }
+
+  // A call with tangents (forward mode): the primal call as usual (recorded for backward when
+  // its inputs require grad), then the op's jvp (T::Jvp, from its spec's jvp formulas) on the
+  // primal values and the inputs' tangents (nullptr where an input has none), which the outputs
+  // then carry. T::Jvp runs with grad mode as it is, so reverse mode sees it (grad of jvp).
+  template <typename... Args>
+  static auto ApplyDual(const Args&... args) {
+    auto result = [&] {
+      FwGradModeGuard primal(false);
+      return ApplyPrimal(args...);
+    }();
+    TensorList outputs;
+    detail::as_list(outputs, result);
+    TensorList tangents;
+    detail::collect_tangents(tangents, args...);
+    if constexpr (detail::has_jvp<T>::value) {
+      FwGradModeGuard tangent(false);
+      detail::set_tangents(T::kName, outputs, T::Jvp(tangents, outputs, args...));
+    } else {
+      detail::fail_no_jvp(T::kName);
+    }
     return result;
   }
 };

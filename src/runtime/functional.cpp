@@ -267,6 +267,10 @@ struct CastFn : Function<CastFn> {
   static TensorList Backward(AutogradContext* ctx, TensorList g) {
     return {ctx->NeedsInputGrad(0) ? cast(g[0], ctx->input_meta(0).dtype) : nullptr};
   }
+  // these helpers are linear: the tangent goes through the same function
+  static TensorList Jvp(const TensorList& t, const TensorList&, const TensorPtr&, DType dtype) {
+    return {cast(t[0], dtype)};
+  }
 };
 
 struct SumToFn : Function<SumToFn> {
@@ -288,6 +292,9 @@ struct SumToFn : Function<SumToFn> {
   static TensorList Backward(AutogradContext* ctx, TensorList g) {
     return {ctx->NeedsInputGrad(0) ? broadcast_to(g[0], ctx->input_meta(0).shape) : nullptr};
   }
+  static TensorList Jvp(const TensorList& t, const TensorList&, const TensorPtr&, const Shape& shape) {
+    return {sum_to(t[0], shape)};
+  }
 };
 
 struct BroadcastToFn : Function<BroadcastToFn> {
@@ -303,6 +310,9 @@ struct BroadcastToFn : Function<BroadcastToFn> {
   }
   static TensorList Backward(AutogradContext* ctx, TensorList g) {
     return {ctx->NeedsInputGrad(0) ? sum_to(g[0], ctx->input_meta(0).shape) : nullptr};
+  }
+  static TensorList Jvp(const TensorList& t, const TensorList&, const TensorPtr&, const Shape& shape) {
+    return {broadcast_to(t[0], shape)};
   }
 };
 
@@ -331,6 +341,9 @@ struct ReshapeFn : Function<ReshapeFn> {
   static TensorList Backward(AutogradContext* ctx, TensorList g) {
     return {ctx->NeedsInputGrad(0) ? reshape(g[0], ctx->input_meta(0).shape) : nullptr};
   }
+  static TensorList Jvp(const TensorList& t, const TensorList& out, const TensorPtr&, const Shape&) {
+    return {reshape(t[0], out[0]->shape())};
+  }
 };
 
 struct AddGradFn : Function<AddGradFn> {
@@ -358,9 +371,47 @@ struct AddGradFn : Function<AddGradFn> {
   static TensorList Backward(AutogradContext* ctx, TensorList g) {
     return {ctx->NeedsInputGrad(0) ? g[0] : nullptr, ctx->NeedsInputGrad(1) ? g[0] : nullptr};
   }
+  static TensorList Jvp(const TensorList& t, const TensorList&, const TensorPtr&, const TensorPtr&) {
+    if (!t[0] || !t[1]) return {t[0] ? t[0] : t[1]};
+    return {add_grad(t[0], t[1])};
+  }
+};
+
+// The primal of a dual tensor: an alias of x (the same memory) whose gradient flows back to x.
+struct MakeDualFn : Function<MakeDualFn> {
+  static constexpr const char* kName = "make_dual";
+  static TensorPtr Forward(AutogradContext*, const TensorPtr& x) { return detach(x); }
+  static TensorList Backward(AutogradContext* ctx, TensorList g) {
+    return {ctx->NeedsInputGrad(0) ? g[0] : nullptr};
+  }
 };
 
 }  // namespace
+
+TensorPtr make_dual(const TensorPtr& primal, const TensorPtr& tangent) {
+  if (primal->fw_grad()) {
+    fail<RuntimeError>("jvp", "the primal already carries a tangent: nested forward mode (jvp inside jvp) is "
+                              "not supported; mix forward and reverse mode instead (grad of jvp)");
+  }
+  if (!is_floating(primal->dtype())) {
+    fail<TypeError>("jvp", "only floating-point tensors have tangents, got a primal of dtype ",
+                    dtype_name(primal->dtype()));
+  }
+  if (tangent->shape() != primal->shape()) {
+    fail<ValueError>("jvp", "the tangent has shape ", shape_str(tangent->shape()), " but its primal has shape ",
+                     shape_str(primal->shape()));
+  }
+  if (tangent->device() != primal->device()) {
+    fail<ValueError>("jvp", "the tangent is on ", tangent->device().str(), " but its primal is on ",
+                     primal->device().str());
+  }
+  TensorPtr dual = [&] {
+    FwGradModeGuard off(false);
+    return MakeDualFn::Apply(primal);
+  }();
+  dual->set_fw_grad(tangent->dtype() == primal->dtype() ? tangent : cast(tangent, primal->dtype()));
+  return dual;
+}
 
 TensorPtr cast(const TensorPtr& x, DType dtype) { return CastFn::Apply(x, dtype); }
 TensorPtr sum_to(const TensorPtr& x, const Shape& shape) { return SumToFn::Apply(x, shape); }

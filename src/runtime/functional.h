@@ -44,6 +44,10 @@ TensorPtr add_grad(const TensorPtr& a, const TensorPtr& b);
 // dout (reduced over axes of x, keepdims or not) broadcast back to x's shape.
 TensorPtr expand_reduced(const TensorPtr& dout, const TensorPtr& x, const Axes& axes, bool keepdims);
 
+// forward mode: an alias of primal (gradients flow back to it) carrying tangent (cast to its
+// dtype; same shape and device), what opforge.jvp feeds the function
+TensorPtr make_dual(const TensorPtr& primal, const TensorPtr& tangent);
+
 // ---- constants (never require grad)
 TensorPtr zeros_like(const TensorPtr& x);
 TensorPtr ones_like(const TensorPtr& x);

@@ -84,6 +84,11 @@ class Tensor {
   // The node that accumulates into .grad for a leaf (created on first use, held weakly).
   std::shared_ptr<Node> grad_accumulator(const TensorPtr& self);
 
+  // forward-mode AD: the tangent this tensor carries (opforge.jvp's dual tensors and what ops
+  // compute from them), or nullptr. Set once, when the tensor is made, before others see it.
+  const TensorPtr& fw_grad() const { return fw_grad_; }
+  void set_fw_grad(TensorPtr t) { fw_grad_ = std::move(t); }
+
  private:
   std::shared_ptr<Storage> storage_;
   DType dtype_;
@@ -98,6 +103,7 @@ class Tensor {
   std::shared_ptr<Node> grad_fn_;
   uint32_t output_nr_ = 0;
   std::weak_ptr<Node> grad_accumulator_;
+  TensorPtr fw_grad_;
   mutable std::mutex mutex_;
 };
 

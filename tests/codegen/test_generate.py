@@ -118,17 +118,17 @@ def test_editing_one_spec_rewrites_only_its_files(spec_copy: Path, tmp_path: Pat
     generate(spec_copy, out)
     age(out)
     before = snapshot(out)
-    spec = spec_copy / "leaky_relu.yaml"
+    spec = spec_copy / "relu.yaml"
     text = spec.read_text()
-    assert text.count("x: where(x > 0, dout, alpha * dout)") == 1
-    spec.write_text(text.replace("x: where(x > 0, dout, alpha * dout)", "x: where(x > 0, dout, dout * alpha)"))
+    assert text.count("x: where(x <= 0, zeros_like(dout), dout)") == 1
+    spec.write_text(text.replace("x: where(x <= 0, zeros_like(dout), dout)", "x: where(0 >= x, zeros_like(dout), dout)"))
     generate(spec_copy, out)
     after = snapshot(out)
     assert sorted(after) == sorted(before)
     changed = sorted(n for n in after if after[n][0] != before[n][0])
     rewritten = sorted(n for n in after if after[n][1] != before[n][1])
-    # the Backward and the docstring's gradient line; the adapters' Python lowering of the formula
-    assert changed == ["_formulas.py", "leaky_relu.cpp"]
+    # the Backward, the Jvp derived from it and the docstring's lines; the adapters' Python lowering
+    assert changed == ["_formulas.py", "relu.cpp"]
     assert rewritten == changed
 
 

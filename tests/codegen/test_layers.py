@@ -16,7 +16,7 @@ LAYERS = [
     {"source"},
     {"formula.syntax", "formula.kinds"},
     {"formula.lang", "formula.expr"},
-    {"formula.graph"},
+    {"formula.graph", "formula.derive"},
     {"model"},
     {"schema"},
     {"api"},

@@ -349,9 +349,29 @@ CASES = [
          "specs/leaky.yaml:1:1: bprop: missing: give a formula for each differentiable input (x), "
          "or mark inputs differentiable: false"),
     # ------------------------------------------------------------------ bprop
-    case("bprop-missing", "leaky", leaky("  bprop:\n    x: where(x > 0, dout, alpha * dout)\n", ""),
-         "specs/leaky.yaml:1:1: bprop: missing: give a formula for each differentiable input (x), "
+    case("bprop-missing", "scale", scale("  bprop:\n    x: if_given(w, dout * w, dout)\n    w: dout * x\n", ""),
+         "specs/scale.yaml:1:1: bprop: missing: give a formula for each differentiable input (x, w), "
          "or mark inputs differentiable: false"),
+    # (an expr op without a bprop gets one derived from its expression: tests/codegen/test_derive.py)
+    # ------------------------------------------------------------------ jvp
+    case("jvp-for-unknown-output", "scale", SCALE + "  jvp:\n    outt: x_t\n",
+         """
+         specs/scale.yaml:18:5: jvp: missing formula for differentiable output 'out' (or mark it differentiable: false)
+         specs/scale.yaml:18:5: jvp.outt: 'outt' is not an output (did you mean 'out'?)
+         """),
+    case("jvp-optional-tangent-outside-if-given", "scale", SCALE + "  jvp:\n    out: x_t * w + x * w_t\n",
+         "specs/scale.yaml:18:16: jvp.out: optional input 'w' may be absent; use if_given(w, ..., ...)"),
+    case("jvp-optional-tangent-in-the-wrong-branch", "scale", SCALE + "  jvp:\n    out: if_given(w, x_t * w, w_t)\n",
+         "specs/scale.yaml:18:31: jvp.out: 'w_t' is absent with optional input 'w'; use it in if_given(w, ..., ...)'s "
+         "first branch"),
+    case("jvp-unknown-name", "scale", SCALE + "  jvp:\n    out: if_given(w, x_t * w + x * w_t, xt)\n",
+         "specs/scale.yaml:18:41: jvp.out: unknown name 'xt' (did you mean 'x_t'?)"),
+    case("jvp-let-shadows-a-tangent", "scale", SCALE + "  jvp:\n    let:\n      x_t: x\n    out: x\n",
+         "specs/scale.yaml:19:7: jvp.let.x_t: let name 'x_t' shadows an input, output, attr or tangent"),
+    case("jvp-tangent-name-clash", "scale", scale("    x: T\n", "    x: T\n    x_t: {dtype: T, differentiable: false}\n")
+         .replace("w: {dtype: T, optional: true}", "w: {dtype: T}") + "  jvp:\n    out: x_t\n",
+         "specs/scale.yaml:19:5: jvp: the tangent of input 'x' is named 'x_t' in jvp formulas, which clashes "
+         "with an input, output or attr"),
     case("bprop-for-unknown-input", "leaky", leaky("    x: where(x > 0, dout", "    xx: where(x > 0, dout"),
          """
          specs/leaky.yaml:16:5: bprop: missing formula for differentiable input 'x' (or mark it differentiable: false)

@@ -133,3 +133,87 @@ def test_dlpack_capsules_are_inputs() -> None:
     with pytest.raises(ValueError, match=r"\[from_dlpack\] input 'x': this DLPack capsule was already consumed"):
         opforge.from_dlpack(capsule)
     np.testing.assert_array_equal(ops.mul(src.__dlpack__(), 2.0).numpy(), a * 2)
+
+
+JVP_CASES = [c for c in cases() if c.dtype == "float64" and _formulas.OPS[c.op.name].jvp is not None]
+
+
+@pytest.mark.parametrize("case", JVP_CASES, ids=lambda c: c.id)
+def test_python_jvp_matches_cpp_forward_mode(case: Case, rng) -> None:
+    """The Python lowering of the jvp formulas (what opforge.torch's jvp runs) gives the tangents
+    the C++ Jvp gives (opforge.jvp)."""
+    op = _formulas.OPS[case.op.name]
+    inputs = to_inputs(case.op, case.dtype, make_data(case.op, case.dtype, case.shapes, rng))
+    diff = [k for k, i in enumerate(op.inputs) if i.differentiable and inputs[k] is not None]
+    tangents = [rng.standard_normal(np.shape(inputs[k])) for k in diff]
+
+    def f(*xs: Any) -> Any:
+        full = list(inputs)
+        for k, x in zip(diff, xs):
+            full[k] = x
+        return getattr(ops, op.name)(*full, **case.attrs)
+
+    outs, expected = opforge.jvp(f, tuple(opforge.tensor(inputs[k]) for k in diff),
+                                 tuple(opforge.tensor(t) for t in tangents))
+    outs, expected = (outs, expected) if isinstance(outs, tuple) else ((outs,), (expected,))
+    attrs = [case.attrs.get(a.name, a.default) for a in op.attrs]
+    given = [None] * len(op.inputs)
+    for k, t in zip(diff, tangents):
+        given[k] = opforge.tensor(t)
+    got = op.jvp(F, H, given, *[None if a is None else opforge.tensor(a) for a in inputs], *outs, *attrs)
+    assert len(got) == len(op.outputs)
+    for k, o in enumerate(op.outputs):
+        if not o.differentiable:
+            assert got[k] is None
+            continue
+        g = np.broadcast_to(got[k].numpy(), outs[k].shape)
+        np.testing.assert_allclose(g, expected[k].numpy(), rtol=1e-10, atol=1e-12, err_msg=o.name)
+
+
+def _derived_bprop(name: str) -> Any:
+    """The bprop codegen derives from an expr op's expression, as a Python function over F and H
+    (the op table's lowering), for an op whose spec writes its own."""
+    import dataclasses
+
+    from opforge.codegen import api
+    from opforge.codegen.dest.op_table import _bprop
+    from opforge.codegen.formula.lang import PY
+    from opforge.codegen.model import Bprop, derive_formulas
+
+    spec = opforge.spec(name)
+    lets, grads = derive_formulas(spec.impl, spec.inputs, spec.outputs, [a.name for a in spec.attrs], "bprop")
+    derived = dataclasses.replace(spec, bprop=Bprop(lets, grads, spec.impl.loc, derived="impl.expr"), jvp=None)
+    table = {n: api.record_signature(o) for n, o in _formulas.OPS.items()}
+    lowered = api.lower_formulas(derived, table, PY)
+    params = ([f"v_{i.name}" for i in spec.inputs] + [f"v_{o.name}" for o in spec.outputs]
+              + [f"v_{o.grad_name}" for o in spec.outputs if o.differentiable] + [f"a_{a.name}" for a in spec.attrs])
+    source = f"def bprop(F, H, need, meta, {', '.join(params)}):\n" + "".join(
+        f"    {line}\n" for line in _bprop(derived, lowered.bprop))
+    scope: dict[str, Any] = {}
+    exec(source, scope)  # the generated Python, as _formulas.py would hold it
+    return scope["bprop"], [f.text for _, f in grads]
+
+
+WRITTEN = [c for c in GRAD_CASES if c.op.impl.kind == "expr" and not c.op.bprop.derived]
+
+
+@pytest.mark.parametrize("case", WRITTEN, ids=lambda c: c.id)
+def test_written_bprop_matches_the_derived_one(case: Case, rng) -> None:
+    """An expr op whose spec writes its bprop (a fused backward op, or PyTorch's choice at a
+    kink): the written formula equals the one derived from its expression, at generic points."""
+    op = _formulas.OPS[case.op.name]
+    derived, texts = _derived_bprop(op.name)
+    data = make_data(case.op, case.dtype, case.shapes, rng)
+    inputs = [None if a is None else opforge.tensor(a) for a in to_inputs(case.op, case.dtype, data)]
+    outs = getattr(ops, op.name)(*inputs, **case.attrs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    douts = [opforge.tensor(rng.uniform(-1, 1, outs[k].shape)) for k, o in enumerate(op.outputs) if o.differentiable]
+    attrs = [case.attrs.get(a.name, a.default) for a in op.attrs]
+    need = [i.differentiable for i in op.inputs]
+    meta = [(t.shape, t.dtype) for t in inputs]
+    written = op.bprop(F, H, need, meta, *inputs, *outs, *douts, *attrs)
+    got = derived(F, H, need, meta, *inputs, *outs, *douts, *attrs)
+    for k, i in enumerate(op.inputs):
+        if i.differentiable:
+            np.testing.assert_allclose(got[k].numpy(), written[k].numpy(), rtol=1e-9, atol=1e-12,
+                                       err_msg=f"{op.name}: d{i.name} derived as {texts}")

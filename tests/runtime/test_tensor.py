@@ -218,7 +218,8 @@ def test_list_ops_backend_and_op_info() -> None:
 def test_spec_model_is_readable_for_adapters() -> None:
     s = opforge.spec("leaky_relu")
     assert [a.name for a in s.attrs] == ["alpha"] and s.attrs[0].default == 0.01
-    assert dict(s.bprop.grads)["x"].text == "where(x > 0, dout, alpha * dout)"
+    assert dict(s.bprop.grads)["x"].text == "where(x > 0, dout, dout * alpha)"  # derived from its expression
+    assert s.bprop.derived == "impl.expr" and dict(s.jvp.tangents)["out"].text == "where(x > 0, x_t, x_t * alpha)"
     assert s.outputs[0].shape.kind == "same"
 
 
