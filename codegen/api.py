@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Protocol, Sequence, Union
 
 from . import escape
+from .formula import dims
 from .formula.expr import LoweredExpr, lower_expr
 from .formula.graph import GraphScope, OpSignature, lower_graph, lower_outputs
 from .formula.kinds import NUMBER, VType, attr_vtype
@@ -418,6 +419,12 @@ def _lower_jvp(op: OpSpec, sigs: Mapping[str, OpSignature], lang: CppLang, prefi
         used |= scope.used_ops
         outputs.append((index[name], code))
     return LoweredJvp(tuple(tangents), tuple(lets), tuple(outputs))
+
+
+def dim_scope(op: OpSpec) -> dims.DimScope:
+    """What op's shape expressions and checks may read (formula/dims.py)."""
+    return dims.DimScope(op.name, [i.name for i in op.inputs], {i.name for i in op.inputs if i.optional},
+                         {a.name: str(a.type) for a in op.attrs})
 
 
 def device_kernel_targets(op: OpSpec, build: Build) -> tuple[Backend, ...]:

@@ -20,7 +20,7 @@ import yaml
 from .errors import Loc, SpecError, SpecErrors, did_you_mean
 from .formula.expr import ExprScope, lower_expr
 from .formula.kinds import Kind
-from .formula import derive
+from .formula import derive, dims
 from .formula.syntax import Binary, Formula, make_formula
 from .names import RESERVED, class_name, reserved_identifier
 from .source import LocMap, locate
@@ -73,6 +73,7 @@ class ShapeKind(StrEnum):
     REDUCE = "reduce"
     MATMUL = "matmul"
     INFER = "infer"
+    EXPRESSION = "expression"  # a shape expression (formula/dims.py), not a rule name
 
 
 class ImplKind(StrEnum):
@@ -114,6 +115,7 @@ class ShapeRule:
     kind: ShapeKind
     args: tuple[str, ...]
     text: str
+    formula: Optional[Formula] = None  # an expression rule's parsed text
 
     def inputs(self) -> tuple[str, ...]:
         """The inputs this rule reads shapes from."""
@@ -278,6 +280,7 @@ class OpSpec:
     # that to_yaml leaves the key out again (naming the built targets would fix them to this build's)
     targets_derived: bool = False
     jvp: Optional[Jvp] = None
+    checks: tuple[dims.Check, ...] = ()  # conditions on shapes and attrs, checked before shape rules run
 
     @property
     def class_name(self) -> str:
@@ -395,6 +398,8 @@ def _yaml_body(op: OpSpec) -> dict[str, Any]:
     body["outputs"] = {o.name: {"dtype": _plain(o.dtype), "shape": o.shape.text,
                                 "differentiable": o.differentiable, **({"doc": o.doc} if o.doc else {})}
                        for o in op.outputs}
+    if op.checks:
+        body["checks"] = [{"require": c.require.text, "error": c.text} for c in op.checks]
     if op.typevars:
         body["dtypes"] = {v: _plain(ds) for v, ds in op.typevars}
     if not op.targets_derived:
@@ -558,7 +563,7 @@ class _Builder:
             dtype_ok(("outputs", n, "dtype"), dtype)
             if dtype in declared and not any(i.dtype == dtype for i in inputs):
                 self.err(("outputs", n, "dtype"), f"type variable '{dtype}' is not bound by any input")
-            shape = self.shape_rule(("outputs", n, "shape"), spec["shape"], inputs, attr_types)
+            shape = self.shape_rule(("outputs", n, "shape"), spec["shape"], inputs, attr_types, spec)
             diff = spec.get("differentiable", dtype in declared or dtype in FLOAT_DTYPES)
             outputs.append(Output(n, dtype, shape, diff, spec.get("doc", ""),
                                   self.loc("outputs", n, key=True)))
@@ -570,6 +575,7 @@ class _Builder:
             if v not in used_vars:
                 self.err(("dtypes", v), f"type variable '{v}' is not used by any input or output", key=True)
 
+        checks = self.checks(inputs, attr_types)
         targets = self.targets(declared)
         impl = self.impl(inputs, attrs, outputs)
         kind = ImplKind(next(iter(b["impl"]))) if len(b["impl"]) == 1 else None
@@ -580,7 +586,7 @@ class _Builder:
             raise SpecErrors(self.errors)
         return OpSpec(self.name, self.path, self.doc.key_locs[self.name], b["doc"].strip(), tuple(inputs),
                       tuple(outputs), tuple(attrs), typevars, targets, impl, bprop, tests,
-                      targets_derived="targets" not in b, jvp=jvp)
+                      targets_derived="targets" not in b, jvp=jvp, checks=checks)
 
     def attr(self, n: str, spec: LocMap) -> Attr:
         keys = ("attrs", n)
@@ -623,11 +629,52 @@ class _Builder:
                     has_default, bool(required), choices, lo, hi, spec.get("doc", ""),
                     self.loc("attrs", n, key=True))
 
+    def checks(self, inputs: list[Input], attr_types: dict[str, AttrType]) -> tuple[dims.Check, ...]:
+        """``checks:``, each ``{require: <bool shape expression>, error: <message with {expression}
+        placeholders>}``, checked by lowering."""
+        out = []
+        scope = self.dim_scope(inputs, attr_types)
+        for k, item in enumerate(self.body.get("checks") or []):
+            keys = ("checks", k)
+            try:
+                require = self.formula(item, "require", keys + ("require",))
+                loc, style = item.value_locs["error"], item.value_styles["error"]
+
+                def make(text: str, offset: int, _loc: Loc = loc, _style: str = style) -> Formula:
+                    inline = _style in ("", "'", '"')  # (columns map one to one, past a quote)
+                    return make_formula(text, _loc.shifted(offset) if inline else _loc, f"checks.{k}.error",
+                                        _style if inline else ">")
+
+                check = dims.Check(require, dims.message_parts(item["error"], make), item["error"])
+                dims.lower_check(check, scope, cpp=False)
+                out.append(check)
+            except SpecError as exc:
+                self.errors.append(exc)
+        return tuple(out)
+
+    def dim_scope(self, inputs: Sequence[Input], attr_types: dict[str, AttrType]) -> dims.DimScope:
+        return dims.DimScope(self.name, [i.name for i in inputs], {i.name for i in inputs if i.optional},
+                             {n: str(t) for n, t in attr_types.items()})
+
     def shape_rule(self, keys: tuple[Any, ...], text: str, inputs: list[Input],
-                   attr_types: dict[str, AttrType]) -> ShapeRule:
+                   attr_types: dict[str, AttrType], container: Optional[LocMap] = None) -> ShapeRule:
         m = _SHAPE.match(text)
         bad = ShapeRule(ShapeKind.SAME, (), text)
-        rules = [str(k) for k in ShapeKind]
+        rules = [str(k) for k in ShapeKind if k != ShapeKind.EXPRESSION]
+        if m and m.group(1) not in rules and m.group(1) not in dims.FUNCTIONS:
+            self.err(keys, f"unknown shape rule '{m.group(1)}'{did_you_mean(m.group(1), rules)}; rules: "
+                     f"{', '.join(r + '(...)' for r in rules)}, or an expression over shape(), dims(), dim(), "
+                     "rank() and the attrs")
+            return bad
+        if container is not None and (not m or m.group(1) not in rules):
+            # an expression over the inputs' shapes and the attrs (formula/dims.py)
+            try:
+                formula = self.formula(container, "shape", keys)
+                dims.lower_dims(formula, self.dim_scope(inputs, attr_types), dims.DKind.DIMS, cpp=False)
+            except SpecError as exc:
+                self.errors.append(exc)
+                return bad
+            return ShapeRule(ShapeKind.EXPRESSION, (), text, formula)
         if not m:
             self.err(keys, f"cannot parse shape rule '{text}': expected one of "
                      f"{', '.join(r + '(...)' for r in rules)}")

@@ -101,6 +101,9 @@ OP: dict[str, Any] = {
     "outputs": {"type": "dict", "required": True, "empty": False, "keysrules": IDENT,
                 "valuesrules": {"type": "dict", "schema": OUTPUT}},
     "attrs": {"type": "dict", "keysrules": IDENT, "valuesrules": {"type": "dict", "schema": ATTR}},
+    # conditions on the inputs' shapes and attrs, each with the ValueError message when false
+    "checks": {"type": "list", "schema": {"type": "dict", "schema": {
+        "require": {**FORMULA, "required": True}, "error": {"type": "string", "required": True, "empty": False}}}},
     "dtypes": {"type": "dict", "keysrules": TYPEVAR,
                "valuesrules": {"type": "list", "empty": False,
                                "schema": {"type": "string", "allowed": DTYPES}}},

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from .. import api, escape
+from ..formula import dims
 from ..api import Lowered, LoweredBprop
 from ..model import (AotImpl, Attr, AttrType, CppImpl, DType, ExprImpl, OpSpec, PyfuncImpl,
                      ShapeKind, ShapeRule)
@@ -41,7 +42,25 @@ def shape_expr(op: OpSpec, rule: ShapeRule) -> str:
     if rule.kind == ShapeKind.MATMUL:
         return f"matmul_shape(kName, v_{a[0]}->shape(), v_{a[1]}->shape())"
     inputs = ", ".join(f"v_{i.name}" for i in op.inputs)
+    if rule.kind == ShapeKind.EXPRESSION:
+        assert rule.formula is not None
+        return dims.lower_dims(rule.formula, api.dim_scope(op), dims.DKind.DIMS, cpp=True)
     return f"{a[0]}(TensorList{{{inputs}}}, attrs)"
+
+
+def _check_lines(op: OpSpec) -> list[str]:
+    """check_shapes' body: each of the spec's checks, a ValueError naming the op when false."""
+    lines = []
+    for c in op.checks:
+        test, pieces = dims.lower_check(c, api.dim_scope(op), cpp=True)
+        args = []
+        for literal, code in pieces:
+            if literal:
+                args.append(escape.cpp_str(literal))
+            if code:
+                args.append(code)
+        lines.append(f"if (!{test}) fail<ValueError>(kName, {', '.join(args)});")
+    return lines
 
 
 def dtype_expr(op: OpSpec, dtype: str) -> str:
@@ -168,6 +187,8 @@ def _forward(op: OpSpec, lowered: Lowered, build: Build) -> tuple[list[str], lis
     for the device targets whose kernels ``build`` compiles, then by dtype on the host."""
     check_args = ", ".join(f"v_{i.name}.get()" for i in op.inputs)
     fwd = [f"const CallInfo call = check_call(kInfo, {{{check_args}}});"]
+    if op.checks:
+        fwd.append(f"check_shapes({', '.join([f'v_{i.name}' for i in op.inputs] + ['attrs'])});")
     impl = op.impl
     if isinstance(impl, (ExprImpl, CppImpl)):
         if isinstance(impl, CppImpl):
@@ -358,6 +379,8 @@ def context(op: OpSpec, lowered: Lowered, build: Build) -> dict[str, Any]:
         "saves": _saves(op, lb) if lb is not None else [],
         "backward": {"lines": _backward(op, lb)} if lb is not None else {},
         "jvp": _jvp(op, lowered.jvp) if lowered.jvp is not None else [],
+        "checks": _check_lines(op),
+        "check_shape_args": ", ".join([f"v_{i.name}" for i in op.inputs] + ["attrs"]),
         "outputs_ret": (f"v_{op.outputs[0].name}" if len(op.outputs) == 1
                         else "TensorList{" + ", ".join(f"v_{o.name}" for o in op.outputs) + "}"),
         "params": _params(op, with_defaults=False),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Sequence
 
 from .. import api
+from ..formula import dims
 from ..formula.lang import PY
 from ..model import AotImpl, OpSpec
 from ..targets import BUILDS, TARGETS, Build
@@ -49,6 +50,29 @@ def _jvp(op: OpSpec, lj: api.LoweredJvp) -> list[str]:
     return lines
 
 
+def _shapes(op: OpSpec) -> Optional[list[str]]:
+    """The body of ``_shapes_<op>`` (ops with checks or shape expressions): the checks through
+    ``H.check(op, test, message)``, then one shape per output (None where the rule is not an
+    expression), over the inputs' shapes ``s_<input>`` (None when absent) and the attrs."""
+    exprs = [o.shape.formula for o in op.outputs]
+    if not op.checks and not any(exprs):
+        return None
+    scope = api.dim_scope(op)
+    lines = []
+    for c in op.checks:
+        test, pieces = dims.lower_check(c, scope, cpp=False)
+        parts = []
+        for literal, code in pieces:
+            if literal:
+                parts.append(repr(literal))
+            if code:
+                parts.append(code if code.startswith("H.shape_str(") else f"str({code})")
+        lines.append(f"H.check({op.name!r}, {test}, lambda: {' + '.join(parts) or repr('')})")
+    shapes = [dims.lower_dims(f, scope, dims.DKind.DIMS, cpp=False) if f is not None else "None" for f in exprs]
+    lines.append("return (" + "".join(f"{c}, " for c in shapes).rstrip() + ")")
+    return lines
+
+
 def _context(op: OpSpec, table: Mapping[str, api.Callee], build: Build) -> dict[str, Any]:
     lowered = api.lower_formulas(op, table, PY)
     attr_params = [f"a_{a.name}" for a in op.attrs]
@@ -65,6 +89,8 @@ def _context(op: OpSpec, table: Mapping[str, api.Callee], build: Build) -> dict[
         "composite_params": ", ".join([f"v_{i.name}" for i in op.inputs] + attr_params),
         "bprop": None, "bprop_params": "", "saved": "",
         "jvp": _jvp(op, lowered.jvp) if lowered.jvp is not None else None,
+        "shapes": _shapes(op),
+        "shapes_params": ", ".join([f"s_{i.name}" for i in op.inputs] + attr_params),
         "jvp_params": ", ".join([f"v_{i.name}" for i in op.inputs] + [f"v_{o.name}" for o in op.outputs]
                                 + attr_params),
         "aot_symbols": _tuple([repr((m, sym)) for m, sym in api.aot_symbols(op)]),

@@ -9,7 +9,10 @@ namespaces the adapter passes in: ``F``, the framework's own registered opforge 
 - ``H.zeros_like(t)``, ``H.ones_like(t)``, ``H.numel(t)``;
 - ``H.expand_reduced(g, like, axes, keepdims)``: g, reduced from like over axes, broadcast back;
 - ``H.reduce_grad(g, meta)``: a gradient summed to an input's shape and cast to its dtype,
-  ``meta`` being what the adapter recorded of that input.
+  ``meta`` being what the adapter recorded of that input;
+- shape rules: ``H.dim(op, input, shape, i)`` (size i of a shape, ValueError when out of range),
+  ``H.shape_str(shape)`` ("(2, 3)", as the runtime prints shapes), ``H.check(op, test, message)``
+  (ValueError "[op] message()" unless test; symbolic tests become the framework's constraints).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class AttrDef(NamedTuple):
 class OutputDef(NamedTuple):
     name: str
     dtype: str
-    shape: str            # same | broadcast | reduce | matmul | infer
+    shape: str            # same | broadcast | reduce | matmul | infer | expression (see shapes)
     shape_args: tuple[Any, ...]  # the rule's arguments as written in the spec
     differentiable: bool
 
@@ -78,6 +81,9 @@ class OpDef(NamedTuple):
     # forward mode: (F, H, tangents, *inputs, *outputs, *attrs) -> one tangent (or None) per output,
     # ``tangents`` one per input (None where none was given); None when the op has no jvp
     jvp: Optional[Callable[..., tuple[Any, ...]]] = None
+    # the spec's checks and shape expressions: (H, *input shapes (None when absent), *attrs) -> one
+    # shape (a list of sizes, symbolic ones kept) or None per output; None when the op has neither
+    shapes: Optional[Callable[..., tuple[Any, ...]]] = None
 
     def aot_symbol(self, present: tuple[bool, ...]) -> str:
         """The AOT entry point for a call whose inputs are present (a bool per input)."""

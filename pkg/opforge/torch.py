@@ -19,8 +19,10 @@ attrs with their defaults), and three kernels come from the generated op table
   ``opforge::<op>`` with arguments from the 'CUDA' backend).
 - **Fake/Meta**: output shapes and dtypes from the spec's rules, checked by the same C++ code as a
   real call (``opforge._C._meta``), so ``torch.compile`` and ``FakeTensor`` tracing see the same
-  errors as eager calls. Rules ``same``, ``broadcast``, ``reduce`` and ``matmul`` are computed
-  symbolically; ``infer(fn)`` rules are C++ functions and specialize dynamic dims to their values.
+  errors as eager calls. Rules ``same``, ``broadcast``, ``reduce``, ``matmul`` and shape
+  expressions (with the spec's ``checks``, from the op table's ``shapes``) are computed on the
+  symbolic sizes, so dynamic dims stay dynamic; ``infer(fn)`` rules are C++ functions and
+  specialize dynamic dims to their values.
 - **Autograd**: a ``torch.autograd.Function`` whose backward is the spec's bprop formula evaluated
   with these same torch ops, so gradients of gradients work; outputs the spec marks not
   differentiable (indices) are marked so, non-differentiable inputs (labels) get no gradient.
@@ -275,9 +277,15 @@ def _fake_kernel(op: OpDef, meta: Callable[..., Any]) -> Callable[..., Any]:
                 stand_ins.append(_C._meta_tensor([size(s) for s in t.shape], TORCH_DTYPES[t.dtype]))
         metas = meta(*stand_ins, *args[n_in:])  # raises what a real call would
         like = present[0]
+        # the spec's checks and shape expressions on the symbolic sizes: constraints, not guards
+        # on their values (so dynamic dims stay dynamic)
+        exprs = (op.shapes(H, *(None if t is None else tuple(t.shape) for t in tensors), *args[n_in:])
+                 if symbolic and op.shapes is not None else None)
         results = []
-        for out, (shape, dtype) in zip(op.outputs, metas):
-            if symbolic and out.shape != "infer":
+        for k, (out, (shape, dtype)) in enumerate(zip(op.outputs, metas)):
+            if symbolic and out.shape == "expression" and exprs is not None:
+                shape = exprs[k]
+            elif symbolic and out.shape != "infer":
                 shape = _symbolic_shape(out, dict(zip(names, tensors)), attrs)
             results.append(like.new_empty(shape, dtype=_FROM_NAME[dtype]))
         return results[0] if len(results) == 1 else tuple(results)
@@ -308,6 +316,21 @@ class _Helpers:
             for a in _axes(axes, like.dim()):
                 g = g.unsqueeze(a)
         return g.expand(like.shape)
+
+    @staticmethod
+    def dim(op: str, name: str, shape: Sequence[Any], i: int) -> Any:
+        if not -len(shape) <= i < len(shape):
+            raise ValueError(f"[{op}] dimension {i} of {name} is out of range for its shape {_Helpers.shape_str(shape)}")
+        return shape[i]
+
+    @staticmethod
+    def shape_str(shape: Sequence[Any]) -> str:
+        return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+    @staticmethod
+    def check(op: str, test: Any, message: Callable[[], str]) -> None:
+        # (a SymBool becomes a constraint on the symbolic sizes, not a guard on their values)
+        torch._check_value(test, lambda: f"[{op}] {message()}")  # type: ignore[no-untyped-call]
 
     @staticmethod
     def reduce_grad(g: torch.Tensor, meta: tuple[torch.Size, torch.dtype]) -> torch.Tensor:

@@ -252,6 +252,26 @@ TensorPtr sum_kernel(const char* op, const TensorPtr& x, const Axes& axes, bool 
   return out;
 }
 
+int64_t shape_dim(const char* op, const char* input, const Shape& shape, int64_t i) {
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  if (i < -rank || i >= rank) {
+    fail<ValueError>(op, "dimension ", i, " of ", input, " is out of range for its shape ", shape_str(shape));
+  }
+  return shape[static_cast<size_t>(i < 0 ? i + rank : i)];
+}
+
+Shape shape_slice(const Shape& shape, int64_t start, int64_t stop) {
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  auto clamp = [rank](int64_t k) { return std::clamp(k < 0 ? k + rank : k, int64_t{0}, rank); };
+  const int64_t lo = clamp(start), hi = clamp(stop);
+  return lo < hi ? Shape(shape.begin() + lo, shape.begin() + hi) : Shape{};
+}
+
+Shape shape_cat(Shape a, const Shape& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 // ---------------------------------------------------------------------------- helper functions
 
 namespace {

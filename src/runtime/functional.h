@@ -23,6 +23,12 @@ Shape broadcast_shapes(const char* op, const std::vector<const Tensor*>& inputs,
 std::vector<int64_t> normalize_axes(const char* op, const Axes& axes, int64_t ndim);
 Shape reduce_shape(const char* op, const Shape& shape, const Axes& axes, bool keepdims);
 Shape matmul_shape(const char* op, const Shape& a, const Shape& b);
+// shape expressions of specs (codegen/formula/dims.py): dim(t, i), a negative i counting from the
+// end (ValueError naming op and the input when out of range); dims(t, start[, stop]) as Python's
+// shape[start:stop]; list concatenation
+int64_t shape_dim(const char* op, const char* input, const Shape& shape, int64_t i);
+Shape shape_slice(const Shape& shape, int64_t start, int64_t stop = INT64_MAX);
+Shape shape_cat(Shape a, const Shape& b);
 
 // ---- kernels (no autograd)
 // out = scale * sum of x over axes; out is contiguous with x's reduced shape (keepdims or not).

@@ -15,7 +15,7 @@ LAYERS = [
     {"errors", "escape", "names", "targets"},
     {"source"},
     {"formula.syntax", "formula.kinds"},
-    {"formula.lang", "formula.expr"},
+    {"formula.lang", "formula.expr", "formula.dims"},
     {"formula.graph", "formula.derive"},
     {"model"},
     {"schema"},

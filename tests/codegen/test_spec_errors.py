@@ -242,10 +242,23 @@ CASES = [
          """),
     # ------------------------------------------------------------------ shape rules
     case("shape-rule-unknown", "leaky", leaky("same(x)", "sam(x)"),
-         "specs/leaky.yaml:8:28: outputs.out.shape: unknown shape rule 'sam' (did you mean 'same'?)"),
+         "specs/leaky.yaml:8:28: outputs.out.shape: unknown shape rule 'sam' (did you mean 'same'?); rules: "
+         "same(...), broadcast(...), reduce(...), matmul(...), infer(...), or an expression over shape(), dims(), "
+         "dim(), rank() and the attrs"),
     case("shape-rule-unparsable", "leaky", leaky("same(x)", "x"),
-         "specs/leaky.yaml:8:28: outputs.out.shape: cannot parse shape rule 'x': expected one of "
-         "same(...), broadcast(...), reduce(...), matmul(...), infer(...)"),
+         "specs/leaky.yaml:8:28: outputs.out.shape: 'x' is a tensor: use shape(x), dim(x, i) or rank(x)"),
+    # shape expressions and checks (formula/dims.py)
+    case("shape-expression-not-dimensions", "scale", scale("shape: same(x)", 'shape: "rank(x)"'),
+         "specs/scale.yaml:7:29: outputs.out.shape: a shape rule must give dimensions, got a dimension"),
+    case("shape-expression-optional-input", "scale", scale("shape: same(x)", 'shape: "shape(w)"'),
+         "specs/scale.yaml:7:35: outputs.out.shape: optional input 'w' may be absent; use if_given(w, ..., ...)"),
+    case("shape-expression-bad-operands", "scale", scale("shape: same(x)", 'shape: "shape(x) + dim(x, 0)"'),
+         "specs/scale.yaml:7:38: outputs.out.shape: operator '+' does not apply to dimensions and a dimension"),
+    case("check-not-a-bool", "scale", scale("  dtypes:", '  checks:\n    - {require: "rank(x)", error: "no"}\n  dtypes:'),
+         "specs/scale.yaml:9:18: checks.0.require: a check must give a bool, got a dimension"),
+    case("check-message-placeholder", "scale",
+         scale("  dtypes:", '  checks:\n    - {require: "rank(x) > 0", error: "bad {dim(x)}"}\n  dtypes:'),
+         "specs/scale.yaml:9:45: checks.0.error: dim() takes 2 arguments"),
     case("shape-rule-arity", "leaky", leaky("shape: same(x)", 'shape: "same(x, x)"'),
          "specs/leaky.yaml:8:28: outputs.out.shape: same() takes 1 argument, got 2"),
     case("shape-rule-arity-variadic", "leaky", leaky("same(x)", "broadcast()"),

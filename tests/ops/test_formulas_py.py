@@ -52,6 +52,21 @@ class H:
         return opforge.tensor(np.broadcast_to(a, like.shape).copy())
 
     @staticmethod
+    def dim(op: str, name: str, shape: tuple, i: int) -> int:
+        if not -len(shape) <= i < len(shape):
+            raise ValueError(f"[{op}] dimension {i} of {name} is out of range for its shape {H.shape_str(shape)}")
+        return shape[i]
+
+    @staticmethod
+    def shape_str(shape: Any) -> str:
+        return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+    @staticmethod
+    def check(op: str, test: bool, message: Any) -> None:
+        if not test:
+            raise ValueError(f"[{op}] {message()}")
+
+    @staticmethod
     def reduce_grad(g: opforge.Tensor, meta: tuple) -> opforge.Tensor:
         shape, dtype = meta
         a = g.numpy()
@@ -217,3 +232,48 @@ def test_written_bprop_matches_the_derived_one(case: Case, rng) -> None:
         if i.differentiable:
             np.testing.assert_allclose(got[k].numpy(), written[k].numpy(), rtol=1e-9, atol=1e-12,
                                        err_msg=f"{op.name}: d{i.name} derived as {texts}")
+
+
+SHAPE_CASES = [c for c in cases() if _formulas.OPS[c.op.name].shapes is not None]
+
+
+@pytest.mark.parametrize("case", SHAPE_CASES, ids=lambda c: c.id)
+def test_python_shape_rules_match_the_cpp_ones(case: Case, rng) -> None:
+    """The Python lowering of shape expressions and checks (what fake kernels run on symbolic
+    sizes) gives the shapes the C++ rules give."""
+    op = _formulas.OPS[case.op.name]
+    inputs = to_inputs(case.op, case.dtype, make_data(case.op, case.dtype, case.shapes, rng))
+    attrs = [case.attrs.get(a.name, a.default) for a in op.attrs]
+    metas = getattr(_C._meta, op.name)(*[None if a is None else opforge.tensor(a) for a in inputs], *attrs)
+    got = op.shapes(H, *[None if a is None else tuple(np.shape(a)) for a in inputs], *attrs)
+    for k, o in enumerate(op.outputs):
+        if o.shape == "expression":
+            assert tuple(got[k]) == tuple(metas[k][0]), o.name
+
+
+BAD_SHAPES = [
+    ("linear", [(2, 5), (4, 3), None], "x's last dimension 5 differs from weight's in_features 3"),
+    ("linear", [(), (4, 3), None], "x must have rank >= 1, got shape ()"),
+    ("linear", [(2, 3), (4, 3), (5,)], "bias must have shape (4,) (out_features), got (5,)"),
+    ("linear", [(2, 3), (3,), None], "weight must have shape (out_features, in_features), got (3,)"),
+    ("transpose", [(3,)], "x must have rank >= 2 (the last two dims are swapped), got shape (3,)"),
+    ("embedding", [(2,), (4,)], "weight must be 2-D (num_embeddings, embedding_dim), got shape (4,)"),
+    ("cross_entropy", [(4, 3), (5,)], "labels must have shape (N,) = (4,) to match logits (4, 3), got (5,)"),
+    ("bias_add_grad", [(3,)], "dy must have rank >= 2 (a batch axis and a channel axis), got shape (3,)"),
+    ("linear_backward_weight", [(2, 3), (4, 5)], "grad and x must have rank >= 1 and the same leading dimensions"),
+]
+
+
+@pytest.mark.parametrize("name, shapes, message", BAD_SHAPES, ids=[f"{n}-{k}" for k, (n, _, _) in enumerate(BAD_SHAPES)])
+def test_shape_checks_raise_the_same_message_in_both_languages(name: str, shapes: list, message: str) -> None:
+    import re
+
+    op = _formulas.OPS[name]
+    attrs = [a.default for a in op.attrs]
+    dtypes = [("int64" if i.dtype == "int64" else "float32") for i in op.inputs]
+    tensors = [None if s is None else opforge.tensor(np.zeros(s, dtype=d)) for s, d in zip(shapes, dtypes)]
+    pattern = re.escape(f"[{name}] {message}")
+    with pytest.raises(ValueError, match=pattern):
+        getattr(ops, name)(*tensors, *attrs)
+    with pytest.raises(ValueError, match=pattern):
+        op.shapes(H, *[None if s is None else tuple(s) for s in shapes], *attrs)

@@ -4,19 +4,6 @@
 
 #include "norm_common.h"
 
-namespace opforge {
-
-Shape bias_add_grad_shape(const TensorList& inputs, const BiasAddGradAttrs& attrs) {
-  const Shape& s = inputs[0]->shape();
-  if (s.size() < 2) {
-    fail<ValueError>("bias_add_grad", "dy must have rank >= 2 (a batch axis and a channel axis), got shape ",
-                     shape_str(s));
-  }
-  return {s[attrs.format == "NHWC" ? s.size() - 1 : 1]};
-}
-
-}  // namespace opforge
-
 namespace opforge::kernels::cpu {
 
 template <typename T>

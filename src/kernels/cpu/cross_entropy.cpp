@@ -5,16 +5,6 @@
 
 #include "softmax_common.h"
 
-namespace opforge {
-
-Shape cross_entropy_shape(const TensorList& inputs, const CrossEntropyAttrs& attrs) {
-  kernels::cpu::smx::check_logits_labels("cross_entropy", inputs[0], inputs[1]);
-  if (attrs.reduction == "none") return {inputs[0]->shape()[0]};
-  return {};
-}
-
-}  // namespace opforge
-
 namespace opforge::kernels::cpu {
 
 template <typename T>

@@ -4,21 +4,7 @@
 
 #include "elem_common.h"
 
-namespace opforge {
-
-Shape embedding_shape(const TensorList& inputs, const EmbeddingAttrs& /*attrs*/) {
-  const TensorPtr& indices = inputs[0];
-  const TensorPtr& weight = inputs[1];
-  if (weight->dim() != 2) {
-    fail<ValueError>("embedding", "weight must be 2-D (num_embeddings, embedding_dim), got shape ",
-                     shape_str(weight->shape()));
-  }
-  Shape s = indices->shape();
-  s.push_back(weight->shape()[1]);
-  return s;
-}
-
-namespace kernels::cpu {
+namespace opforge::kernels::cpu {
 
 template <typename T>
 void embedding(const TensorPtr& indices, const TensorPtr& weight, const TensorPtr& out,
@@ -36,7 +22,6 @@ void embedding(const TensorPtr& indices, const TensorPtr& weight, const TensorPt
   for (int64_t i = 0; i < n; ++i) std::memcpy(o + i * dim, w + idx[i] * dim, row_bytes);
 }
 
-}  // namespace kernels::cpu
-}  // namespace opforge
+}  // namespace opforge::kernels::cpu
 
 OPFORGE_INSTANTIATE_EMBEDDING_CPU

@@ -4,30 +4,6 @@
 
 #include "kernels/cpu/linalg_common.h"
 
-namespace opforge {
-
-Shape linear_out_shape(const TensorList& inputs, const LinearAttrs&) {
-  const Shape& x = inputs[0]->shape();
-  const Shape& w = inputs[1]->shape();
-  if (x.empty()) fail<ValueError>("linear", "x must have rank >= 1, got shape ", shape_str(x));
-  if (w.size() != 2) {
-    fail<ValueError>("linear", "weight must have shape (out_features, in_features), got ", shape_str(w));
-  }
-  if (x.back() != w[1]) {
-    fail<ValueError>("linear", "x's last dimension ", x.back(), " differs from weight's in_features ", w[1],
-                     ": x ", shape_str(x), ", weight ", shape_str(w));
-  }
-  if (inputs[2] && inputs[2]->shape() != Shape{w[0]}) {
-    fail<ValueError>("linear", "bias must have shape ", shape_str(Shape{w[0]}), " (out_features), got ",
-                     shape_str(inputs[2]->shape()));
-  }
-  Shape out(x.begin(), x.end() - 1);
-  out.push_back(w[0]);
-  return out;
-}
-
-}  // namespace opforge
-
 namespace opforge::kernels::cpu {
 
 template <typename T>

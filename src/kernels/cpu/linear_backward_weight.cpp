@@ -4,20 +4,6 @@
 
 #include "kernels/cpu/linalg_common.h"
 
-namespace opforge {
-
-Shape linear_backward_weight_shape(const TensorList& inputs, const LinearBackwardWeightAttrs&) {
-  const Shape& g = inputs[0]->shape();
-  const Shape& x = inputs[1]->shape();
-  if (g.empty() || x.empty() || !std::equal(g.begin(), g.end() - 1, x.begin(), x.end() - 1)) {
-    fail<ValueError>("linear_backward_weight", "grad and x must have rank >= 1 and the same leading dimensions, got grad ",
-                     shape_str(g), ", x ", shape_str(x));
-  }
-  return {g.back(), x.back()};
-}
-
-}  // namespace opforge
-
 namespace opforge::kernels::cpu {
 
 template <typename T>

@@ -4,19 +4,6 @@
 #include <algorithm>
 #include <cstring>
 
-namespace opforge {
-
-Shape transpose_shape(const TensorList& inputs, const TransposeAttrs&) {
-  Shape s = inputs[0]->shape();
-  if (s.size() < 2) {
-    fail<ValueError>("transpose", "x must have rank >= 2 (the last two dims are swapped), got shape ", shape_str(s));
-  }
-  std::swap(s[s.size() - 1], s[s.size() - 2]);
-  return s;
-}
-
-}  // namespace opforge
-
 namespace opforge::kernels::cpu {
 
 template <typename T>

@@ -1,0 +1,230 @@
+"""Shape rules as data: an output's shape written as an expression over its inputs' shapes and its
+attrs (``shape(indices) + [dim(weight, 1)]``), and the op's ``checks`` (a condition and the error
+it raises), checked and lowered in one walk to C++ (eager calls, AOT, meta) and to Python (the
+adapters' fake kernels, where sizes may be symbolic: torch's SymInts stay symbolic, so dynamic
+shapes need no specialization).
+
+Values: a dimension (an int), dimensions (a list of them), a bool, a str (an attr, only compared).
+
+- ``rank(t)``: t's number of dimensions; ``dim(t, i)``: its size along i (negative from the end;
+  out of range raises); ``shape(t)``: its dimensions; ``dims(t, start)``, ``dims(t, start, stop)``:
+  a slice of them, as Python's ``shape[start:stop]``;
+- ``[a, b]``: dimensions; ``+`` concatenates dimensions, and adds dimensions (``- *`` too);
+- comparisons of dimensions (all six), of dimension lists and strs (``==``, ``!=``): bools;
+- ``where(test, a, b)``: a choice; ``if_given(w, a, b)``: a when the optional input w is given;
+- attrs: int (a dimension), bool, list[int] (dimensions), str (compared with a string).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Callable, Mapping, Optional, Sequence
+
+from .. import escape
+from ..errors import SpecError, did_you_mean
+from .syntax import COMPARE_OPS, Binary, BoolLit, Call, Formula, ListLit, Name, Node, Num, Str, Unary
+
+
+class DKind(StrEnum):
+    DIM = "a dimension"
+    DIMS = "dimensions"
+    BOOL = "a bool"
+    STR = "a str"
+
+
+FUNCTIONS = {"rank": (1, 1), "dim": (2, 2), "shape": (1, 1), "dims": (2, 3), "where": (3, 3), "if_given": (3, 3)}
+
+
+@dataclass(frozen=True)
+class DimScope:
+    op: str
+    inputs: Sequence[str]
+    optional: set[str]
+    attrs: Mapping[str, str]      # name -> attr type as specs spell it ("int", "list[int]", ...)
+
+
+_ATTR_KINDS = {"int": DKind.DIM, "bool": DKind.BOOL, "list[int]": DKind.DIMS, "str": DKind.STR}
+
+
+class _Lowering:
+    def __init__(self, formula: Formula, scope: DimScope, cpp: bool):
+        self.formula = formula
+        self.scope = scope
+        self.cpp = cpp
+        self.present: set[str] = set()
+
+    def error(self, node: Node, message: str) -> SpecError:
+        return self.formula.error(node.pos, message)
+
+    def tensor(self, node: Node) -> str:
+        """An input as a function's argument (C++: the TensorPtr; Python: its shape tuple)."""
+        if not isinstance(node, Name) or node.id not in self.scope.inputs:
+            raise self.error(node, "expected an input's name")
+        if node.id in self.scope.optional and node.id not in self.present:
+            raise self.error(node, f"optional input '{node.id}' may be absent; use if_given({node.id}, ..., ...)")
+        return f"v_{node.id}" if self.cpp else f"s_{node.id}"
+
+    def want(self, node: Node, kinds: tuple[DKind, ...]) -> str:
+        code, kind = self.go(node)
+        if kind not in kinds:
+            raise self.error(node, f"expected {' or '.join(kinds)}, got {kind}")
+        return code
+
+    def go(self, node: Node) -> tuple[str, DKind]:
+        cpp = self.cpp
+        if isinstance(node, Num):
+            if not isinstance(node.value, int):
+                raise self.error(node, "dimensions are integers")
+            return (f"int64_t({node.text})" if cpp else node.text), DKind.DIM
+        if isinstance(node, BoolLit):
+            return ("true" if node.value else "false") if cpp else repr(node.value), DKind.BOOL
+        if isinstance(node, Str):
+            return (f"std::string({escape.cpp_str(node.value)})" if cpp else escape.py_str(node.value)), DKind.STR
+        if isinstance(node, Name):
+            if node.id in self.scope.attrs:
+                kind = _ATTR_KINDS.get(self.scope.attrs[node.id])
+                if kind is None:
+                    raise self.error(node, f"attr '{node.id}' is {self.scope.attrs[node.id]}; shape rules read "
+                                     "int, bool, list[int] and str attrs")
+                return (f"attrs.{node.id}" if cpp else f"a_{node.id}"), kind
+            if node.id in self.scope.inputs:
+                raise self.error(node, f"'{node.id}' is a tensor: use shape({node.id}), dim({node.id}, i) or "
+                                 f"rank({node.id})")
+            known = list(self.scope.inputs) + list(self.scope.attrs)
+            raise self.error(node, f"unknown name '{node.id}'{did_you_mean(node.id, known)}")
+        if isinstance(node, ListLit):
+            items = [self.want(i, (DKind.DIM,)) for i in node.items]
+            return (f"Shape{{{', '.join(items)}}}" if cpp else f"[{', '.join(items)}]"), DKind.DIMS
+        if isinstance(node, Unary):
+            return f"(-{self.want(node.operand, (DKind.DIM,))})", DKind.DIM
+        if isinstance(node, Binary):
+            return self.binary(node)
+        if isinstance(node, Call):
+            return self.call(node)
+        raise self.error(node, "not allowed in a shape rule")
+
+    def binary(self, node: Binary) -> tuple[str, DKind]:
+        lc, lk = self.go(node.left)
+        rc, rk = self.go(node.right)
+        if node.op in COMPARE_OPS:
+            ok = lk == rk and (lk == DKind.DIM or node.op in ("==", "!="))
+            if not ok:
+                raise self.error(node, f"cannot compare {lk} with {rk} by '{node.op}'")
+            return f"({lc} {node.op} {rc})", DKind.BOOL
+        if node.op == "+" and lk == rk == DKind.DIMS:
+            return (f"shape_cat({lc}, {rc})" if self.cpp else f"({lc} + {rc})"), DKind.DIMS
+        if node.op in ("+", "-", "*") and lk == rk == DKind.DIM:
+            return f"({lc} {node.op} {rc})", DKind.DIM
+        raise self.error(node, f"operator '{node.op}' does not apply to {lk} and {rk}")
+
+    def call(self, node: Call) -> tuple[str, DKind]:
+        f = node.func
+        if f not in FUNCTIONS:
+            raise self.error(node, f"unknown function '{f}' in a shape rule{did_you_mean(f, FUNCTIONS)}")
+        lo, hi = FUNCTIONS[f]
+        if node.kwargs or not lo <= len(node.args) <= hi:
+            count = str(lo) if lo == hi else f"{lo} or {hi}"
+            raise self.error(node, f"{f}() takes {count} arguments")
+        a, cpp, op = node.args, self.cpp, escape.cpp_str(self.scope.op) if self.cpp else repr(self.scope.op)
+        if f == "rank":
+            t = self.tensor(a[0])
+            return (f"int64_t({t}->dim())" if cpp else f"len({t})"), DKind.DIM
+        if f == "shape":
+            t = self.tensor(a[0])
+            return (f"{t}->shape()" if cpp else f"list({t})"), DKind.DIMS
+        if f == "dim":
+            t = self.tensor(a[0])
+            i = self.want(a[1], (DKind.DIM,))
+            name = a[0].id  # type: ignore[union-attr]
+            return (f"shape_dim({op}, {escape.cpp_str(name)}, {t}->shape(), {i})" if cpp
+                    else f"H.dim({op}, {name!r}, {t}, {i})"), DKind.DIM
+        if f == "dims":
+            t = self.tensor(a[0])
+            start = self.want(a[1], (DKind.DIM,))
+            if len(a) == 3:
+                stop = self.want(a[2], (DKind.DIM,))
+                return (f"shape_slice({t}->shape(), {start}, {stop})" if cpp else f"list({t}[{start}:{stop}])"), DKind.DIMS
+            return (f"shape_slice({t}->shape(), {start})" if cpp else f"list({t}[{start}:])"), DKind.DIMS
+        if f == "where":
+            test = self.want(a[0], (DKind.BOOL,))
+            bc, bk = self.go(a[1])
+            cc, ck = self.go(a[2])
+            if bk != ck:
+                raise self.error(node, f"where(): both branches must be of one kind, got {bk} and {ck}")
+            return (f"({test} ? {bc} : {cc})" if cpp else f"({bc} if {test} else {cc})"), bk
+        # if_given(w, a, b)
+        w = a[0]
+        if not (isinstance(w, Name) and w.id in self.scope.optional):
+            raise self.error(w, "if_given() needs an optional input as its first argument")
+        given = w.id in self.present
+        self.present.add(w.id)
+        try:
+            bc, bk = self.go(a[1])
+        finally:
+            if not given:
+                self.present.discard(w.id)
+        cc, ck = self.go(a[2])
+        if bk != ck:
+            raise self.error(node, f"if_given(): both branches must be of one kind, got {bk} and {ck}")
+        test = f"v_{w.id}" if cpp else f"s_{w.id} is not None"
+        return (f"({test} ? {bc} : {cc})" if cpp else f"({bc} if {test} else {cc})"), bk
+
+
+def lower_dims(formula: Formula, scope: DimScope, want: DKind, cpp: bool) -> str:
+    """Check a shape-rule expression (of kind ``want``) and lower it to C++ or Python."""
+    lowering = _Lowering(formula, scope, cpp)
+    code, kind = lowering.go(formula.ast)
+    if kind != want:
+        raise formula.error(0, f"a {'shape rule' if want == DKind.DIMS else 'check'} must give {want}, got {kind}")
+    return code
+
+
+@dataclass(frozen=True)
+class Check:
+    """A condition on the inputs' shapes and attrs, and the ValueError message when it is false:
+    text with ``{expression}`` placeholders (a dimension, dimensions, a bool)."""
+
+    require: Formula
+    message: tuple[tuple[str, Optional[Formula]], ...]   # literal text, then the placeholder after it
+    text: str
+
+
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+
+
+def message_parts(text: str, make: Callable[[str, int], Formula]) -> tuple[tuple[str, Optional[Formula]], ...]:
+    """The literal pieces of an error message and the formulas of its ``{...}`` placeholders
+    (``make(text, offset)`` parses one, located at its offset in the message)."""
+    parts: list[tuple[str, Optional[Formula]]] = []
+    pos = 0
+    for m in _PLACEHOLDER.finditer(text):
+        parts.append((text[pos:m.start()], make(m.group(1), m.start(1))))
+        pos = m.end()
+    parts.append((text[pos:], None))
+    return tuple(parts)
+
+
+def lower_check(check: Check, scope: DimScope, cpp: bool) -> tuple[str, list[tuple[str, str]]]:
+    """(the condition's code, the message's pieces as (literal, code of the value after it: "" for
+    none)); a value of dimensions is formatted as a shape "(2, 3)" by both languages."""
+    test = lower_dims(check.require, scope, DKind.BOOL, cpp)
+    # a message is formatted only when the check fails: under ``if_given(w, ...)``, w is given
+    req = check.require.ast
+    given = ({req.args[0].id} if isinstance(req, Call) and req.func == "if_given" and req.args
+             and isinstance(req.args[0], Name) else set())
+    pieces = []
+    for literal, f in check.message:
+        if f is None:
+            pieces.append((literal, ""))
+            continue
+        lowering = _Lowering(f, scope, cpp)
+        lowering.present |= given
+        code, kind = lowering.go(f.ast)
+        if kind == DKind.DIMS:
+            code = f"shape_str({code})" if cpp else f"H.shape_str({code})"
+        elif kind == DKind.BOOL and cpp:
+            code = f"({code} ? \"True\" : \"False\")"
+        pieces.append((literal, code))
+    return test, pieces
