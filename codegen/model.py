@@ -155,6 +155,7 @@ class Attr:
     max: Optional[float]
     doc: str
     loc: Loc
+    axis_of: tuple[str, ...] = ()  # inputs whose dimensions this (int or list[int]) attr indexes
 
     @property
     def optional_value(self) -> bool:
@@ -391,6 +392,8 @@ def _yaml_body(op: OpSpec) -> dict[str, Any]:
             for k, v in (("choices", a.choices), ("min", a.min), ("max", a.max)):
                 if v is not None:
                     row[k] = _plain(v)
+            if a.axis_of:
+                row["axis_of"] = list(a.axis_of)
             if a.doc:
                 row["doc"] = a.doc
             attrs[a.name] = row
@@ -625,9 +628,17 @@ class _Builder:
                 self.err(keys + ("default",), f"default {default!r} is below min {lo}")
             if hi is not None and default > hi:
                 self.err(keys + ("default",), f"default {default!r} is above max {hi}")
+        axis_of = spec.get("axis_of") or ()
+        axis_of = (axis_of,) if isinstance(axis_of, str) else tuple(axis_of)
+        if axis_of and atype not in (AttrType.INT, AttrType.INT_LIST):
+            self.err(keys + ("axis_of",), f"axis_of applies to int and list[int] attrs (axes), not {atype}")
+        for name in axis_of:
+            if name not in (self.body.get("inputs") or {}):
+                self.err(keys + ("axis_of",), f"axis_of: '{name}' is not an input"
+                         f"{did_you_mean(name, list(self.body.get('inputs') or {}))}")
         return Attr(n, atype, tuple(default) if isinstance(default, list) else default,
                     has_default, bool(required), choices, lo, hi, spec.get("doc", ""),
-                    self.loc("attrs", n, key=True))
+                    self.loc("attrs", n, key=True), axis_of)
 
     def checks(self, inputs: list[Input], attr_types: dict[str, AttrType]) -> tuple[dims.Check, ...]:
         """``checks:``, each ``{require: <bool shape expression>, error: <message with {expression}

@@ -47,6 +47,9 @@ ATTR: dict[str, Any] = {
     "choices": {"type": "list", "empty": False},
     "min": NUMBER,
     "max": NUMBER,
+    # the inputs whose dimensions an int or list[int] attr indexes, the one whose rank normalizes
+    # a negative axis first (batching rules shift it)
+    "axis_of": {"type": "list", "empty": False, "schema": IDENT},
     "doc": DOC,
 }
 

@@ -82,7 +82,8 @@ def _context(op: OpSpec, table: Mapping[str, api.Callee], build: Build) -> dict[
         "typevars": _tuple([repr(v) for v, _ in op.typevars]),
         "inputs": [f"InputDef({i.name!r}, {str(i.dtype)!r}, {i.optional}, {i.differentiable})" for i in op.inputs],
         "attrs": [f"AttrDef({a.name!r}, {str(a.type)!r}, {a.required}, {api.py_default(a) or 'None'}, "
-                  f"{tuple(a.choices) if a.choices is not None else None!r})" for a in op.attrs],
+                  f"{tuple(a.choices) if a.choices is not None else None!r}"
+                  + (f", axis_of={a.axis_of!r})" if a.axis_of else ")") for a in op.attrs],
         "outputs": [f"OutputDef({o.name!r}, {str(o.dtype)!r}, {str(o.shape.kind)!r}, {o.shape.args!r}, "
                     f"{o.differentiable})" for o in op.outputs],
         "composite": lowered.composite,

@@ -54,6 +54,7 @@ class AttrDef(NamedTuple):
     required: bool
     default: Any          # None when required or when the attr is optional without a value
     choices: Optional[tuple[Any, ...]]
+    axis_of: tuple[str, ...] = ()  # the inputs whose dimensions it indexes (an axis attr)
 
 
 class OutputDef(NamedTuple):

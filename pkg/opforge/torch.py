@@ -408,15 +408,54 @@ def _autograd_function(op: OpDef, overload: Any, F: Any) -> Any:
 def _batching_rule(op: OpDef, overload: Any) -> Callable[..., Any]:
     """The op under ``torch.func.vmap`` (its autograd.Function's vmap rule): an elementwise (expr)
     op runs once on the whole batch (each batched input's batch dimension moved first, then padded
-    to the others' rank, so broadcasting lines up); any other op runs once per batch element and
-    the results are stacked (the per-example loop, without torch's fallback warning)."""
+    to the others' rank, so broadcasting lines up); an op whose axis attrs say which inputs they
+    index (the spec's ``axis_of``: reductions, softmax-like and norm ops) runs once with those
+    inputs' batch dimension first and its axes shifted past it; matmul-like ops broadcast their
+    batch dimensions natively (``matmul``); any other op runs once per batch element and the
+    results are stacked (the per-example loop, without torch's fallback warning)."""
     n_in = len(op.inputs)
     n_out = len(op.outputs)
     elementwise = op.impl == "expr"
+    names = [i.name for i in op.inputs]
+    axis_attrs = [k for k, a in enumerate(op.attrs) if a.axis_of]
+    indexed = {names.index(n) for k in axis_attrs for n in op.attrs[k].axis_of}
+    reference = names.index(op.attrs[axis_attrs[0]].axis_of[0]) if axis_attrs else -1
+    matmul = len(op.outputs) == 1 and op.outputs[0].shape == "matmul"
+
+    def shifted_axes(info: Any, ins: tuple[Any, ...], attrs: tuple[Any, ...], dims: tuple[Any, ...]) -> Any:
+        """An op whose axis attrs index the batched inputs: those inputs with the batch dim first
+        (the unbatched ones expanded to it), the axes shifted past it; None when the rule does not
+        apply (an input batched that no axis indexes, a 0-d input, an axis out of range)."""
+        if any(d is not None and t is not None and k not in indexed for k, (t, d) in enumerate(zip(ins, dims))):
+            return None
+        ref = ins[reference]
+        rank = ref.dim() - (dims[reference] is not None)
+        if rank == 0:
+            return None
+        new_attrs = list(attrs)
+        for k in axis_attrs:
+            value = attrs[k]
+            axes = list(range(rank)) if value is None or value == [] else [value] if isinstance(value, int) else value
+            if any(not -rank <= a < rank for a in axes):
+                return None
+            moved = [a % rank + 1 for a in axes]
+            new_attrs[k] = moved[0] if isinstance(value, int) else moved
+        size = info.batch_size
+        new_ins = []
+        for k, (t, d) in enumerate(zip(ins, dims)):
+            if t is not None and k in indexed:
+                t = t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(size, *t.shape)
+            new_ins.append(t)
+        return overload(*new_ins, *new_attrs)
 
     def rule(info: Any, in_dims: tuple[Any, ...], *args: Any) -> Any:
         ins, attrs, dims = args[:n_in], args[n_in:], in_dims[:n_in]
-        if elementwise:
+        if axis_attrs:
+            out = shifted_axes(info, ins, attrs, dims)
+            if out is not None:
+                return out, (0 if n_out == 1 else (0,) * n_out)
+        if matmul and all(d is None or t.dim() >= 3 for t, d in zip(ins, dims)) or elementwise:
+            # (a batched matmul operand of rank >= 2: batch dims broadcast like elementwise ones)
             rank = max(t.dim() - (d is not None) for t, d in zip(ins, dims))
             moved = []
             for t, d in zip(ins, dims):

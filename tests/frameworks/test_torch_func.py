@@ -173,3 +173,34 @@ def test_vmap_equals_the_loop(case: Case, in_dim: int) -> None:
     expected = [call(*s) for s in samples]
     for k, g in enumerate(_tuple(got)):
         torch.testing.assert_close(g, torch.stack([_tuple(e)[k] for e in expected]))
+
+
+@pytest.mark.parametrize("name, make, kwargs", [
+    ("mul", lambda: (torch.randn(4, 3, 5), torch.randn(5)), {}),               # elementwise: broadcast
+    ("softmax", lambda: (torch.randn(4, 3, 5),), {"axis": -1}),               # axis shifted past the batch
+    ("sum", lambda: (torch.randn(4, 3, 5),), {}),                             # None: every logical axis
+    ("max", lambda: (torch.randn(4, 3, 5),), {"axis": 0}),
+    ("layer_norm", lambda: (torch.randn(4, 3, 5), torch.randn(5)), {"axis": [-1]}),
+    ("take_along_axis", lambda: (torch.randn(4, 3, 5), torch.randint(0, 5, (4, 3, 2))), {"axis": 1}),
+    ("matmul", lambda: (torch.randn(4, 3, 5), torch.randn(5, 2)), {}),        # batch dims broadcast
+])
+def test_vmap_runs_the_op_once(name: str, make: Any, kwargs: dict) -> None:
+    """Ops with a batching rule run once on the whole batch (opforge's call trace), and match
+    the per-example results."""
+    import opforge
+
+    args = make()
+    op = getattr(ot.ops, name).default
+    in_dims = (0,) + (None,) * (len(args) - 1)
+    if name == "take_along_axis":
+        in_dims = (0, 0)
+    opforge._C._trace_gil(True)
+    try:
+        got = torch.func.vmap(lambda *xs: op(*xs, **kwargs), in_dims=in_dims)(*args)
+    finally:
+        calls = [n for n, _ in opforge._C._trace_gil(False)]
+    assert calls.count(name) == 1, calls
+    for b in range(4):
+        one = op(*(a[b] if d == 0 else a for a, d in zip(args, in_dims)), **kwargs)
+        for g, e in zip(_tuple(got), _tuple(one)):
+            torch.testing.assert_close(g[b], e)
