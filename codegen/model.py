@@ -282,6 +282,7 @@ class OpSpec:
     targets_derived: bool = False
     jvp: Optional[Jvp] = None
     checks: tuple[dims.Check, ...] = ()  # conditions on shapes and attrs, checked before shape rules run
+    autocast: Optional[str] = None  # policy under a framework's autocast: lower, float32, promote
 
     @property
     def class_name(self) -> str:
@@ -425,6 +426,8 @@ def _yaml_body(op: OpSpec) -> dict[str, Any]:
                                  if op.bprop.lets else {})
         bprop.update({n: f.text for n, f in op.bprop.grads})
         body["bprop"] = bprop
+    if op.autocast is not None:
+        body["autocast"] = op.autocast
     if op.jvp is not None and not op.jvp.derived:
         jvp: dict[str, Any] = ({"let": {", ".join(ns): f.text for ns, f in op.jvp.lets}} if op.jvp.lets else {})
         jvp.update({n: f.text for n, f in op.jvp.tangents})
@@ -589,7 +592,7 @@ class _Builder:
             raise SpecErrors(self.errors)
         return OpSpec(self.name, self.path, self.doc.key_locs[self.name], b["doc"].strip(), tuple(inputs),
                       tuple(outputs), tuple(attrs), typevars, targets, impl, bprop, tests,
-                      targets_derived="targets" not in b, jvp=jvp, checks=checks)
+                      targets_derived="targets" not in b, jvp=jvp, checks=checks, autocast=b.get("autocast"))
 
     def attr(self, n: str, spec: LocMap) -> Attr:
         keys = ("attrs", n)

@@ -115,6 +115,8 @@ OP: dict[str, Any] = {
                 "valuesrules": {"type": "dict", "nullable": True, "schema": TARGET}},
     "impl": {"type": "dict", "required": True, "schema": IMPL},
     "bprop": BPROP,
-    "jvp": BPROP,  # the same shape: lets, then one formula per differentiable output
+    "jvp": BPROP,
+    # under a framework's autocast: lower (the autocast dtype), float32, promote (the widest input's)
+    "autocast": {"type": "string", "allowed": ["lower", "float32", "promote"]},  # the same shape: lets, then one formula per differentiable output
     "tests": {"type": "dict", "schema": TESTS},
 }

@@ -97,6 +97,7 @@ def _context(op: OpSpec, table: Mapping[str, api.Callee], build: Build) -> dict[
         "aot_symbols": _tuple([repr((m, sym)) for m, sym in api.aot_symbols(op)]),
         "aot_kernel": repr(aot),
         "runs": repr(tuple(str(t) for t in api.runnable_targets(op, build))),
+        "autocast": repr(op.autocast),
     }
     lb = lowered.bprop
     if lb is None:

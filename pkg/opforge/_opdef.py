@@ -85,6 +85,7 @@ class OpDef(NamedTuple):
     # the spec's checks and shape expressions: (H, *input shapes (None when absent), *attrs) -> one
     # shape (a list of sizes, symbolic ones kept) or None per output; None when the op has neither
     shapes: Optional[Callable[..., tuple[Any, ...]]] = None
+    autocast: Optional[str] = None  # the spec's policy under autocast: lower | float32 | promote
 
     def aot_symbol(self, present: tuple[bool, ...]) -> str:
         """The AOT entry point for a call whose inputs are present (a bool per input)."""

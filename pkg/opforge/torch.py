@@ -512,6 +512,58 @@ def _autograd_kernel(op: OpDef, overload: Any, F: Any) -> Callable[..., Any]:
     return kernel
 
 
+# ---------------------------------------------------------------------------- autocast
+
+_FLOAT_ORDER = {torch.float16: 0, torch.bfloat16: 0, torch.float32: 1, torch.float64: 2}
+
+
+def _autocast_kernel(op: OpDef, overload: Any, device_type: str) -> Callable[..., Any]:
+    """The op under ``torch.autocast(device_type)``, by its spec's policy: ``lower`` casts its
+    floating inputs of a type variable to the autocast dtype, ``float32`` to float32, ``promote``
+    to the widest of them (float16 with bfloat16: float32, as torch promotes); then the op runs
+    with autocast off for it. Inputs of a concrete dtype (labels, indices) are left alone."""
+    key = getattr(torch._C.DispatchKey, "Autocast" + torch._C._dispatch_key_for_device(device_type))
+    excluded = torch._C.DispatchKeySet(key)
+    castable = [k for k, i in enumerate(op.inputs) if i.dtype in op.typevars]
+    n_in = len(op.inputs)
+
+    def target(tensors: list[Any]) -> Any:
+        if op.autocast == "lower":
+            return torch.get_autocast_dtype(device_type)
+        if op.autocast == "float32":
+            return torch.float32
+        dtypes = {t.dtype for t in tensors}
+        if dtypes == {torch.float16, torch.bfloat16}:
+            return torch.float32
+        return max(dtypes, key=lambda d: _FLOAT_ORDER[d]) if dtypes else None
+
+    def kernel(*args: Any) -> Any:
+        args = _full_args(op, args)
+        floats = [args[k] for k in castable if isinstance(args[k], torch.Tensor) and args[k].dtype in _FLOAT_ORDER
+                  and args[k].device.type == device_type]
+        dtype = target(floats)
+        cast = list(args)
+        for k in castable:
+            t = cast[k]
+            if dtype is not None and isinstance(t, torch.Tensor) and t.dtype in _FLOAT_ORDER and t.dtype != dtype:
+                cast[k] = t.to(dtype)
+        with torch._C._ExcludeDispatchKeyGuard(excluded):
+            return overload(*cast[:n_in], *cast[n_in:])
+
+    return kernel
+
+
+def _register_autocast(lib: Any, op: OpDef, overload: Any) -> None:
+    for row in _formulas.TARGETS.values():
+        if row.name not in op.runs or not torch._C._is_autocast_available(row.device_type):
+            continue
+        kernel = _autocast_kernel(op, overload, row.device_type)
+        key = "Autocast" + torch._C._dispatch_key_for_device(row.device_type)
+        lib.impl(op.name, kernel, key)
+        # (torch.compile runs autocast through the Python dispatcher: the same kernel there)
+        overload.py_impl(getattr(torch._C.DispatchKey, key))(kernel)
+
+
 # ---------------------------------------------------------------------------- registration
 
 
@@ -554,6 +606,8 @@ def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: s
                                     lib=lib)
         # ops without a bprop (comparisons, indices) still get one: their outputs never require grad
         lib.impl(op.name, _autograd_kernel(op, overload, F), "Autograd", with_keyset=True)
+        if op.autocast is not None:
+            _register_autocast(lib, op, overload)
         if op.bprop is not None:
             # torch.func's transforms: the autograd.Function applied where functorch's dispatch
             # starts, so its grad/jvp/vmap rules see it (an autograd.Function applied inside the

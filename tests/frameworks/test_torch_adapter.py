@@ -145,3 +145,42 @@ def test_import_without_torch_says_how_to_install() -> None:
             "try:\n    import opforge.torch\nexcept ImportError as e:\n    print(e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "opforge.torch needs PyTorch" in r.stdout and "pip install torch==2.13.0" in r.stdout
+
+
+def test_autocast_follows_each_ops_policy() -> None:
+    """Under torch.autocast an op follows its spec's policy: matmul/linear compute in the autocast
+    dtype, reductions, softmax-like ops, norms and losses in float32, binary elementwise ops
+    promote to their widest input; ops without a policy run in their inputs' dtype."""
+    ops = ot.ops
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(4, 8, generator=gen), torch.randn(3, 8, generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ops.linear(x, w)
+        expected = torch.nn.functional.linear(x, w)
+        s = ops.softmax(y)
+        z = ops.add(y, s)
+        g = ops.gelu(y)
+        loss = ops.cross_entropy(y, torch.tensor([0, 1, 2, 0]))
+    assert y.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(y, expected)
+    assert s.dtype == torch.float32 and z.dtype == torch.float32 and loss.dtype == torch.float32
+    assert g.dtype == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert ops.matmul(x, w.t()).dtype == torch.float16
+
+
+def test_autocast_training_step_and_compile() -> None:
+    from torch_mlp import MLP, loss_fn, spirals
+
+    torch.manual_seed(0)
+    model = MLP(2, 16, 3)
+    x, labels = spirals(8, classes=3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = loss_fn(model, x, labels)
+    loss.backward()
+    assert loss.dtype == torch.float32
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+    compiled = torch.compile(lambda a, b: loss_fn(model, a, b), backend="aot_eager", fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        again = compiled(x, labels)
+    torch.testing.assert_close(again, loss.detach(), rtol=2e-2, atol=2e-2)
