@@ -283,6 +283,7 @@ class OpSpec:
     jvp: Optional[Jvp] = None
     checks: tuple[dims.Check, ...] = ()  # conditions on shapes and attrs, checked before shape rules run
     autocast: Optional[str] = None  # policy under a framework's autocast: lower, float32, promote
+    batch_inputs: tuple[str, ...] = ()  # inputs whose leading dims are independent rows (vmap)
 
     @property
     def class_name(self) -> str:
@@ -428,6 +429,8 @@ def _yaml_body(op: OpSpec) -> dict[str, Any]:
         body["bprop"] = bprop
     if op.autocast is not None:
         body["autocast"] = op.autocast
+    if op.batch_inputs:
+        body["batch_inputs"] = list(op.batch_inputs)
     if op.jvp is not None and not op.jvp.derived:
         jvp: dict[str, Any] = ({"let": {", ".join(ns): f.text for ns, f in op.jvp.lets}} if op.jvp.lets else {})
         jvp.update({n: f.text for n, f in op.jvp.tangents})
@@ -592,7 +595,8 @@ class _Builder:
             raise SpecErrors(self.errors)
         return OpSpec(self.name, self.path, self.doc.key_locs[self.name], b["doc"].strip(), tuple(inputs),
                       tuple(outputs), tuple(attrs), typevars, targets, impl, bprop, tests,
-                      targets_derived="targets" not in b, jvp=jvp, checks=checks, autocast=b.get("autocast"))
+                      targets_derived="targets" not in b, jvp=jvp, checks=checks, autocast=b.get("autocast"),
+                      batch_inputs=self.batch_inputs(inputs))
 
     def attr(self, n: str, spec: LocMap) -> Attr:
         keys = ("attrs", n)
@@ -642,6 +646,14 @@ class _Builder:
         return Attr(n, atype, tuple(default) if isinstance(default, list) else default,
                     has_default, bool(required), choices, lo, hi, spec.get("doc", ""),
                     self.loc("attrs", n, key=True), axis_of)
+
+    def batch_inputs(self, inputs: list[Input]) -> tuple[str, ...]:
+        names = [i.name for i in inputs]
+        given = tuple(self.body.get("batch_inputs") or ())
+        for k, n in enumerate(given):
+            if n not in names:
+                self.err(("batch_inputs", k), f"'{n}' is not an input{did_you_mean(n, names)}")
+        return given
 
     def checks(self, inputs: list[Input], attr_types: dict[str, AttrType]) -> tuple[dims.Check, ...]:
         """``checks:``, each ``{require: <bool shape expression>, error: <message with {expression}

@@ -116,6 +116,8 @@ OP: dict[str, Any] = {
     "impl": {"type": "dict", "required": True, "schema": IMPL},
     "bprop": BPROP,
     "jvp": BPROP,
+    # inputs whose leading dimensions the op maps independently (vmap batches them natively)
+    "batch_inputs": {"type": "list", "empty": False, "schema": IDENT},
     # under a framework's autocast: lower (the autocast dtype), float32, promote (the widest input's)
     "autocast": {"type": "string", "allowed": ["lower", "float32", "promote"]},  # the same shape: lets, then one formula per differentiable output
     "tests": {"type": "dict", "schema": TESTS},

@@ -98,6 +98,7 @@ def _context(op: OpSpec, table: Mapping[str, api.Callee], build: Build) -> dict[
         "aot_kernel": repr(aot),
         "runs": repr(tuple(str(t) for t in api.runnable_targets(op, build))),
         "autocast": repr(op.autocast),
+        "batch_inputs": repr(op.batch_inputs),
     }
     lb = lowered.bprop
     if lb is None:

@@ -86,6 +86,7 @@ class OpDef(NamedTuple):
     # shape (a list of sizes, symbolic ones kept) or None per output; None when the op has neither
     shapes: Optional[Callable[..., tuple[Any, ...]]] = None
     autocast: Optional[str] = None  # the spec's policy under autocast: lower | float32 | promote
+    batch_inputs: tuple[str, ...] = ()  # inputs whose leading dims the op maps independently (vmap)
 
     def aot_symbol(self, present: tuple[bool, ...]) -> str:
         """The AOT entry point for a call whose inputs are present (a bool per input)."""

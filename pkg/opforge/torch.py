@@ -411,7 +411,9 @@ def _batching_rule(op: OpDef, overload: Any) -> Callable[..., Any]:
     to the others' rank, so broadcasting lines up); an op whose axis attrs say which inputs they
     index (the spec's ``axis_of``: reductions, softmax-like and norm ops) runs once with those
     inputs' batch dimension first and its axes shifted past it; matmul-like ops broadcast their
-    batch dimensions natively (``matmul``); any other op runs once per batch element and the
+    batch dimensions natively (``matmul``), and an op whose one batched input is among the spec's
+    ``batch_inputs`` (its leading dims are independent rows: ``linear``'s x) gets the batch dim
+    first; any other op runs once per batch element and the
     results are stacked (the per-example loop, without torch's fallback warning)."""
     n_in = len(op.inputs)
     n_out = len(op.outputs)
@@ -448,8 +450,16 @@ def _batching_rule(op: OpDef, overload: Any) -> Callable[..., Any]:
             new_ins.append(t)
         return overload(*new_ins, *new_attrs)
 
+    row_inputs = {names.index(n) for n in op.batch_inputs}
+
     def rule(info: Any, in_dims: tuple[Any, ...], *args: Any) -> Any:
         ins, attrs, dims = args[:n_in], args[n_in:], in_dims[:n_in]
+        batched = [k for k, (t, d) in enumerate(zip(ins, dims)) if t is not None and d is not None]
+        if len(batched) == 1 and batched[0] in row_inputs:  # its leading dims are independent rows
+            k = batched[0]
+            moved = list(ins)
+            moved[k] = ins[k].movedim(dims[k], 0)
+            return overload(*moved, *attrs), (0 if n_out == 1 else (0,) * n_out)
         if axis_attrs:
             out = shifted_axes(info, ins, attrs, dims)
             if out is not None:

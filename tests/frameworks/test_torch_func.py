@@ -183,6 +183,8 @@ def test_vmap_equals_the_loop(case: Case, in_dim: int) -> None:
     ("layer_norm", lambda: (torch.randn(4, 3, 5), torch.randn(5)), {"axis": [-1]}),
     ("take_along_axis", lambda: (torch.randn(4, 3, 5), torch.randint(0, 5, (4, 3, 2))), {"axis": 1}),
     ("matmul", lambda: (torch.randn(4, 3, 5), torch.randn(5, 2)), {}),        # batch dims broadcast
+    ("linear", lambda: (torch.randn(4, 3, 5), torch.randn(2, 5)), {}),        # batch_inputs: x's rows
+    ("embedding", lambda: (torch.randint(0, 6, (4, 3)), torch.randn(6, 2)), {}),
 ])
 def test_vmap_runs_the_op_once(name: str, make: Any, kwargs: dict) -> None:
     """Ops with a batching rule run once on the whole batch (opforge's call trace), and match
