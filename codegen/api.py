@@ -221,6 +221,9 @@ def docstring(op: OpSpec) -> str:
         if not o.differentiable:
             extra.append("not differentiable")
         lines.append(f"    {o.name} ({', '.join(extra)}){': ' + o.doc if o.doc else ''}")
+    if op.checks:
+        lines.append("Checks (else ValueError):")
+        lines += [f"    {c.require.text}: {c.text}" for c in op.checks]
     if op.typevars:
         lines.append("Dtypes:")
         for t in op.targets:
