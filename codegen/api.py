@@ -31,7 +31,7 @@ ATTR_CPP = {AttrType.BOOL: "bool", AttrType.INT: "int64_t", AttrType.FLOAT: "dou
             AttrType.INT_LIST: "std::vector<int64_t>", AttrType.FLOAT_LIST: "std::vector<double>"}
 ATTR_PY = {AttrType.BOOL: "bool", AttrType.INT: "int", AttrType.FLOAT: "float", AttrType.STR: "str",
            AttrType.INT_LIST: "Sequence[int]", AttrType.FLOAT_LIST: "Sequence[float]"}
-# the runtime's converters of an attr value (python::attr_<...>, aot::Call::attr_<...>)
+# the runtime's converters of an attr value (python::attr_<...>, aot::AttrSource::attr_<...>)
 ATTR_CONVERTER = {AttrType.BOOL: "attr_bool", AttrType.INT: "attr_int", AttrType.FLOAT: "attr_float",
                   AttrType.STR: "attr_str", AttrType.INT_LIST: "attr_int_list",
                   AttrType.FLOAT_LIST: "attr_float_list"}

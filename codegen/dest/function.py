@@ -48,6 +48,18 @@ def shape_expr(op: OpSpec, rule: ShapeRule) -> str:
     return f"{a[0]}(TensorList{{{inputs}}}, attrs)"
 
 
+def dynamic_shape_expr(op: OpSpec, rule: ShapeRule) -> str:
+    """C++ computing an output's shape from the inputs' dimensions, which may be unknown
+    (``v_<name>`` a ``const DimsOf*``; runtime/functional.h): the rule without the op's checks."""
+    assert rule.kind != ShapeKind.INFER, "infer() rules are code over tensors"
+    if rule.kind == ShapeKind.BROADCAST:
+        return f"broadcast_dims(kName, {{{', '.join(f'v_{n}->shape()' for n in rule.args)}}})"
+    if rule.kind == ShapeKind.EXPRESSION:
+        assert rule.formula is not None
+        return dims.lower_dims(rule.formula, api.dim_scope(op), dims.DKind.DIMS, cpp=True, dynamic=True)
+    return shape_expr(op, rule)  # same(), reduce() and matmul() read dimensions alone
+
+
 def _check_lines(op: OpSpec) -> list[str]:
     """check_shapes' body: each of the spec's checks, a ValueError naming the op when false."""
     lines = []
@@ -388,5 +400,8 @@ def context(op: OpSpec, lowered: Lowered, build: Build) -> dict[str, Any]:
         "apply_args": ", ".join([f"v_{i.name}" for i in inputs] + ["attrs"]),
         "check_args": ", ".join(f"v_{i.name}.get()" for i in inputs),
         "composite_code": lowered.composite,
+        # the rules over dimensions that may be unknown (the AOT InferShape entry points, aot.cpp.j2)
+        "dynamic_shape_rows": ([dynamic_shape_expr(op, o.shape) for o in op.outputs]
+                               if all(o.shape.kind != ShapeKind.INFER for o in op.outputs) else []),
         "meta_rows": [f"TensorMeta{{{shape_expr(op, o.shape)}, {dtype_expr(op, o.dtype)}, call.device}}" for o in op.outputs],
     }

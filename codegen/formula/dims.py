@@ -48,12 +48,29 @@ class DimScope:
 _ATTR_KINDS = {"int": DKind.DIM, "bool": DKind.BOOL, "list[int]": DKind.DIMS, "str": DKind.STR}
 
 
+# C++ functors of the comparisons, for dim_compare (dynamic lowering)
+_CPP_COMPARE = {"<": "std::less<>", "<=": "std::less_equal<>", ">": "std::greater<>", ">=": "std::greater_equal<>",
+                "==": "std::equal_to<>", "!=": "std::not_equal_to<>"}
+_CPP_ARITH = {"+": "dim_add", "-": "dim_sub", "*": "dim_mul"}
+
+
 class _Lowering:
-    def __init__(self, formula: Formula, scope: DimScope, cpp: bool):
+    """One walk over a shape expression, checking it and writing C++ or Python. ``dynamic`` C++
+    reads dimensions that may be unknown (kUnknownDim, runtime/functional.h): arithmetic keeps them
+    unknown, and a comparison or an index that needs one throws UnknownShape."""
+
+    def __init__(self, formula: Formula, scope: DimScope, cpp: bool, dynamic: bool = False):
         self.formula = formula
         self.scope = scope
         self.cpp = cpp
+        self.dynamic = dynamic and cpp
         self.present: set[str] = set()
+
+    def index(self, node: Node) -> str:
+        """A dimension used as an index (dim(), dims())."""
+        code = self.want(node, (DKind.DIM,))
+        constant = isinstance(node, Num) or (isinstance(node, Unary) and isinstance(node.operand, Num))
+        return f"known({code})" if self.dynamic and not constant else code
 
     def error(self, node: Node, message: str) -> SpecError:
         return self.formula.error(node.pos, message)
@@ -98,7 +115,8 @@ class _Lowering:
             items = [self.want(i, (DKind.DIM,)) for i in node.items]
             return (f"Shape{{{', '.join(items)}}}" if cpp else f"[{', '.join(items)}]"), DKind.DIMS
         if isinstance(node, Unary):
-            return f"(-{self.want(node.operand, (DKind.DIM,))})", DKind.DIM
+            operand = self.want(node.operand, (DKind.DIM,))
+            return (f"dim_neg({operand})" if self.dynamic else f"(-{operand})"), DKind.DIM
         if isinstance(node, Binary):
             return self.binary(node)
         if isinstance(node, Call):
@@ -112,11 +130,15 @@ class _Lowering:
             ok = lk == rk and (lk == DKind.DIM or node.op in ("==", "!="))
             if not ok:
                 raise self.error(node, f"cannot compare {lk} with {rk} by '{node.op}'")
+            if self.dynamic and lk == DKind.DIM:
+                return f"dim_compare({lc}, {rc}, {_CPP_COMPARE[node.op]}())", DKind.BOOL
+            if self.dynamic and lk == DKind.DIMS:
+                return f"dims_compare({lc}, {rc}, {'true' if node.op == '==' else 'false'})", DKind.BOOL
             return f"({lc} {node.op} {rc})", DKind.BOOL
         if node.op == "+" and lk == rk == DKind.DIMS:
             return (f"shape_cat({lc}, {rc})" if self.cpp else f"({lc} + {rc})"), DKind.DIMS
         if node.op in ("+", "-", "*") and lk == rk == DKind.DIM:
-            return f"({lc} {node.op} {rc})", DKind.DIM
+            return (f"{_CPP_ARITH[node.op]}({lc}, {rc})" if self.dynamic else f"({lc} {node.op} {rc})"), DKind.DIM
         raise self.error(node, f"operator '{node.op}' does not apply to {lk} and {rk}")
 
     def call(self, node: Call) -> tuple[str, DKind]:
@@ -136,15 +158,15 @@ class _Lowering:
             return (f"{t}->shape()" if cpp else f"list({t})"), DKind.DIMS
         if f == "dim":
             t = self.tensor(a[0])
-            i = self.want(a[1], (DKind.DIM,))
+            i = self.index(a[1])
             name = a[0].id  # type: ignore[union-attr]
             return (f"shape_dim({op}, {escape.cpp_str(name)}, {t}->shape(), {i})" if cpp
                     else f"H.dim({op}, {name!r}, {t}, {i})"), DKind.DIM
         if f == "dims":
             t = self.tensor(a[0])
-            start = self.want(a[1], (DKind.DIM,))
+            start = self.index(a[1])
             if len(a) == 3:
-                stop = self.want(a[2], (DKind.DIM,))
+                stop = self.index(a[2])
                 return (f"shape_slice({t}->shape(), {start}, {stop})" if cpp else f"list({t}[{start}:{stop}])"), DKind.DIMS
             return (f"shape_slice({t}->shape(), {start})" if cpp else f"list({t}[{start}:])"), DKind.DIMS
         if f == "where":
@@ -172,9 +194,10 @@ class _Lowering:
         return (f"({test} ? {bc} : {cc})" if cpp else f"({bc} if {test} else {cc})"), bk
 
 
-def lower_dims(formula: Formula, scope: DimScope, want: DKind, cpp: bool) -> str:
-    """Check a shape-rule expression (of kind ``want``) and lower it to C++ or Python."""
-    lowering = _Lowering(formula, scope, cpp)
+def lower_dims(formula: Formula, scope: DimScope, want: DKind, cpp: bool, dynamic: bool = False) -> str:
+    """Check a shape-rule expression (of kind ``want``) and lower it to C++ (``dynamic``: over
+    dimensions that may be unknown) or Python."""
+    lowering = _Lowering(formula, scope, cpp, dynamic)
     code, kind = lowering.go(formula.ast)
     if kind != want:
         raise formula.error(0, f"a {'shape rule' if want == DKind.DIMS else 'check'} must give {want}, got {kind}")

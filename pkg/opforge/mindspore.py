@@ -171,15 +171,27 @@ def _full_attrs(op: OpDef, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple
     return tuple(values)
 
 
+def _cpp_shapes(op: OpDef) -> bool:
+    """Whether MindSpore infers op's shapes by its C++ entry points (``<symbol>InferShape`` in the
+    library, generated from the spec's shape rules, which take dimensions unknown until a call:
+    Graph mode with dynamic shapes). Not for an op whose rule is infer() code, nor for an aot op
+    (its external library has no such function): their shapes come from the meta rule, static."""
+    return op.aot_kernel is None and all(o.shape != "infer" for o in op.outputs)
+
+
 class _Infer:
-    """Output shapes and dtypes of one primitive, from the op's meta rule (cached per input
-    shapes and dtypes: PyNative infers on every call)."""
+    """Output dtypes (and, for static shapes, shapes) of one primitive, from the op's meta rule,
+    which raises what a real call would (cached per input shapes and dtypes: PyNative infers on
+    every call). MindSpore takes the shapes from the C++ InferShape entry point where the op has
+    one (``_cpp_shapes``); with dimensions unknown until the call (-1, or a rank of -2) only the
+    dtypes are inferred here, from the registration rows."""
 
     def __init__(self, op: OpDef, present: Sequence[bool], attrs: tuple[Any, ...]):
         self.op = op
         self.present = tuple(present)
         self.attrs = attrs
         self.meta = getattr(_C._meta, op.name)
+        self.cpp_shapes = _cpp_shapes(op)
         self.cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
     def __call__(self, args: Sequence[dict[str, Any]]) -> tuple[Any, Any]:
@@ -196,24 +208,53 @@ class _Infer:
         if len(args) != len(names):
             raise TypeError(f"[{op.name}] this primitive takes {len(names)} inputs ({', '.join(names)}), "
                             f"got {len(args)}")
-        stand_ins: list[Any] = []
-        it = iter(zip(names, shapes, args))
-        for p in self.present:
-            if not p:
-                stand_ins.append(None)
-                continue
-            name, shape, a = next(it)
-            if any(s is None or s < 0 for s in shape):
-                raise ValueError(f"[{op.name}] input '{name}': dynamic shape {list(shape)} is not supported "
-                                 "by opforge.mindspore's Python shape inference; use static shapes")
-            stand_ins.append(_C._meta_tensor(list(shape), _dtype_name(op, name, a["dtype"])))
-        metas = self.meta(*stand_ins, *self.attrs)  # raises what a real call would
-        out_shapes = [list(s) for s, _ in metas]
-        out_dtypes = [ms.TensorType(_DTYPES[d]) for _, d in metas]  # not a bare dtype: 0-d would be a scalar
-        result = ((out_shapes[0], out_dtypes[0]) if len(metas) == 1 else (tuple(out_shapes), tuple(out_dtypes)))
+        dtypes = [_dtype_name(op, name, a["dtype"]) for name, a in zip(names, args)]
+        dynamic = [name for name, shape in zip(names, shapes) if any(s is None or s < 0 for s in shape)]
+        if dynamic:
+            if not self.cpp_shapes:
+                rule = "its shape rule is infer() code" if op.aot_kernel is None else "it is an aot op"
+                raise ValueError(f"[{op.name}] input '{dynamic[0]}': dynamic shape {list(shapes[names.index(dynamic[0])])} "
+                                 f"is not supported for this op ({rule}, which opforge.mindspore evaluates with "
+                                 "static shapes); use static shapes")
+            result = self.dynamic_dtypes(shapes, dtypes)
+        else:
+            metas = self.meta(*self.stand_ins([list(s) for s in shapes], dtypes), *self.attrs)
+            out_shapes = [list(s) for s, _ in metas]
+            out_dtypes = [ms.TensorType(_DTYPES[d]) for _, d in metas]  # not a bare dtype: 0-d would be a scalar
+            result = ((out_shapes[0], out_dtypes[0]) if len(metas) == 1 else (tuple(out_shapes), tuple(out_dtypes)))
         if len(self.cache) < 256:
             self.cache[key] = result
         return result
+
+    def stand_ins(self, shapes: Sequence[list[int]], dtypes: Sequence[str]) -> list[Any]:
+        it = iter(zip(shapes, dtypes))
+        out: list[Any] = []
+        for p in self.present:
+            if not p:
+                out.append(None)
+                continue
+            shape, dtype = next(it)
+            out.append(_C._meta_tensor(shape, dtype))
+        return out
+
+    def dynamic_dtypes(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[str]) -> tuple[Any, Any]:
+        """The output dtypes of the registration row these input dtypes select (shapes: rank
+        unknown, as MindSpore takes them from InferShape); TypeError from the meta rule if none."""
+        op = self.op
+        keep = [k for k, p in enumerate(self.present) if p]
+        info = next(t for t in _C.op_info(op.name) if t["target"] == _target(op).mindspore_target)
+        for row in info["dtype_format"]:
+            if all(row[k][0] == d for k, d in zip(keep, dtypes)):
+                outs = [ms.TensorType(_DTYPES[row[len(op.inputs) + j][0]]) for j in range(len(op.outputs))]
+                break
+        else:
+            # the meta rule's TypeError (dtypes are checked before shapes; unknown dims as 1)
+            self.meta(*self.stand_ins([[1 if d is None or d < 0 else d for d in s] if s != (-2,) else []
+                                       for s in shapes], dtypes), *self.attrs)
+            raise TypeError(f"[{op.name}] input dtypes ({', '.join(dtypes)}) are not registered")
+        if len(outs) == 1:
+            return [-2], outs[0]
+        return tuple([-2] for _ in outs), tuple(outs)
 
 
 class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type information)
@@ -232,7 +273,9 @@ class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type 
             func = f"{LIBRARY}:{op.aot_symbol(tuple(present))}"
         super().__init__(
             func,
-            out_shape=lambda *shapes: None,  # replaced by __infer__ below
+            # None: MindSpore calls the entry point's C++ InferShape (dynamic shapes in Graph mode);
+            # else __infer__ below gives the shapes (a function here: MindSpore's placeholder)
+            out_shape=None if _cpp_shapes(op) else (lambda *shapes: None),
             out_dtype=lambda *dtypes: None,
             func_type="aot",
             bprop=_bprop(op, present, attrs),

@@ -86,7 +86,7 @@ void limit_host_thread() {
 
 Call::Call(const OpInfo& info, uint32_t present, int nparam, void** params, int* ndims, int64_t** shapes,
            const char** dtypes, void* extra)
-    : info_(info), extra_(extra) {
+    : AttrSource(info, extra) {
   limit_host_thread();
   size_t n_present = 0;
   for (size_t k = 0; k < info.inputs.size(); ++k) n_present += (present >> k) & 1u;
@@ -139,16 +139,76 @@ Call::Call(const OpInfo& info, uint32_t present, int nparam, void** params, int*
   }
 }
 
-const AttrInfo& Call::attr_info(const char* name) const {
+ShapeCall::ShapeCall(const OpInfo& info, uint32_t present, int* ndims, int64_t** shapes, void* extra)
+    : AttrSource(info, extra) {
+  size_t p = 0;
+  for (size_t k = 0; k < info.inputs.size(); ++k) {
+    const bool here = (present >> k) & 1u;
+    present_.push_back(here);
+    inputs_.emplace_back();
+    if (!here) continue;
+    if (!ndims || !shapes) fail<ValueError>(info.name, "InferShape entry point: null ndims or shapes");
+    const int n = ndims[p];
+    const int64_t* dims = shapes[p];
+    ++p;
+    if (n < 0 || (n > 0 && !dims)) fail<ValueError>(info.name, "input '", info.inputs[k].name, "': bad shape from the host");
+    if (n == 1 && dims[0] == -2) {  // the host's unknown rank
+      unknown_rank_ = true;
+      continue;
+    }
+    for (int i = 0; i < n; ++i) {
+      if (dims[i] < -1) {
+        fail<ValueError>(info.name, "input '", info.inputs[k].name, "': dimension ", dims[i], " from the host");
+      }
+      inputs_.back().dims.push_back(dims[i] == -1 ? kUnknownDim : dims[i]);
+    }
+  }
+}
+
+std::vector<std::vector<int64_t>> unknown_shapes(const OpInfo& info) noexcept {
+  try {
+    return std::vector<std::vector<int64_t>>(info.outputs.size(), std::vector<int64_t>{-2});
+  } catch (...) {
+    return {};
+  }
+}
+
+std::vector<int64_t> first_shape(std::vector<std::vector<int64_t>>&& shapes) noexcept {
+  if (shapes.empty()) {
+    try {
+      return std::vector<int64_t>{-2};
+    } catch (...) {
+      return {};
+    }
+  }
+  return std::move(shapes[0]);
+}
+
+std::vector<std::vector<int64_t>> host_shapes(const std::vector<Shape>& shapes) noexcept {
+  try {
+    std::vector<std::vector<int64_t>> out;
+    for (const Shape& s : shapes) {
+      out.emplace_back(s.begin(), s.end());
+      for (int64_t& d : out.back()) {
+        if (d == kUnknownDim) d = -1;
+      }
+    }
+    return out;
+  } catch (...) {
+    return {};
+  }
+}
+
+const AttrInfo& AttrSource::attr_info(const char* name) const {
   for (const AttrInfo& a : info_.attrs) {
     if (std::strcmp(a.name, name) == 0) return a;
   }
   fail<RuntimeError>(info_.name, "no attr '", name, "'");
 }
 
-std::string Call::default_of(const char* name) const { return attr_info(name).default_repr; }
+std::string AttrSource::default_of(const char* name) const { return attr_info(name).default_repr; }
 
-std::optional<std::string> Call::raw(const char* name) const {
+std::optional<std::string> AttrSource::raw(const char* name) const {
   char* out = nullptr;
   char* error = nullptr;
   const bool found = opforge_aot_extra_str(extra_, name, &out, &error);
@@ -163,7 +223,7 @@ std::optional<std::string> Call::raw(const char* name) const {
   return s;
 }
 
-std::string Call::text(const char* name) const {
+std::string AttrSource::text(const char* name) const {
   std::optional<std::string> t = raw(name);
   if (t) return *t;
   const AttrInfo& a = attr_info(name);
@@ -226,28 +286,28 @@ std::vector<std::string> split_items(const std::string& s) {
 
 }  // namespace
 
-bool Call::attr_bool(const char* name) const {
+bool AttrSource::attr_bool(const char* name) const {
   const std::string s = text(name);
   if (s == "True" || s == "true" || s == "1") return true;
   if (s == "False" || s == "false" || s == "0") return false;
   bad_attr(info_.name, name, "bool (True/False)", s);
 }
 
-int64_t Call::attr_int(const char* name) const { return parse_int(info_.name, name, text(name)); }
-double Call::attr_float(const char* name) const { return parse_float(info_.name, name, text(name)); }
+int64_t AttrSource::attr_int(const char* name) const { return parse_int(info_.name, name, text(name)); }
+double AttrSource::attr_float(const char* name) const { return parse_float(info_.name, name, text(name)); }
 
-std::string Call::attr_str(const char* name) const {
+std::string AttrSource::attr_str(const char* name) const {
   std::string s = text(name);
   return s;
 }
 
-std::vector<int64_t> Call::attr_int_list(const char* name) const {
+std::vector<int64_t> AttrSource::attr_int_list(const char* name) const {
   std::vector<int64_t> v;
   for (const std::string& item : split_items(text(name))) v.push_back(parse_int(info_.name, name, item));
   return v;
 }
 
-std::vector<double> Call::attr_float_list(const char* name) const {
+std::vector<double> AttrSource::attr_float_list(const char* name) const {
   std::vector<double> v;
   for (const std::string& item : split_items(text(name))) v.push_back(parse_float(info_.name, name, item));
   return v;
@@ -338,6 +398,33 @@ std::vector<std::string> search_dirs(const char* op) {
 }
 
 }  // namespace
+
+std::vector<std::vector<int64_t>> call_infer_shape(const std::string& symbol,
+                                                   const std::vector<std::vector<int64_t>>& shapes,
+                                                   bool multi_output) {
+  Dl_info dl{};
+  if (!dladdr(reinterpret_cast<void*>(&package_dir), &dl) || !dl.dli_fname) {
+    fail<RuntimeError>("call_infer_shape", "cannot find libopforge.so");
+  }
+  void* self = dlopen(dl.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (!self) fail<RuntimeError>("call_infer_shape", "cannot open ", dl.dli_fname);
+  void* fn = dlsym(self, (symbol + "InferShape").c_str());
+  dlclose(self);
+  if (!fn) fail<RuntimeError>("call_infer_shape", "no symbol ", symbol, "InferShape");
+  std::vector<int> ndims;
+  std::vector<int64_t*> ptrs;
+  std::vector<std::vector<int64_t>> copies = shapes;
+  for (auto& s : copies) {
+    ndims.push_back(static_cast<int>(s.size()));
+    ptrs.push_back(s.data());
+  }
+  if (multi_output) {
+    using Multi = std::vector<std::vector<int64_t>> (*)(int*, int64_t**, void*);
+    return reinterpret_cast<Multi>(fn)(ndims.data(), ptrs.data(), nullptr);
+  }
+  using Single = std::vector<int64_t> (*)(int*, int64_t**, void*);
+  return {reinterpret_cast<Single>(fn)(ndims.data(), ptrs.data(), nullptr)};
+}
 
 Resolved resolve(const char* op, const char* library, const char* symbol) {
   static std::mutex mutex;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/functional.h"
 #include "runtime/registry.h"
 #include "runtime/tensor.h"
 
@@ -25,22 +26,14 @@ namespace opforge::aot {
 // Non-zero return codes of an entry point, by the exception that stopped the call.
 enum Status : int { kOk = 0, kTypeError = 1, kValueError = 2, kIndexError = 3, kRuntimeError = 4, kOther = 5 };
 
-// One call of an entry point: the host's buffers seen as opforge tensors (no copies) on the device
-// they live on, the attrs from `extra` and the host's output buffers.
-//
-// params holds the present inputs in spec order (absent optional inputs are skipped; `present`
-// has bit k set when input k is there), then the outputs. Attrs come from MindSpore's AotExtra
-// (`extra`): each spec attr is a str attr of the same name holding its value as text: Python's
-// repr of a float (exact for float64), an int, True/False, the string itself, comma-separated
-// list items, or None for an optional attr without a value. Without extra (a plain C caller
-// passes NULL) or without an attr, the spec's default is used; a required attr must be given.
-class Call {
+// The attrs of one call of an entry point, from `extra`: each spec attr is a str attr of the same
+// name in MindSpore's AotExtra holding its value as text: Python's repr of a float (exact for
+// float64), an int, True/False, the string itself, comma-separated list items, or None for an
+// optional attr without a value. Without extra (a plain C caller passes NULL) or without an attr,
+// the spec's default is used; a required attr must be given.
+class AttrSource {
  public:
-  Call(const OpInfo& info, uint32_t present, int nparam, void** params, int* ndims, int64_t** shapes,
-       const char** dtypes, void* extra);
-
-  TensorPtr input(size_t k) const { return inputs_[k]; }
-  Device device() const { return device_; }  // where the buffers live (the host's when there are none)
+  AttrSource(const OpInfo& info, void* extra) : info_(info), extra_(extra) {}
 
   bool attr_bool(const char* name) const;
   int64_t attr_int(const char* name) const;
@@ -49,12 +42,37 @@ class Call {
   std::vector<int64_t> attr_int_list(const char* name) const;
   std::vector<double> attr_float_list(const char* name) const;
   template <typename T>
-  std::optional<T> attr_optional(const char* name, T (Call::*convert)(const char*) const) const {
+  std::optional<T> attr_optional(const char* name, T (AttrSource::*convert)(const char*) const) const {
     const std::optional<std::string> text = raw(name);
     if (text && *text == "None") return std::nullopt;
     if (!text && default_of(name) == "None") return std::nullopt;
     return (this->*convert)(name);
   }
+
+ protected:
+  const OpInfo& info_;
+
+ private:
+  std::optional<std::string> raw(const char* name) const;  // the host's text, if given
+  std::string text(const char* name) const;                // the host's text or the default
+  std::string default_of(const char* name) const;
+  const AttrInfo& attr_info(const char* name) const;
+
+  void* extra_;
+};
+
+// One call of an entry point: the host's buffers seen as opforge tensors (no copies) on the device
+// they live on, the attrs from `extra` and the host's output buffers.
+//
+// params holds the present inputs in spec order (absent optional inputs are skipped; `present`
+// has bit k set when input k is there), then the outputs.
+class Call : public AttrSource {
+ public:
+  Call(const OpInfo& info, uint32_t present, int nparam, void** params, int* ndims, int64_t** shapes,
+       const char** dtypes, void* extra);
+
+  TensorPtr input(size_t k) const { return inputs_[k]; }
+  Device device() const { return device_; }  // where the buffers live (the host's when there are none)
 
   // Copies the results into the host's output buffers (shapes and dtypes must agree), unless
   // the op wrote them there already (the buffers are offered to empty() during body()).
@@ -64,18 +82,35 @@ class Call {
   std::vector<BufferOffer>* offers() { return &offers_; }
 
  private:
-  std::optional<std::string> raw(const char* name) const;  // the host's text, if given
-  std::string text(const char* name) const;                // the host's text or the default
-  std::string default_of(const char* name) const;
-  const AttrInfo& attr_info(const char* name) const;
-
-  const OpInfo& info_;
-  void* extra_;
   Device device_;
   std::vector<TensorPtr> inputs_;
   std::vector<TensorPtr> outputs_;
   std::vector<BufferOffer> offers_;
 };
+
+// One call of an InferShape entry point (what MindSpore asks before it runs an entry point, and
+// when it compiles a graph: then dimensions may be unknown, -1 from the host, or a whole shape,
+// {-2}): the present inputs' dimensions (kUnknownDim where unknown) and the attrs.
+class ShapeCall : public AttrSource {
+ public:
+  ShapeCall(const OpInfo& info, uint32_t present, int* ndims, int64_t** shapes, void* extra);
+
+  const DimsOf* dims(size_t k) const { return present_[k] ? &inputs_[k] : nullptr; }
+  bool unknown_rank() const { return unknown_rank_; }  // an input's rank is not known
+
+ private:
+  std::vector<DimsOf> inputs_;
+  std::vector<bool> present_;
+  bool unknown_rank_ = false;
+};
+
+// Output shapes for an InferShape entry point: body(call)'s, with unknown dimensions as -1; every
+// output {-2} (rank unknown) when an input's rank is unknown or a rule needs an unknown dimension.
+// A rule that fails (shapes that cannot go together; the call itself will raise) also gives {-2}s,
+// the message kept for last_error() and written to stderr, as an entry point's failure is.
+template <typename Body>
+std::vector<std::vector<int64_t>> infer_shapes(const OpInfo& info, uint32_t present, int* ndims, int64_t** shapes,
+                                               void* extra, Body&& body) noexcept;
 
 // Runs body(call), turning any exception into a status code and a message kept for
 // last_error() and written to stderr (a host such as MindSpore reports only the code).
@@ -98,6 +133,13 @@ int64_t parse_int(const char* op, const char* name, const std::string& text);
 // to be freed by the caller). Returns false when extra is null or has no such attr; throws
 // nothing (a host error becomes *error, malloc'ed).
 extern "C" bool opforge_aot_extra_str(void* extra, const char* name, char** out, char** error);
+
+// Test hook: calls this library's exported `<symbol>InferShape` as MindSpore does (no extra: attrs
+// at their defaults) for inputs of these shapes (-1 an unknown dimension, {-2} an unknown rank);
+// multi_output picks the signature of an op with several outputs. RuntimeError if there is none.
+std::vector<std::vector<int64_t>> call_infer_shape(const std::string& symbol,
+                                                   const std::vector<std::vector<int64_t>>& shapes,
+                                                   bool multi_output);
 
 // ---- ops whose kernel is an external AOT function (impl kind `aot`)
 
@@ -137,6 +179,28 @@ int run(const OpInfo& info, uint32_t present, int nparam, void** params, int* nd
   } catch (...) {
     return fail_status(info.name, nullptr);
   }
+}
+
+std::vector<std::vector<int64_t>> unknown_shapes(const OpInfo& info) noexcept;
+// The first output's shape, for a one-output op's InferShape ({-2} if there is none).
+std::vector<int64_t> first_shape(std::vector<std::vector<int64_t>>&& shapes) noexcept;
+std::vector<std::vector<int64_t>> host_shapes(const std::vector<Shape>& shapes) noexcept;
+
+template <typename Body>
+std::vector<std::vector<int64_t>> infer_shapes(const OpInfo& info, uint32_t present, int* ndims, int64_t** shapes,
+                                               void* extra, Body&& body) noexcept {
+  try {
+    ShapeCall call(info, present, ndims, shapes, extra);
+    if (call.unknown_rank()) return unknown_shapes(info);
+    return host_shapes(body(call));
+  } catch (const UnknownShape&) {
+    return unknown_shapes(info);
+  } catch (const std::exception& e) {
+    fail_status(info.name, &e);
+  } catch (...) {
+    fail_status(info.name, nullptr);
+  }
+  return unknown_shapes(info);
 }
 
 }  // namespace opforge::aot

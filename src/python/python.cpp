@@ -1174,6 +1174,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
   m.def("_drop_tangent", [](const TensorPtr& t) { t->set_fw_grad(nullptr); }, py::arg("t"));
   // The path of an aot op's external library, loaded and checked for the symbol (RuntimeError
   // naming the paths tried and the symbol otherwise): what framework adapters hand the host.
+  m.def("_aot_infer_shape", &aot::call_infer_shape, py::arg("symbol"), py::arg("shapes"), py::arg("multi_output"));
   m.def("_aot_library", [](const std::string& op, const std::string& library, const std::string& symbol) {
     return aot::resolve(op.c_str(), library.c_str(), symbol.c_str()).path;
   });

@@ -10,6 +10,21 @@ namespace opforge {
 
 namespace {
 
+// The broadcast of dimensions x and y into *out (a size-1 dimension takes the other, 0 included;
+// an unknown one against a known n > 1 or 0 is n); false when they cannot broadcast.
+bool broadcast_dim(int64_t x, int64_t y, int64_t* out) {
+  if (x == y || y == 1) {
+    *out = x;
+  } else if (x == 1 || x == kUnknownDim) {
+    *out = y;
+  } else if (y == kUnknownDim) {
+    *out = x;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 template <typename Tensors, typename Names>
 Shape broadcast_impl(const char* op, const Tensors& inputs, const Names& names) {
   const Tensor* first = *inputs.begin();
@@ -87,15 +102,18 @@ Shape matmul_shape(const char* op, const Shape& a, const Shape& b) {
   Shape a2 = a.size() == 1 ? Shape{1, a[0]} : a;
   Shape b2 = b.size() == 1 ? Shape{b[0], 1} : b;
   const int64_t k1 = a2[a2.size() - 1], k2 = b2[b2.size() - 2];
-  if (k1 != k2) fail<ValueError>(op, "matmul inner dimensions differ: ", shape_str(a), " @ ", shape_str(b));
+  if (k1 != k2 && k1 != kUnknownDim && k2 != kUnknownDim) {
+    fail<ValueError>(op, "matmul inner dimensions differ: ", shape_str(a), " @ ", shape_str(b));
+  }
   Shape ba(a2.begin(), a2.end() - 2), bb(b2.begin(), b2.end() - 2);
   const size_t nd = std::max(ba.size(), bb.size());
   Shape batch(nd, 1);
   for (size_t i = 0; i < nd; ++i) {
     const int64_t x = i + ba.size() >= nd ? ba[i + ba.size() - nd] : 1;
     const int64_t y = i + bb.size() >= nd ? bb[i + bb.size() - nd] : 1;
-    if (x != y && x != 1 && y != 1) fail<ValueError>(op, "matmul batch dimensions cannot be broadcast: ", shape_str(a), " @ ", shape_str(b));
-    batch[i] = x == 1 ? y : x;  // a size-1 dim broadcasts to the other, 0 included
+    if (!broadcast_dim(x, y, &batch[i])) {
+      fail<ValueError>(op, "matmul batch dimensions cannot be broadcast: ", shape_str(a), " @ ", shape_str(b));
+    }
   }
   if (a.size() > 1) batch.push_back(a2[a2.size() - 2]);
   if (b.size() > 1) batch.push_back(b2[b2.size() - 1]);
@@ -270,6 +288,51 @@ Shape shape_slice(const Shape& shape, int64_t start, int64_t stop) {
 Shape shape_cat(Shape a, const Shape& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
+}
+
+int64_t known(int64_t d) {
+  if (d == kUnknownDim) throw UnknownShape();
+  return d;
+}
+
+int64_t dim_add(int64_t a, int64_t b) { return a == kUnknownDim || b == kUnknownDim ? kUnknownDim : a + b; }
+int64_t dim_sub(int64_t a, int64_t b) { return a == kUnknownDim || b == kUnknownDim ? kUnknownDim : a - b; }
+int64_t dim_mul(int64_t a, int64_t b) { return a == kUnknownDim || b == kUnknownDim ? kUnknownDim : a * b; }
+int64_t dim_neg(int64_t a) { return a == kUnknownDim ? kUnknownDim : -a; }
+
+bool dims_compare(const Shape& a, const Shape& b, bool equal) {
+  if (a.size() != b.size()) return !equal;
+  bool unknown = false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == kUnknownDim || b[i] == kUnknownDim) {
+      unknown = true;
+    } else if (a[i] != b[i]) {
+      return !equal;
+    }
+  }
+  if (unknown) throw UnknownShape();
+  return equal;
+}
+
+Shape broadcast_dims(const char* op, const std::vector<Shape>& shapes) {
+  size_t nd = 0;
+  for (const Shape& s : shapes) nd = std::max(nd, s.size());
+  Shape out(nd, 1);
+  for (const Shape& s : shapes) {
+    for (size_t i = 0; i < s.size(); ++i) {
+      int64_t& o = out[nd - s.size() + i];
+      if (!broadcast_dim(o, s[i], &o)) {
+        std::string text;
+        for (const Shape& u : shapes) {
+          std::string dims;
+          for (int64_t d : u) dims += (dims.empty() ? "" : ", ") + (d == kUnknownDim ? std::string("?") : std::to_string(d));
+          text += std::string(text.empty() ? "(" : ", (") + dims + (u.size() == 1 ? ",)" : ")");
+        }
+        fail<ValueError>(op, "shapes cannot be broadcast together: ", text);
+      }
+    }
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------- helper functions

@@ -3,6 +3,8 @@
 // reshape, expand_reduced, zeros_like, ones_like, scalar_like, numel).
 #pragma once
 
+#include <cstdint>
+#include <exception>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -22,13 +24,44 @@ Shape broadcast_shapes(const char* op, const std::vector<const Tensor*>& inputs,
 // Normalized, sorted, unique axes; nullopt or empty means all axes.
 std::vector<int64_t> normalize_axes(const char* op, const Axes& axes, int64_t ndim);
 Shape reduce_shape(const char* op, const Shape& shape, const Axes& axes, bool keepdims);
-Shape matmul_shape(const char* op, const Shape& a, const Shape& b);
+Shape matmul_shape(const char* op, const Shape& a, const Shape& b);  // unknown dimensions too
 // shape expressions of specs (codegen/formula/dims.py): dim(t, i), a negative i counting from the
 // end (ValueError naming op and the input when out of range); dims(t, start[, stop]) as Python's
 // shape[start:stop]; list concatenation
 int64_t shape_dim(const char* op, const char* input, const Shape& shape, int64_t i);
 Shape shape_slice(const Shape& shape, int64_t start, int64_t stop = INT64_MAX);
 Shape shape_cat(Shape a, const Shape& b);
+
+// ---- shape rules over dimensions that may be unknown: what MindSpore's Graph mode asks when it
+// compiles a graph for dynamic shapes (the AOT InferShape entry points, aot/aot.h). A dimension
+// is kUnknownDim where it is not known before the call; a rule gives every dimension it can, and
+// one that needs an unknown value (a comparison, an index) throws UnknownShape: the output's rank
+// is unknown too. Shape checks are left to the call, when every dimension is known.
+inline constexpr int64_t kUnknownDim = INT64_MIN;
+struct UnknownShape : std::exception {
+  const char* what() const noexcept override { return "a shape rule needs a dimension that is not known yet"; }
+};
+// An input's dimensions, read by the generated rules as a tensor's are (->shape(), ->dim()).
+struct DimsOf {
+  Shape dims;
+  const Shape& shape() const { return dims; }
+  int64_t dim() const { return static_cast<int64_t>(dims.size()); }
+};
+int64_t known(int64_t d);  // d, or UnknownShape when it is unknown
+int64_t dim_add(int64_t a, int64_t b);  // unknown when either operand is
+int64_t dim_sub(int64_t a, int64_t b);
+int64_t dim_mul(int64_t a, int64_t b);
+int64_t dim_neg(int64_t a);
+template <typename Compare>
+bool dim_compare(int64_t a, int64_t b, Compare compare) {
+  return compare(known(a), known(b));
+}
+// == (or !=, equal false) of two dimension lists: lists of different lengths differ; else
+// UnknownShape when a dimension is unknown
+bool dims_compare(const Shape& a, const Shape& b, bool equal);
+// broadcast_shapes over dimensions: an unknown dimension against 1 stays unknown, against a known
+// n (0 included) is n; known dimensions that cannot broadcast raise ValueError naming op
+Shape broadcast_dims(const char* op, const std::vector<Shape>& shapes);
 
 // ---- kernels (no autograd)
 // out = scale * sum of x over axes; out is contiguous with x's reduced shape (keepdims or not).

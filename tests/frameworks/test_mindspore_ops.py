@@ -25,7 +25,8 @@ import opforge  # noqa: E402
 from opforge import _formulas  # noqa: E402  (opforge's own ops: list_ops() also has ops that tests load)
 import opforge.mindspore as om  # noqa: E402
 from mindspore_seeds import LeakyReluNet, MyNet, SquareNet  # noqa: E402  (examples/)
-from cases import Case, make_data, reference, to_inputs, tolerance, widest_cases  # noqa: E402
+from cases import Case, make_data, reference, to_inputs, widest_cases  # noqa: E402
+from mindspore_cases import check_outputs, ms_inputs  # noqa: E402
 
 ms.set_device(device_target="CPU")
 ms.runtime.launch_blocking()  # synchronous PyNative: errors surface at the call that made them
@@ -56,24 +57,6 @@ GRAD_CASES = [c for c in CASES if c.dtype == "float64" and any(i.differentiable 
               and (c.op.bprop is not None or c.op.impl.kind == "composite")]
 # one case per op for Graph mode (each compiles a graph)
 GRAPH_CASES = list({c.op.name: c for c in reversed(CASES)}.values())
-
-
-def ms_inputs(case: Case, data: list[Any]) -> list[Any]:
-    return [None if a is None else Tensor(np.array(a, order="C")) for a in to_inputs(case.op, case.dtype, data)]
-
-
-def check_outputs(case: Case, outs: Any, refs: tuple) -> None:
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    rtol, atol = tolerance(case.op, case.dtype)
-    assert len(outs) == len(refs)
-    for o, r, spec in zip(outs, refs, case.op.outputs):
-        assert isinstance(o, Tensor), spec.name
-        got, r = o.asnumpy(), np.asarray(r)
-        assert got.shape == r.shape, spec.name
-        if got.dtype.kind == "f":
-            np.testing.assert_allclose(got.astype(np.float64), r, rtol=rtol, atol=atol, err_msg=spec.name)
-        else:
-            np.testing.assert_array_equal(got, r.astype(got.dtype), err_msg=spec.name)
 
 
 def test_every_op_is_there() -> None:
