@@ -786,9 +786,6 @@ class _Builder:
             for o in outputs:
                 if o.shape.kind == ShapeKind.INFER:
                     self.err(keys, "shape rule infer() needs a cpp impl (the function lives in its kernel file)")
-            if attrs:
-                self.err(keys, "an aot op takes no attrs: MindSpore's AOT C ABI passes tensors only "
-                               "(MindSpore's extra is not there when opforge calls the kernel)")
             return AotImpl(loc, str(aot["library"]), str(aot["symbol"]))
         if infer:
             self.err(keys, "shape rule infer() needs a cpp impl (the function lives in its kernel file)")

@@ -271,3 +271,11 @@ def test_init_package_builds_installs_and_passes_its_tests(tmp_path: Path) -> No
                         "print(sorted(t), t['mypkg_half_square'].bprop is not None)"],
                        capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.stdout.split("] ") == ["['mypkg_cube', 'mypkg_half_square'", "True\n"], r.stderr
+    # in MindSpore: the package's own AOT entry points, bprops from its formulas
+    code = ("import numpy as np, mindspore as ms, opforge.mindspore as om, mypkg; s = om.register_module(mypkg._ops); "
+            "x = ms.Tensor(np.array([2.0])); print(s.primitive('mypkg_cube', scale=3.0)(x).asnumpy()[0], "
+            "ms.grad(lambda t: s.ops.mypkg_half_square(t))(x).asnumpy()[0], s.primitive('mypkg_cube').func.split(':')[0])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    cube, grad, library = r.stdout.split()
+    assert (float(cube), float(grad)) == (6.0, 2.0) and Path(library).parent == site / "mypkg", r.stdout

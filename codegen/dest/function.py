@@ -240,8 +240,13 @@ def _forward(op: OpSpec, lowered: Lowered, build: Build) -> tuple[list[str], lis
         ins = ", ".join(f"v_{i.name}" for i in op.inputs)
         shapes = ", ".join(shape_expr(op, o.shape) for o in op.outputs)
         dtypes = ", ".join(dtype_expr(op, o.dtype) for o in op.outputs)
+        extra = ""
+        if op.attrs:  # the kernel reads them from its extra, as under MindSpore
+            fwd.append("aot::ExtraAttrs extra;")
+            fwd += [f"extra.add({_cpp_str(a.name)}, attrs.{a.name});" for a in op.attrs]
+            extra = ", &extra"
         fwd.append(f"const TensorList r = aot::call_external(kName, {_cpp_str(impl.library)}, "
-                   f"{_cpp_str(impl.symbol)}, {{{ins}}}, {{{shapes}}}, {{{dtypes}}}, call.device);")
+                   f"{_cpp_str(impl.symbol)}, {{{ins}}}, {{{shapes}}}, {{{dtypes}}}, call.device{extra});")
         for k, o in enumerate(op.outputs):
             fwd.append(f"TensorPtr v_{o.name} = r[{k}];")
         return fwd, []

@@ -230,7 +230,7 @@ def _cache_key(name: str, backend: str, spec_files: list[Path], source_files: li
 
 _MISSING = "not built yet"
 _MANIFEST = "manifest.json"  # an entry's files with their sizes and SHA-256 digests, written last
-_FORMAT = "2"  # of the cache's layout (part of every key: entries of another layout are never read)
+_FORMAT = "3"  # of the cache's layout (part of every key: entries of another layout are never read)
 
 
 def _cached_module(name: str, home: Path, entry: Path, target: Path, info: dict[str, Any], verbose: bool,
@@ -506,8 +506,8 @@ def _build(name: str, spec_files: list[Path], source_files: list[Path], cxx: tup
 
     build = _private_dir(home / "build")
     gen = _private_dir(build / "gen")
-    # (no AOT entry points: MindSpore's ops.Custom is served by opforge's own library and packages)
-    rendered = render_module(ops, {o.name: f"{o.name}.yaml" for o in ops}, name, known, aot_entry_points=False,
+    # (with AOT entry points and their InferShape: opforge.mindspore.register_module's primitives call them)
+    rendered = render_module(ops, {o.name: f"{o.name}.yaml" for o in ops}, name, known,
                              build=build_row, device_kernels=on_cuda)
     for r in rendered:
         write_if_changed(gen / r.name, r.text)
@@ -748,8 +748,13 @@ def _import(name: str, path: Path) -> ModuleType:
     formulas = importlib.util.module_from_spec(fspec)
     fspec.loader.exec_module(formulas)
     module.__opforge_formulas__ = formulas.OPS  # type: ignore[attr-defined]
+    module.__opforge_formulas_module__ = formulas  # type: ignore[attr-defined]
     previous = sys.modules.get(name)
     if previous is None or previous in _loaded.values():  # never shadows an unrelated module
         sys.modules[name] = module
+    # importable by name too: MindSpore's Graph mode parses formula functions in their module
+    previous = sys.modules.get(formulas.__name__)
+    if previous is None or any(getattr(m, "__opforge_formulas_module__", None) is previous for m in _loaded.values()):
+        sys.modules[formulas.__name__] = formulas
     _loaded[path] = module
     return module

@@ -22,11 +22,18 @@ the spec's gradient formulas over these same primitives. Nothing is written per 
 - ``functional.<name>(*inputs, **attrs)`` picks the primitive per call; meant for PyNative code.
 - Composite ops without a bprop of their own (``square``) are functions over the primitives.
 
+- ``register_module(m)`` gives the same for the ops of an op module (``opforge.load``'s result, a
+  package's ``<pkg>._ops``): an ``OpSet`` with ``.ops``, ``.functional`` and ``.primitive``.
+
 Attrs reach the kernel as MindSpore prim attrs (``CustomRegOp.attr(name, "required", "str",
-value=text)``); the kernel reads them through ``extra``. Shapes and dtypes are inferred by the
-op's own meta rule (``opforge._C._meta``), so a call the registration table does not allow
-raises the op's own TypeError/ValueError before any kernel runs (MindSpore never casts a dtype
-the op does not list).
+value=text)``); the kernel reads them through ``extra``. An aot op's external kernel gets them with
+MindSpore's types instead (``Attr<float>``...), as MindSpore's own AOT kernels read them. Output
+shapes come from each entry point's C++ ``<symbol>InferShape`` (generated from the spec's shape
+rules; dimensions may be unknown, so Graph mode compiles once for dynamic shapes), dtypes from the
+op's own meta rule (``opforge._C._meta``), which for static shapes also raises the op's own
+TypeError/ValueError before any kernel runs (MindSpore never casts a dtype the op does not list).
+Ops of impl kind ``aot`` and ops with an ``infer(fn)`` rule take their shapes from the meta rule,
+static only.
 
 On a MindSpore GPU build (``device_target="GPU"``) the ops the cu130 wheel runs on cuda are
 registered for target ``GPU``: MindSpore passes device buffers and its stream, and the entry point
@@ -39,7 +46,7 @@ from __future__ import annotations
 
 import functools
 from types import SimpleNamespace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 try:
     import mindspore as ms
@@ -56,7 +63,7 @@ import opforge._C as _C
 import opforge._formulas as _formulas
 from opforge._opdef import OpDef
 
-__all__ = ["ops", "functional", "primitive", "LIBRARY", "F", "H"]
+__all__ = ["ops", "functional", "primitive", "register_module", "OpSet", "LIBRARY", "F", "H"]
 
 #: The shared library holding every op's AOT entry point (libopforge.so, beside opforge._C).
 LIBRARY: str = opforge.LIBRARY
@@ -122,6 +129,11 @@ def _attr_text(atype: str, value: Any) -> str:
     return str(value)
 
 
+# MindSpore's attr value types (CustomRegOp.attr) of spec attr types
+_MS_ATTR_TYPES = {"bool": "bool", "int": "int", "float": "float", "str": "str", "list[int]": "listInt",
+                  "list[float]": "listFloat"}
+
+
 def _rows(op: OpDef, present: Sequence[bool]) -> list[tuple[tuple[str, str], ...]]:
     """The op's dtype rows on its target, as MindSpore DataType pairs for the present inputs and the outputs."""
     info = next(t for t in _C.op_info(op.name) if t["target"] == _target(op).mindspore_target)
@@ -146,7 +158,10 @@ def _reg_info(op: OpDef, present: Sequence[bool], attrs: Sequence[Any]) -> dict[
     for k, o in enumerate(op.outputs):
         reg = reg.output(k, o.name)
     for a, v in zip(op.attrs, attrs):
-        reg = reg.attr(a.name, "required", "str", value=_attr_text(a.type, v))
+        if op.aot_kernel is None:  # opforge's entry points read every attr as text (exact floats)
+            reg = reg.attr(a.name, "required", "str", value=_attr_text(a.type, v))
+        elif v is not None:  # an external kernel reads them with MindSpore's types (Attr<T>)
+            reg = reg.attr(a.name, "required", _MS_ATTR_TYPES[a.type], value=list(v) if isinstance(v, tuple) else v)
     for row in _rows(op, present):
         reg = reg.dtype_format(*row)
     info: dict[str, Any] = reg.target(_target(op).mindspore_target).get_op_info()
@@ -186,11 +201,11 @@ class _Infer:
     one (``_cpp_shapes``); with dimensions unknown until the call (-1, or a rank of -2) only the
     dtypes are inferred here, from the registration rows."""
 
-    def __init__(self, op: OpDef, present: Sequence[bool], attrs: tuple[Any, ...]):
+    def __init__(self, op: OpDef, present: Sequence[bool], attrs: tuple[Any, ...], metas: Any):
         self.op = op
         self.present = tuple(present)
         self.attrs = attrs
-        self.meta = getattr(_C._meta, op.name)
+        self.meta = getattr(metas, op.name)
         self.cpp_shapes = _cpp_shapes(op)
         self.cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
@@ -259,18 +274,19 @@ class _Infer:
 
 class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type information)
     """One opforge op with fixed attrs and a fixed set of present inputs, as a MindSpore
-    ``ops.Custom`` AOT primitive."""
+    ``ops.Custom`` AOT primitive (of opforge's own ops, or of ``opset``'s: a registered module)."""
 
-    def __init__(self, op: OpDef, present: Sequence[bool], attrs: tuple[Any, ...]):
+    def __init__(self, op: OpDef, present: Sequence[bool], attrs: tuple[Any, ...], opset: Optional[OpSet] = None):
+        opset = opset or _OWN
         self.opdef = op
-        self.infer = _Infer(op, present, attrs)
+        self.infer = _Infer(op, present, attrs, opset.meta)
         if op.aot_kernel is not None:
             # an aot op: MindSpore calls its external kernel directly (path resolved, and the
             # library and symbol checked, here: RuntimeError naming them otherwise)
             library, symbol = op.aot_kernel
             func = f"{_C._aot_library(op.name, library, symbol)}:{symbol}"
         else:
-            func = f"{LIBRARY}:{op.aot_symbol(tuple(present))}"
+            func = f"{opset.library}:{op.aot_symbol(tuple(present))}"
         super().__init__(
             func,
             # None: MindSpore calls the entry point's C++ InferShape (dynamic shapes in Graph mode);
@@ -278,7 +294,7 @@ class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type 
             out_shape=None if _cpp_shapes(op) else (lambda *shapes: None),
             out_dtype=lambda *dtypes: None,
             func_type="aot",
-            bprop=_bprop(op, present, attrs),
+            bprop=_bprop(op, present, attrs, opset.F),
             reg_info=_reg_info(op, present, attrs),
         )
         self.add_prim_attr("opforge_op", op.name)
@@ -288,9 +304,9 @@ class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type 
         return {"shape": shape, "dtype": dtype, "value": None}
 
 
-def _bprop(op: OpDef, present: Sequence[bool], attrs: tuple[Any, ...]) -> Callable[..., tuple[Any, ...]]:
+def _bprop(op: OpDef, present: Sequence[bool], attrs: tuple[Any, ...], F: Any) -> Callable[..., tuple[Any, ...]]:  # noqa: N803
     """MindSpore's bprop for one primitive: ``(*inputs, out, dout) -> input grads``, evaluating the
-    spec's gradient formulas (opforge._formulas) with these primitives. Graph mode compiles it."""
+    spec's gradient formulas (the op table's) with the primitives of namespace F. Graph mode compiles it."""
     n_in = sum(1 for p in present if p)
     if n_in not in _BPROP_ARITY:
         raise ValueError(f"[{op.name}] opforge.mindspore takes ops with 1 to {max(_BPROP_ARITY)} present inputs "
@@ -391,45 +407,22 @@ def _bprop8(impl: _Impl) -> Callable[..., tuple[Any, ...]]:
 _BPROP_ARITY = {1: _bprop1, 2: _bprop2, 3: _bprop3, 4: _bprop4, 5: _bprop5, 6: _bprop6, 7: _bprop7, 8: _bprop8}
 
 
-@functools.lru_cache(maxsize=None)
-def _primitive(name: str, present: tuple[bool, ...], attrs: tuple[Any, ...]) -> Primitive:
-    return Primitive(_formulas.OPS[name], present, tuple(list(a) if isinstance(a, tuple) else a for a in attrs))
-
-
 def _hashable(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
-
-
-def primitive(name: str, *, without: Sequence[str] = (), **attrs: Any) -> Any:
-    """The MindSpore primitive of op ``name`` with these attrs (the others at their defaults) and
-    without the optional inputs named in ``without``. Cached: equal arguments give the same
-    primitive. Composite ops without a bprop give a ``Composite`` cell over the primitives."""
-    op = _formulas.OPS.get(name)
-    if op is None:
-        raise ValueError(f"[opforge.mindspore] unknown op '{name}'; known ops: {', '.join(sorted(_formulas.OPS))}")
-    values = _full_attrs(op, (), dict(attrs))
-    names = {i.name for i in op.inputs}
-    for w in without:
-        if w not in names or not op.inputs[op.input_index(w)].optional:
-            optional = [i.name for i in op.inputs if i.optional]
-            raise ValueError(f"[{name}] '{w}' is not an optional input; optional inputs: {', '.join(optional) or 'none'}")
-    present = tuple(i.name not in without for i in op.inputs)
-    if op.composite is not None and op.bprop is None:
-        return _composite(name, present, tuple(_hashable(v) for v in values))
-    return _primitive(name, present, tuple(_hashable(v) for v in values))
 
 
 class Composite(nn.Cell):  # type: ignore[misc]  # (MindSpore has no type information)
     """A composite op without a bprop of its own (``square``): its spec formula over the
     primitives, as a Cell (so Graph mode compiles it); gradients flow through the primitives."""
 
-    def __init__(self, op: OpDef, present: tuple[bool, ...], attrs: tuple[Any, ...]):
+    def __init__(self, op: OpDef, present: tuple[bool, ...], attrs: tuple[Any, ...], opset: Optional[OpSet] = None):
         super().__init__()
         if op.composite is None:
             raise ValueError(f"[{op.name}] is not a composite op")
         self.formula = op.composite
         self.slots = present
         self.attrs = attrs
+        self.F: SimpleNamespace = (opset or _OWN).F
 
     def construct(self, *inputs: Any) -> Any:
         full: tuple[Any, ...] = ()
@@ -440,39 +433,7 @@ class Composite(nn.Cell):  # type: ignore[misc]  # (MindSpore has no type inform
                 j = j + 1
             else:
                 full = full + (None,)
-        return self.formula(F, H, *(full + self.attrs))
-
-
-@functools.lru_cache(maxsize=None)
-def _composite(name: str, present: tuple[bool, ...], attrs: tuple[Any, ...]) -> Composite:
-    return Composite(_formulas.OPS[name], present, tuple(list(a) if isinstance(a, tuple) else a for a in attrs))
-
-
-def _call(op: OpDef, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    n_in = len(op.inputs)
-    inputs = list(args[:n_in])
-    for i in op.inputs[len(inputs):]:
-        if i.name in kwargs:
-            inputs.append(kwargs.pop(i.name))
-        elif i.optional:
-            inputs.append(None)
-        else:
-            raise TypeError(f"[{op.name}] missing input '{i.name}'")
-    values = _full_attrs(op, args[n_in:], kwargs)
-    present = tuple(t is not None for t in inputs)
-    if op.composite is not None and op.bprop is None:
-        return op.composite(F, H, *inputs, *values)
-    prim = _primitive(op.name, present, tuple(_hashable(v) for v in values))
-    return prim(*(t for t in inputs if t is not None))
-
-
-def _functional(op: OpDef) -> Callable[..., Any]:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return _call(op, args, kwargs)
-
-    call.__name__ = op.name
-    call.__doc__ = getattr(_C.ops, op.name).__doc__
-    return call
+        return self.formula(self.F, H, *(full + self.attrs))
 
 
 class _Helpers:
@@ -523,34 +484,150 @@ class _Helpers:
 
 H = _Helpers()
 
-#: Every op as a function picking its primitive per call (PyNative code; attrs as keywords).
-functional = SimpleNamespace(**{name: _functional(op) for name, op in _formulas.OPS.items()})
 
-#: The namespace bprop and composite formulas compute with (filled in below).
-F = SimpleNamespace()
+class OpSet:
+    """The ops of one op table as MindSpore primitives: opforge's own (this module's ``ops``,
+    ``functional`` and ``primitive``) or an op module's (``register_module``).
+
+    - ``ops.<name>``: the op's primitive with its default attrs and every input present (ops with a
+      required attr, and composite ops without a bprop, as their ``functional`` form);
+    - ``functional.<name>(*inputs, **attrs)``: picks the primitive per call (PyNative code);
+    - ``primitive(name, without=(...), **attrs)``: the (cached) primitive for other attrs or
+      without some optional inputs;
+    - ``F``: the namespace bprop and composite formulas compute with (an op module's formulas may
+      call opforge's own ops too)."""
+
+    def __init__(self, table: dict[str, OpDef], library: str, kernels: Any, meta: Any, label: str,
+                 base: Optional[OpSet] = None) -> None:
+        self.table = table
+        self.library = library
+        self.kernels = kernels  # the ops' Python entries (their docstrings)
+        self.meta = meta
+        self.label = label
+        self.F: SimpleNamespace = SimpleNamespace(**(vars(base.F) if base is not None else {}))
+        _SETS[library] = self
+        self.functional: SimpleNamespace = SimpleNamespace(**{name: self._functional(op) for name, op in table.items()})
+        self.ops: SimpleNamespace = SimpleNamespace(**{name: self._default(op) for name, op in table.items()})
+        for name, op in table.items():
+            simple = not op.attrs and not any(i.optional for i in op.inputs) and not (op.composite and not op.bprop)
+            setattr(self.F, name, getattr(self.ops, name) if simple else getattr(self.functional, name))
+
+    def _make(self, op: OpDef, present: tuple[bool, ...], attrs: tuple[Any, ...]) -> Any:
+        values = tuple(list(a) if isinstance(a, tuple) else a for a in attrs)
+        if op.composite is not None and op.bprop is None:
+            return Composite(op, present, values, self)
+        return Primitive(op, present, values, self)
+
+    def primitive(self, name: str, *, without: Sequence[str] = (), **attrs: Any) -> Any:
+        """The MindSpore primitive of op ``name`` with these attrs (the others at their defaults)
+        and without the optional inputs named in ``without``. Cached: equal arguments give the same
+        primitive. Composite ops without a bprop give a ``Composite`` cell over the primitives."""
+        op = self.table.get(name)
+        if op is None:
+            raise ValueError(f"[{self.label}] unknown op '{name}'; known ops: {', '.join(sorted(self.table))}")
+        values = _full_attrs(op, (), dict(attrs))
+        names = {i.name for i in op.inputs}
+        for w in without:
+            if w not in names or not op.inputs[op.input_index(w)].optional:
+                optional = [i.name for i in op.inputs if i.optional]
+                raise ValueError(f"[{name}] '{w}' is not an optional input; optional inputs: "
+                                 f"{', '.join(optional) or 'none'}")
+        present = tuple(i.name not in without for i in op.inputs)
+        return _primitive(self.library, name, present, tuple(_hashable(v) for v in values))
+
+    def _functional(self, op: OpDef) -> Callable[..., Any]:
+        library, F = self.library, self.F  # noqa: N806
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return _call(library, F, op, args, kwargs)
+
+        call.__name__ = op.name
+        call.__doc__ = getattr(self.kernels, op.name).__doc__
+        return call
+
+    def _default(self, op: OpDef) -> Any:
+        if any(a.required for a in op.attrs):
+            return getattr(self.functional, op.name)
+        if op.aot_kernel is None:
+            return self.primitive(op.name)
+        try:
+            present = tuple(True for _ in op.inputs)
+            defaults = tuple(_hashable(a.default) for a in op.attrs)
+            if self.table.get(op.name) is op:
+                return _primitive(self.library, op.name, present, defaults)
+            return self._make(op, present, defaults)
+        except RuntimeError as e:  # an aot op whose library is not there: the other ops still import
+            message = str(e)
+
+            def unavailable(*args: Any, **kwargs: Any) -> Any:
+                raise RuntimeError(message)
+
+            unavailable.__name__ = op.name
+            return unavailable
 
 
-def _default(op: OpDef) -> Any:
-    if any(a.required for a in op.attrs):
-        return getattr(functional, op.name)
-    if op.aot_kernel is None:
-        return primitive(op.name)
-    try:
-        return Primitive(op, tuple(True for _ in op.inputs), ())
-    except RuntimeError as e:  # an aot op whose library is not there: the other ops still import
-        message = str(e)
+# the op sets by library (opforge's own and registered modules')
+_SETS: dict[str, OpSet] = {}
 
-        def unavailable(*args: Any, **kwargs: Any) -> Any:
-            raise RuntimeError(message)
 
-        unavailable.__name__ = op.name
-        return unavailable
+# (module-level, cached and called with constants only: Graph mode runs it while it compiles a
+# formula that calls an op's functional form)
+@functools.lru_cache(maxsize=None)
+def _primitive(library: str, name: str, present: tuple[bool, ...], attrs: tuple[Any, ...]) -> Any:
+    opset = _SETS[library]
+    return opset._make(opset.table[name], present, attrs)
 
+
+def _call(library: str, F: Any, op: OpDef, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:  # noqa: N803
+    n_in = len(op.inputs)
+    inputs = list(args[:n_in])
+    for i in op.inputs[len(inputs):]:
+        if i.name in kwargs:
+            inputs.append(kwargs.pop(i.name))
+        elif i.optional:
+            inputs.append(None)
+        else:
+            raise TypeError(f"[{op.name}] missing input '{i.name}'")
+    values = _full_attrs(op, args[n_in:], kwargs)
+    present = tuple(t is not None for t in inputs)
+    if op.composite is not None and op.bprop is None:
+        return op.composite(F, H, *inputs, *values)
+    prim = _primitive(library, op.name, present, tuple(_hashable(v) for v in values))
+    return prim(*(t for t in inputs if t is not None))
+
+
+_OWN = OpSet(_formulas.OPS, LIBRARY, _C.ops, _C._meta, "opforge.mindspore")
 
 #: Every op as a MindSpore primitive with its default attrs and all inputs present (ops with a
 #: required attr, and composite ops, as their ``functional`` form).
-ops = SimpleNamespace(**{name: _default(op) for name, op in _formulas.OPS.items()})
+ops = _OWN.ops
+#: Every op as a function picking its primitive per call (PyNative code; attrs as keywords).
+functional = _OWN.functional
+#: The primitive of an op for given attrs and present inputs (see OpSet.primitive).
+primitive = _OWN.primitive
+#: The namespace bprop and composite formulas compute with.
+F = _OWN.F
 
-for _name, _op in _formulas.OPS.items():
-    _simple = not _op.attrs and not any(i.optional for i in _op.inputs) and not (_op.composite and not _op.bprop)
-    setattr(F, _name, getattr(ops, _name) if _simple else getattr(functional, _name))
+
+def _default(op: OpDef) -> Any:
+    """The default form of one of opforge's own ops (see OpSet)."""
+    return _OWN._default(op)
+
+
+def register_module(module: Any) -> OpSet:
+    """The ops of an op module (``opforge.load``'s result, a package's ``<pkg>._ops``) as MindSpore
+    primitives, as opforge's own are: returns its ``OpSet`` (``.ops``, ``.functional``,
+    ``.primitive``), whose primitives call the module's AOT entry points in its own library, with
+    bprops from its formulas (which may call opforge's own ops). Registering a module again gives
+    the same OpSet; a reloaded module (a new library) gets a new one."""
+    table = getattr(module, "__opforge_formulas__", None)
+    library = getattr(module, "__file__", None)
+    if table is None or library is None:
+        raise TypeError(f"[opforge.mindspore] {module!r} is not an opforge op module (no __opforge_formulas__): "
+                        "pass what opforge.load returns or a package's <pkg>._ops")
+    opset = _SETS.get(library)
+    if opset is None or opset.table is not table:
+        if opset is not None:  # the same library, another table: no primitive of the old one stays
+            _primitive.cache_clear()
+        opset = OpSet(table, library, module, module._meta, f"opforge.mindspore: {module.__name__}", base=_OWN)
+    return opset

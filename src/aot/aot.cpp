@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <new>
 #include <mutex>
 #include <sstream>
 
@@ -477,8 +478,36 @@ Resolved resolve(const char* op, const char* library, const char* symbol) {
   return r;
 }
 
+ExtraAttrs::ExtraAttrs() : extra_(opforge_aot_extra_new()) {
+  if (!extra_) throw std::bad_alloc();
+}
+
+ExtraAttrs::~ExtraAttrs() { opforge_aot_extra_delete(extra_); }
+
+namespace {
+
+void added(bool ok) {
+  if (!ok) throw std::bad_alloc();
+}
+
+}  // namespace
+
+void ExtraAttrs::add(const char* name, bool v) { added(opforge_aot_extra_add(extra_, name, 0, v, 0, nullptr, nullptr, nullptr, 0)); }
+void ExtraAttrs::add(const char* name, int64_t v) { added(opforge_aot_extra_add(extra_, name, 1, v, 0, nullptr, nullptr, nullptr, 0)); }
+void ExtraAttrs::add(const char* name, double v) { added(opforge_aot_extra_add(extra_, name, 2, 0, v, nullptr, nullptr, nullptr, 0)); }
+void ExtraAttrs::add(const char* name, const std::string& v) {
+  added(opforge_aot_extra_add(extra_, name, 3, 0, 0, v.c_str(), nullptr, nullptr, 0));
+}
+void ExtraAttrs::add(const char* name, const std::vector<int64_t>& v) {
+  added(opforge_aot_extra_add(extra_, name, 4, 0, 0, nullptr, v.data(), nullptr, v.size()));
+}
+void ExtraAttrs::add(const char* name, const std::vector<double>& v) {
+  added(opforge_aot_extra_add(extra_, name, 5, 0, 0, nullptr, nullptr, v.data(), v.size()));
+}
+
 TensorList call_external(const char* op, const char* library, const char* symbol, const TensorList& inputs,
-                         const std::vector<Shape>& out_shapes, const std::vector<DType>& out_dtypes, Device device) {
+                         const std::vector<Shape>& out_shapes, const std::vector<DType>& out_dtypes, Device device,
+                         const ExtraAttrs* attrs) {
   Kernel kernel = resolve(op, library, symbol).kernel;
   TensorList ins;
   for (const TensorPtr& t : inputs) {
@@ -506,8 +535,15 @@ TensorList call_external(const char* op, const char* library, const char* symbol
       dtypes.push_back(dtype_name(t->dtype()));
     }
   }
-  const int rc = kernel(static_cast<int>(params.size()), params.data(), ndims.data(), shapes.data(),
-                        dtypes.data(), stream, nullptr);
+  int rc = 0;
+  try {
+    rc = kernel(static_cast<int>(params.size()), params.data(), ndims.data(), shapes.data(), dtypes.data(), stream,
+                attrs ? attrs->extra() : nullptr);
+  } catch (const std::exception& e) {
+    fail<RuntimeError>(op, "AOT kernel ", symbol, " in ", library, " failed: ", e.what());
+  } catch (...) {
+    fail<RuntimeError>(op, "AOT kernel ", symbol, " in ", library, " failed with an unknown exception");
+  }
   if (rc != 0) {
     fail<RuntimeError>(op, "AOT kernel ", symbol, " in ", library, " returned ", rc);
   }

@@ -133,6 +133,40 @@ int64_t parse_int(const char* op, const char* name, const std::string& text);
 // to be freed by the caller). Returns false when extra is null or has no such attr; throws
 // nothing (a host error becomes *error, malloc'ed).
 extern "C" bool opforge_aot_extra_str(void* extra, const char* name, char** out, char** error);
+// opforge's own AotExtra for the external kernels it calls (ExtraAttrs below): new (null when out
+// of memory), delete, and add an attr of kind 0 bool (i), 1 int (i), 2 float (f), 3 str (s),
+// 4 list of int (ints, n), 5 list of float (floats, n); false when out of memory.
+extern "C" void* opforge_aot_extra_new();
+extern "C" void opforge_aot_extra_delete(void* extra);
+extern "C" bool opforge_aot_extra_add(void* extra, const char* name, int kind, int64_t i, double f, const char* s,
+                                      const int64_t* ints, const double* floats, size_t n);
+
+// The attrs of an aot op, as its external kernel reads them from `extra` when opforge calls it: a
+// MindSpore AotExtra holding each attr with MindSpore's types (bool, int64, float (float32, as
+// MindSpore keeps a float prim attr), str, lists of int64 and of float). An optional attr without
+// a value is left out (HasAttr is false), as MindSpore leaves it out.
+class ExtraAttrs {
+ public:
+  ExtraAttrs();
+  ~ExtraAttrs();
+  ExtraAttrs(const ExtraAttrs&) = delete;
+  ExtraAttrs& operator=(const ExtraAttrs&) = delete;
+
+  void add(const char* name, bool v);
+  void add(const char* name, int64_t v);
+  void add(const char* name, double v);
+  void add(const char* name, const std::string& v);
+  void add(const char* name, const std::vector<int64_t>& v);
+  void add(const char* name, const std::vector<double>& v);
+  template <typename T>
+  void add(const char* name, const std::optional<T>& v) {
+    if (v) add(name, *v);
+  }
+  void* extra() const { return extra_; }
+
+ private:
+  void* extra_;
+};
 
 // Test hook: calls this library's exported `<symbol>InferShape` as MindSpore does (no extra: attrs
 // at their defaults) for inputs of these shapes (-1 an unknown dimension, {-2} an unknown rank);
@@ -161,9 +195,12 @@ Resolved resolve(const char* op, const char* library, const char* symbol);
 // and dtypes on device (the call's: a device kernel gets device pointers and the device's
 // current stream, the host's kernel a null stream); a non-zero return raises RuntimeError naming
 // the op, library, symbol and code.
+// `attrs` (null: none) is the kernel's `extra`; an exception the kernel lets out (its AotExtra
+// asked for an attr the op does not have) raises RuntimeError too.
 TensorList call_external(const char* op, const char* library, const char* symbol,
                          const TensorList& inputs, const std::vector<Shape>& out_shapes,
-                         const std::vector<DType>& out_dtypes, Device device = Device{});
+                         const std::vector<DType>& out_dtypes, Device device = Device{},
+                         const ExtraAttrs* attrs = nullptr);
 
 template <typename Body>
 int run(const OpInfo& info, uint32_t present, int nparam, void** params, int* ndims, int64_t** shapes,

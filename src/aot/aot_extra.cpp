@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -39,7 +41,85 @@ class AotExtra {
   AotKernelData* kernel_data_{nullptr};
 };
 
+// What opforge hands an external kernel as `extra` when it calls one itself: MindSpore's interface
+// over the op's attrs, with MindSpore's types (a float attr is a float32, as MindSpore keeps it).
+class Extra final : public AotExtra {
+ public:
+  struct Value {
+    int kind = 0;  // opforge_aot_extra_add's kinds
+    bool b = false;
+    int64_t i = 0;
+    double f = 0;
+    std::string s;
+    std::vector<int64_t> ints;
+    std::vector<double> floats;
+  };
+  std::vector<std::pair<std::string, Value>> values;
+
+  bool HasAttr(std::string name) override { return find(name) != nullptr; }
+
+ private:
+  const Value* find(const std::string& name) const {
+    for (const auto& [n, v] : values) {
+      if (n == name) return &v;
+    }
+    return nullptr;
+  }
+  const Value& get(const std::string& name, int kind, const char* type) const {
+    const Value* v = find(name);
+    if (!v) throw std::runtime_error("the kernel asked for attr '" + name + "', which the op does not give");
+    if (v->kind != kind) throw std::runtime_error("the kernel asked for attr '" + name + "' as " + type + ", a type it is not");
+    return *v;
+  }
+  bool GetAttrBool(std::string name) override { return get(name, 0, "bool").b; }
+  int64_t GetAttrInt(std::string name) override { return get(name, 1, "int").i; }
+  float GetAttrFloat(std::string name) override { return static_cast<float>(get(name, 2, "float").f); }
+  std::string GetAttrStr(std::string name) override { return get(name, 3, "str").s; }
+  std::vector<int64_t> GetAttrIntVec(std::string name) override { return get(name, 4, "a list of int").ints; }
+  std::vector<float> GetAttrFloatVec(std::string name) override {
+    const Value& v = get(name, 5, "a list of float");
+    return std::vector<float>(v.floats.begin(), v.floats.end());
+  }
+  std::vector<std::vector<int64_t>> GetAttrInt2DVec(std::string name) override {
+    throw std::runtime_error("the kernel asked for attr '" + name + "' as a list of lists, which opforge attrs never are");
+  }
+  std::vector<std::vector<float>> GetAttrFloat2DVec(std::string name) override {
+    throw std::runtime_error("the kernel asked for attr '" + name + "' as a list of lists, which opforge attrs never are");
+  }
+};
+
 }  // namespace opforge_mirror
+
+extern "C" void* opforge_aot_extra_new() {
+  try {
+    return static_cast<opforge_mirror::AotExtra*>(new opforge_mirror::Extra());
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+extern "C" void opforge_aot_extra_delete(void* extra) {
+  delete static_cast<opforge_mirror::AotExtra*>(extra);
+}
+
+extern "C" bool opforge_aot_extra_add(void* extra, const char* name, int kind, int64_t i, double f, const char* s,
+                                      const int64_t* ints, const double* floats, size_t n) {
+  try {
+    auto* ex = static_cast<opforge_mirror::Extra*>(static_cast<opforge_mirror::AotExtra*>(extra));
+    opforge_mirror::Extra::Value v;
+    v.kind = kind;
+    v.b = i != 0;
+    v.i = i;
+    v.f = f;
+    if (s) v.s = s;
+    if (ints) v.ints.assign(ints, ints + n);
+    if (floats) v.floats.assign(floats, floats + n);
+    ex->values.emplace_back(name, std::move(v));
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
 
 namespace {
 

@@ -276,9 +276,6 @@ CASES = [
     # ------------------------------------------------------------------ impl
     case("impl-two-kinds", "leaky", leaky("  impl:\n", "  impl:\n    cpp: {}\n"),
          "specs/leaky.yaml:14:5: impl: give exactly one of expr, composite, cpp, aot, pyfunc"),
-    case("aot-op-with-attrs", "leaky", leaky("    expr: where(x > 0, x, alpha * x)", "    aot: {library: libx.so, symbol: f}"),
-         "specs/leaky.yaml:14:10: impl.aot: an aot op takes no attrs: MindSpore's AOT C ABI passes tensors only "
-         "(MindSpore's extra is not there when opforge calls the kernel)"),
     case("aot-op-without-symbol", "leaky", leaky("    expr: where(x > 0, x, alpha * x)", "    aot: {library: libx.so}"),
          "specs/leaky.yaml:14:10: impl.aot: missing required key 'symbol'"),
     # the expr kernel reads every input at each output position: a rule leaving one out read past it

@@ -330,3 +330,188 @@ def test_example_script_prints_the_seeds_results() -> None:
     assert lines.count("seed 002  square dx: [ 2.  8. 18.]") == 2
     for op in ("leaky_relu", "leaky_relu_ext"):
         assert lines.count(f"seed 004  {op}: [[0.0, -0.001], [-0.002, 1.0]]") == 2
+
+
+# ---------------------------------------------------------------------------- op modules
+
+_MODULE_SPECS = {
+    "ms_softplus": """
+ms_softplus:
+  doc: Softplus log(1 + exp(beta * x)) / beta.
+  inputs:
+    x: T
+  attrs:
+    beta: {type: float, default: 1.0}
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float32, float64]
+  impl:
+    expr: log1p(exp(beta * x)) / beta
+  bprop:
+    x: dout * sigmoid(beta * x)
+""",
+    "ms_rowscale": """
+ms_rowscale:
+  doc: x times the sum of its last axis (a composite op whose gradient flows through its parts).
+  inputs:
+    x: float64
+  outputs:
+    out: {dtype: float64, shape: same(x)}
+  impl:
+    composite: x * sum(x, axis=-1, keepdims=True)
+""",
+}
+
+
+def test_module_ops_as_mindspore_primitives(tmp_path, mode) -> None:
+    """An opforge.load module's ops through register_module: its own AOT entry points (with
+    InferShape: dynamic shapes in Graph mode), bprops from its formulas calling opforge's ops."""
+    for name, text in _MODULE_SPECS.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+    m = opforge.load("ms_mod", sorted(tmp_path.glob("*.yaml")), build_dir=tmp_path / "cache")
+    s = om.register_module(m)
+    assert om.register_module(m) is s
+    assert s.primitive("ms_softplus", beta=2.0).func == f"{m.__file__}:opforge_ms_softplus"
+    x = np.array([[-2.0, 0.5, 3.0], [1.0, -1.0, 0.0]])
+
+    class Net(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sp = s.primitive("ms_softplus", beta=2.0)
+            self.rowscale = s.ops.ms_rowscale
+            self.exp = om.ops.exp
+
+        def construct(self, a: Any) -> Any:
+            return self.exp(self.rowscale(self.sp(a))).sum()
+
+    net = Net()
+    if mode == "graph":
+        net.set_inputs(Tensor(shape=[None, None], dtype=ms.float64))
+    sp = np.log1p(np.exp(2.0 * x)) / 2.0
+    r = sp * sp.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), np.exp(r).sum(), rtol=1e-12)
+    # d/dx: through exp, rowscale (composite: its parts' bprops) and softplus (its bprop over opforge's sigmoid)
+    g_r = np.exp(r)
+    g_sp = g_r * sp.sum(axis=-1, keepdims=True) + (g_r * sp).sum(axis=-1, keepdims=True)
+    want = g_sp / (1 + np.exp(-2.0 * x))
+    np.testing.assert_allclose(ms.grad(net)(Tensor(x)).asnumpy(), want, rtol=1e-10)
+    # rows are independent: one row alone (another shape: in Graph mode the same compiled graph)
+    np.testing.assert_allclose(ms.grad(net)(Tensor(x[:1])).asnumpy(), want[:1], rtol=1e-10)
+    with pytest.raises(TypeError, match=r"is not an opforge op module"):
+        om.register_module(np)
+    with pytest.raises(ValueError, match=r"\[opforge.mindspore: ms_mod\] unknown op 'exp'"):
+        s.primitive("exp")
+
+
+_EXT_KERNEL = r"""
+// An external AOT kernel with attrs, read as MindSpore's custom-op documents show (AotExtra's
+// Attr<T>), knowing nothing of opforge. Built with the old std::string ABI, as MindSpore requires.
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+class AotKernelData {
+ public:
+  virtual ~AotKernelData() = default;
+};
+
+class AotExtra {
+ public:
+  virtual ~AotExtra() = default;
+  virtual bool HasAttr(std::string name) = 0;
+  template <typename T>
+  T Attr(std::string name);
+
+ private:
+  virtual bool GetAttrBool(std::string name) = 0;
+  virtual int64_t GetAttrInt(std::string name) = 0;
+  virtual float GetAttrFloat(std::string name) = 0;
+  virtual std::string GetAttrStr(std::string name) = 0;
+  virtual std::vector<int64_t> GetAttrIntVec(std::string name) = 0;
+  virtual std::vector<float> GetAttrFloatVec(std::string name) = 0;
+  virtual std::vector<std::vector<int64_t>> GetAttrInt2DVec(std::string name) = 0;
+  virtual std::vector<std::vector<float>> GetAttrFloat2DVec(std::string name) = 0;
+  std::vector<size_t> workspace_;
+  AotKernelData* kernel_data_{nullptr};
+};
+template <> bool AotExtra::Attr<bool>(std::string name) { return GetAttrBool(name); }
+template <> int64_t AotExtra::Attr<int64_t>(std::string name) { return GetAttrInt(name); }
+template <> float AotExtra::Attr<float>(std::string name) { return GetAttrFloat(name); }
+template <> std::string AotExtra::Attr<std::string>(std::string name) { return GetAttrStr(name); }
+template <> std::vector<int64_t> AotExtra::Attr<std::vector<int64_t>>(std::string name) { return GetAttrIntVec(name); }
+
+// out = sign * alpha * x + shift + offsets[i % len], sign -1 when flip; mode "abs" takes |x| first
+extern "C" int affine_ext(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                          void* stream, void* extra) {
+  if (nparam != 2 || !extra || std::strcmp(dtypes[0], "float32") != 0) return 1;
+  auto* ex = static_cast<AotExtra*>(extra);
+  const float alpha = ex->Attr<float>("alpha");
+  const int64_t shift = ex->Attr<int64_t>("shift");
+  const bool flip = ex->Attr<bool>("flip");
+  const std::string mode = ex->Attr<std::string>("mode");
+  const std::vector<int64_t> offsets = ex->Attr<std::vector<int64_t>>("offsets");
+  if (ex->HasAttr("missing")) return 2;
+  if (ex->HasAttr("strict")) (void)ex->Attr<std::vector<int64_t>>("strict");  // the wrong type: raises
+  int64_t n = 1;
+  for (int i = 0; i < ndims[0]; ++i) n *= shapes[0][i];
+  const float* x = static_cast<const float*>(params[0]);
+  float* y = static_cast<float*>(params[1]);
+  for (int64_t i = 0; i < n; ++i) {
+    float v = mode == "abs" ? (x[i] < 0 ? -x[i] : x[i]) : x[i];
+    y[i] = (flip ? -alpha : alpha) * v + float(shift) + float(offsets.empty() ? 0 : offsets[i % offsets.size()]);
+  }
+  return 0;
+}
+"""
+
+_EXT_SPEC = """
+affine_ext:
+  doc: sign * alpha * x + shift + offsets, by the external kernel affine_ext (attrs through AotExtra).
+  inputs:
+    x: float32
+  attrs:
+    alpha: {type: float, default: 1.0}
+    shift: {type: int, default: 0}
+    flip: {type: bool, default: false}
+    mode: {type: str, default: plain, choices: [plain, abs]}
+    offsets: {type: "list[int]", default: []}
+    strict: {type: float, required: false}
+  outputs:
+    out: {dtype: float32, shape: same(x)}
+  impl:
+    aot: {library: LIBRARY, symbol: affine_ext}
+  bprop:
+    x: where(flip, -alpha * dout, alpha * dout)
+"""
+
+
+@pytest.mark.slow
+def test_aot_op_with_attrs_from_opforge_and_from_mindspore(tmp_path, mode) -> None:
+    """An external kernel reads its attrs from extra: opforge's own AotExtra when opforge calls it,
+    MindSpore's (prim attrs with MindSpore's types) when MindSpore does."""
+    src = tmp_path / "affine_ext.cpp"
+    src.write_text(_EXT_KERNEL)
+    lib = tmp_path / "libaffine_ext.so"
+    subprocess.run(["g++", "-std=c++17", "-shared", "-fPIC", "-O1", "-D_GLIBCXX_USE_CXX11_ABI=0", str(src), "-o", str(lib)],
+                   check=True)
+    (tmp_path / "affine_ext.yaml").write_text(_EXT_SPEC.replace("LIBRARY", str(lib)))
+    m = opforge.load("ms_affine", [tmp_path / "affine_ext.yaml"], build_dir=tmp_path / "cache")
+    x = np.array([-2.0, 0.5, 3.0, -1.0], np.float32)
+    attrs = {"alpha": 0.3, "shift": 2, "flip": True, "mode": "abs", "offsets": [10, 20]}
+    want = -np.float32(0.3) * np.abs(x) + 2 + np.array([10, 20, 10, 20], np.float32)
+    np.testing.assert_array_equal(m.affine_ext(x, **attrs).numpy(), want)  # opforge's AotExtra
+    np.testing.assert_array_equal(m.affine_ext(x).numpy(), x)  # defaults
+    with pytest.raises(RuntimeError, match=r"\[affine_ext\] AOT kernel affine_ext in .*libaffine_ext.so failed: "
+                                           r"the kernel asked for attr 'strict' as a list of int, a type it is not"):
+        m.affine_ext(x, strict=1.0)
+    s = om.register_module(m)
+    prim = s.primitive("affine_ext", **attrs)
+    assert prim.func == f"{lib}:affine_ext"  # MindSpore calls the library itself, with its own extra
+    np.testing.assert_array_equal(prim(Tensor(x)).asnumpy(), want)
+
+    def fn(t: Any) -> Any:
+        return prim(t)
+
+    np.testing.assert_array_equal(ms.grad(fn)(Tensor(x)).asnumpy(), np.full(4, -np.float32(0.3)))
