@@ -35,7 +35,9 @@ tensor's dtype (no type promotion).
 
 Composite ops (an ``impl.composite`` formula and no bprop) register the formula itself as their
 ``CompositeImplicitAutograd`` kernel. Torch tensors carry no layout format: they reach the runtime
-as ``DefaultFormat``.
+as ``DefaultFormat``. Elementwise (``expr``) ops keep ``channels_last``, as torch's pointwise ops
+do: when the first 4-d input is channels_last, the inputs reach the kernel as NHWC views (no
+copies) and the results come back as channels_last tensors.
 """
 
 from __future__ import annotations
@@ -150,26 +152,64 @@ def _to_runtime(t: Any) -> Any:
     return None if t is None else _to_dlpack(t)
 
 
+# ---- memory formats: an elementwise (expr) op keeps channels_last, as torch's pointwise ops do
+
+def _channels_last(tensors: Sequence[Any]) -> bool:
+    """Whether an elementwise op's result is channels_last: its inputs have at most 4 dims and the
+    first 4-d one is channels_last (and not also contiguous, as when C or H*W is 1)."""
+    first = None
+    for t in tensors:
+        if t is None:
+            continue
+        if t.dim() > 4:
+            return False
+        if first is None and t.dim() == 4:
+            first = t
+    return (first is not None and not first.is_contiguous()
+            and first.is_contiguous(memory_format=torch.channels_last))
+
+
+def _nhwc(t: Any) -> Any:
+    """t (broadcast to 4 dims, NCHW) as an NHWC view: a channels_last tensor's is contiguous."""
+    if t is None:
+        return None
+    if t.dim() < 4:
+        t = t[(None,) * (4 - t.dim())]
+    return t.permute(0, 2, 3, 1)
+
+
+def _nchw(t: Any) -> Any:
+    """An NHWC result as the NCHW tensor torch sees, in channels_last memory (a view)."""
+    return t.permute(0, 3, 1, 2)
+
+
 def _cpu_kernel(op: OpDef, run: Callable[..., Any]) -> Callable[..., Any]:
     n_in = len(op.inputs)
     single = len(op.outputs) == 1
+    elementwise = op.impl == "expr"
 
     def kernel(*args: Any) -> Any:
         args = _full_args(op, args)
-        out = run(*[_to_runtime(t) for t in args[:n_in]], *args[n_in:])
+        tensors = args[:n_in]
+        if elementwise and _channels_last(tensors):  # computed in NHWC order, no copies
+            out = run(*[_to_runtime(_nhwc(t)) for t in tensors], *args[n_in:])
+            if single:
+                return _nchw(_from_dlpack(out.__dlpack__()))
+            return tuple(_nchw(_from_dlpack(o.__dlpack__())) for o in out)
+        out = run(*[_to_runtime(t) for t in tensors], *args[n_in:])
         if single:
             return _from_dlpack(out.__dlpack__())
         return tuple(_from_dlpack(o.__dlpack__()) for o in out)
 
     if n_in == 1 and single:
         def kernel1(x: Any, *attrs: Any) -> Any:
-            if len(attrs) != len(op.attrs):
+            if len(attrs) != len(op.attrs) or (elementwise and x.dim() == 4):
                 return kernel(x, *attrs)
             return _from_dlpack(run(_to_dlpack(x), *attrs).__dlpack__())
         return kernel1
     if n_in == 2 and single and not any(i.optional for i in op.inputs):
         def kernel2(x: Any, y: Any, *attrs: Any) -> Any:
-            if len(attrs) != len(op.attrs):
+            if len(attrs) != len(op.attrs) or (elementwise and (x.dim() == 4 or y.dim() == 4)):
                 return kernel(x, y, *attrs)
             return _from_dlpack(run(_to_dlpack(x), _to_dlpack(y), *attrs).__dlpack__())
         return kernel2
@@ -187,20 +227,25 @@ def _device_kernel(op: OpDef, run: Callable[..., Any], device_type: str) -> Call
     single = len(op.outputs) == 1
     streams = torch.get_device_module(device_type)
 
+    elementwise = op.impl == "expr"
+
     def kernel(*args: Any) -> Any:
         args = _full_args(op, args)
         like = next(t for t in args[:n_in] if t is not None)
+        nhwc = elementwise and _channels_last(args[:n_in])
+        back = _nchw if nhwc else (lambda t: t)
+        tensors = [_nhwc(t) for t in args[:n_in]] if nhwc else args[:n_in]
         index = like.device.index if like.device.index is not None else streams.current_device()
         name = f"{device_type}:{index}"
         stream = streams.current_stream(index).cuda_stream
         previous = _C._current_stream(name)[1]
         _C._set_current_stream(name, stream)
         try:  # (exported on that stream too: the consumer's own, so nothing waits)
-            out = run(*[_to_runtime(t) for t in args[:n_in]], *args[n_in:])
+            out = run(*[_to_runtime(t) for t in tensors], *args[n_in:])
             consumer = stream or 1  # (torch's default stream is 0, DLPack's legacy default 1)
             if single:
-                return _from_dlpack(out.__dlpack__(stream=consumer))
-            return tuple(_from_dlpack(o.__dlpack__(stream=consumer)) for o in out)
+                return back(_from_dlpack(out.__dlpack__(stream=consumer)))
+            return tuple(back(_from_dlpack(o.__dlpack__(stream=consumer))) for o in out)
         finally:
             _C._set_current_stream(name, previous)
 
@@ -281,13 +326,14 @@ def _fake_kernel(op: OpDef, meta: Callable[..., Any]) -> Callable[..., Any]:
         # on their values (so dynamic dims stay dynamic)
         exprs = (op.shapes(H, *(None if t is None else tuple(t.shape) for t in tensors), *args[n_in:])
                  if symbolic and op.shapes is not None else None)
+        fmt = torch.channels_last if op.impl == "expr" and _channels_last(tensors) else torch.contiguous_format
         results = []
         for k, (out, (shape, dtype)) in enumerate(zip(op.outputs, metas)):
             if symbolic and out.shape == "expression" and exprs is not None:
                 shape = exprs[k]
             elif symbolic and out.shape != "infer":
                 shape = _symbolic_shape(out, dict(zip(names, tensors)), attrs)
-            results.append(like.new_empty(shape, dtype=_FROM_NAME[dtype]))
+            results.append(like.new_empty(shape, dtype=_FROM_NAME[dtype]).contiguous(memory_format=fmt))
         return results[0] if len(results) == 1 else tuple(results)
 
     return fake

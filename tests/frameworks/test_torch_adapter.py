@@ -14,6 +14,9 @@ import opforge  # noqa: E402
 import opforge.torch as ot  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
+from cases import Case, make_data, widest_cases  # noqa: E402
+from torch_cases import torch_inputs  # noqa: E402
+
 ops = ot.ops
 
 
@@ -184,3 +187,44 @@ def test_autocast_training_step_and_compile() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         again = compiled(x, labels)
     torch.testing.assert_close(again, loss.detach(), rtol=2e-2, atol=2e-2)
+
+
+# ---------------------------------------------------------------------------- memory formats
+
+_EXPR_CASES = [c for c in widest_cases() if c.op.impl.kind == "expr" and c.dtype in ("float32", "float64")]
+_EXPR_CASES = list({c.op.name: c for c in _EXPR_CASES}.values())
+
+
+@pytest.mark.parametrize("case", _EXPR_CASES, ids=lambda c: c.op.name)
+def test_elementwise_ops_keep_channels_last(case: Case) -> None:
+    """As torch's pointwise ops: a channels_last input gives a channels_last result, equal to the
+    contiguous call's (computed in NHWC order on zero-copy views), and the fake kernel agrees."""
+    rng = np.random.default_rng(3)
+    shapes = tuple(None if s is None else (2, 3, 4, 5) for s in case.shapes)
+    data = make_data(case.op, case.dtype, shapes, rng)
+    inputs = torch_inputs(Case(case.op, case.dtype, shapes, case.attrs), data)
+    op = getattr(torch.ops.opforge, case.op.name).default
+    want = op(*inputs, **case.attrs)
+    cl = [None if t is None else t.contiguous(memory_format=torch.channels_last) for t in inputs]
+    got = op(*cl, **case.attrs)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert g.is_contiguous(memory_format=torch.channels_last) and not g.is_contiguous()
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    torch.library.opcheck(op, tuple(cl), dict(case.attrs), test_utils=("test_schema", "test_faketensor"))
+
+
+def test_channels_last_broadcasts_lower_rank_inputs() -> None:
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64).to(memory_format=torch.channels_last)
+    for other in (torch.randn(3, 1, 1, dtype=torch.float64), torch.randn(5, dtype=torch.float64),
+                  torch.tensor(2.0, dtype=torch.float64)):
+        y = ot.ops.mul(x, other)
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(y, x * other, rtol=0, atol=0)
+    # contiguous inputs stay contiguous; other ops (softmax's axis is a memory order) compute as before
+    assert ot.ops.mul(x.contiguous(), x.contiguous()).is_contiguous()
+    torch.testing.assert_close(ot.ops.softmax(x), torch.softmax(x, -1))
+    # under torch.compile the compiled graph's strides agree
+    f = torch.compile(lambda a: ot.ops.exp(ot.ops.mul(a, a)), backend="aot_eager", fullgraph=True)
+    z = f(x)
+    assert z.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(z, torch.exp(x * x))
