@@ -37,7 +37,9 @@ Composite ops (an ``impl.composite`` formula and no bprop) register the formula 
 ``CompositeImplicitAutograd`` kernel. Torch tensors carry no layout format: they reach the runtime
 as ``DefaultFormat``. Elementwise (``expr``) ops keep ``channels_last``, as torch's pointwise ops
 do: when the first 4-d input is channels_last, the inputs reach the kernel as NHWC views (no
-copies) and the results come back as channels_last tensors.
+copies) and the results come back as channels_last tensors. An op with a layout attr (``format``:
+NCHW or NHWC, as ``bias_add``'s) called with NCHW and channels_last 4-d inputs runs as NHWC on their
+NHWC views, and its outputs of their shape come back channels_last.
 """
 
 from __future__ import annotations
@@ -183,19 +185,54 @@ def _nchw(t: Any) -> Any:
     return t.permute(0, 3, 1, 2)
 
 
+def _format_attr(op: OpDef) -> Optional[int]:
+    """The index of an op's layout attr: ``format``, choosing NCHW or NHWC (bias_add's)."""
+    for k, a in enumerate(op.attrs):
+        if a.name == "format" and a.type == "str" and set(a.choices or ()) == {"NCHW", "NHWC"}:
+            return k
+    return None
+
+
+def _nhwc_call(op: OpDef, fmt: Optional[int], args: tuple[Any, ...]) -> Optional[tuple[list[Any], list[Any], list[bool]]]:
+    """How a call runs in NHWC order, if it does (inputs, attrs, which outputs to view back as
+    channels_last NCHW), else None: an elementwise op whose first 4-d input is channels_last, on
+    NHWC views of every input; an op with a layout attr given NCHW and channels_last 4-d inputs,
+    on NHWC views of those with the attr NHWC (the outputs of their shape come back)."""
+    n_in = len(op.inputs)
+    tensors, attrs = list(args[:n_in]), list(args[n_in:])
+    if op.impl == "expr":
+        if not _channels_last(tensors):
+            return None
+        return [_nhwc(t) for t in tensors], attrs, [True] * len(op.outputs)
+    if fmt is None or attrs[fmt] != "NCHW":
+        return None
+    four = [t for t in tensors if t is not None and t.dim() == 4]
+    if not four or not all(not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+                           for t in four):
+        return None
+    attrs[fmt] = "NHWC"
+    names = {i.name for i, t in zip(op.inputs, tensors) if t is not None and t.dim() == 4}
+    back = [o.shape == "same" and o.shape_args[0] in names for o in op.outputs]
+    return [_nhwc(t) if t is not None and t.dim() == 4 else t for t in tensors], attrs, back
+
+
 def _cpu_kernel(op: OpDef, run: Callable[..., Any]) -> Callable[..., Any]:
     n_in = len(op.inputs)
     single = len(op.outputs) == 1
     elementwise = op.impl == "expr"
+    fmt = _format_attr(op)
 
     def kernel(*args: Any) -> Any:
         args = _full_args(op, args)
         tensors = args[:n_in]
-        if elementwise and _channels_last(tensors):  # computed in NHWC order, no copies
-            out = run(*[_to_runtime(_nhwc(t)) for t in tensors], *args[n_in:])
-            if single:
-                return _nchw(_from_dlpack(out.__dlpack__()))
-            return tuple(_nchw(_from_dlpack(o.__dlpack__())) for o in out)
+        nhwc = _nhwc_call(op, fmt, args) if elementwise or fmt is not None else None
+        if nhwc is not None:  # computed in NHWC order, no copies
+            ins, attrs, back = nhwc
+            out = run(*[_to_runtime(t) for t in ins], *attrs)
+            outs = [out] if single else list(out)
+            res = [_nchw(_from_dlpack(o.__dlpack__())) if b else _from_dlpack(o.__dlpack__())
+                   for o, b in zip(outs, back)]
+            return res[0] if single else tuple(res)
         out = run(*[_to_runtime(t) for t in tensors], *args[n_in:])
         if single:
             return _from_dlpack(out.__dlpack__())
@@ -203,13 +240,13 @@ def _cpu_kernel(op: OpDef, run: Callable[..., Any]) -> Callable[..., Any]:
 
     if n_in == 1 and single:
         def kernel1(x: Any, *attrs: Any) -> Any:
-            if len(attrs) != len(op.attrs) or (elementwise and x.dim() == 4):
+            if len(attrs) != len(op.attrs) or ((elementwise or fmt is not None) and x.dim() == 4):
                 return kernel(x, *attrs)
             return _from_dlpack(run(_to_dlpack(x), *attrs).__dlpack__())
         return kernel1
     if n_in == 2 and single and not any(i.optional for i in op.inputs):
         def kernel2(x: Any, y: Any, *attrs: Any) -> Any:
-            if len(attrs) != len(op.attrs) or (elementwise and (x.dim() == 4 or y.dim() == 4)):
+            if len(attrs) != len(op.attrs) or ((elementwise or fmt is not None) and (x.dim() == 4 or y.dim() == 4)):
                 return kernel(x, y, *attrs)
             return _from_dlpack(run(_to_dlpack(x), _to_dlpack(y), *attrs).__dlpack__())
         return kernel2
@@ -227,25 +264,25 @@ def _device_kernel(op: OpDef, run: Callable[..., Any], device_type: str) -> Call
     single = len(op.outputs) == 1
     streams = torch.get_device_module(device_type)
 
-    elementwise = op.impl == "expr"
+    fmt = _format_attr(op)
 
     def kernel(*args: Any) -> Any:
         args = _full_args(op, args)
         like = next(t for t in args[:n_in] if t is not None)
-        nhwc = elementwise and _channels_last(args[:n_in])
-        back = _nchw if nhwc else (lambda t: t)
-        tensors = [_nhwc(t) for t in args[:n_in]] if nhwc else args[:n_in]
+        nhwc = _nhwc_call(op, fmt, args)
+        tensors, attrs, back = nhwc if nhwc is not None else (args[:n_in], args[n_in:], [False] * len(op.outputs))
         index = like.device.index if like.device.index is not None else streams.current_device()
         name = f"{device_type}:{index}"
         stream = streams.current_stream(index).cuda_stream
         previous = _C._current_stream(name)[1]
         _C._set_current_stream(name, stream)
         try:  # (exported on that stream too: the consumer's own, so nothing waits)
-            out = run(*[_to_runtime(t) for t in tensors], *args[n_in:])
+            out = run(*[_to_runtime(t) for t in tensors], *attrs)
             consumer = stream or 1  # (torch's default stream is 0, DLPack's legacy default 1)
-            if single:
-                return back(_from_dlpack(out.__dlpack__(stream=consumer)))
-            return tuple(back(_from_dlpack(o.__dlpack__(stream=consumer))) for o in out)
+            outs = [out] if single else list(out)
+            res = [_from_dlpack(o.__dlpack__(stream=consumer)) for o in outs]
+            res = [_nchw(r) if b else r for r, b in zip(res, back)]
+            return res[0] if single else tuple(res)
         finally:
             _C._set_current_stream(name, previous)
 
@@ -301,6 +338,7 @@ def _symbolic_shape(out: Any, ins: dict[str, Any], attrs: dict[str, Any]) -> Any
 def _fake_kernel(op: OpDef, meta: Callable[..., Any]) -> Callable[..., Any]:
     n_in = len(op.inputs)
     names = [i.name for i in op.inputs]
+    fmt_attr = _format_attr(op)
 
     def fake(*args: Any) -> Any:
         args = _full_args(op, args)
@@ -326,14 +364,15 @@ def _fake_kernel(op: OpDef, meta: Callable[..., Any]) -> Callable[..., Any]:
         # on their values (so dynamic dims stay dynamic)
         exprs = (op.shapes(H, *(None if t is None else tuple(t.shape) for t in tensors), *args[n_in:])
                  if symbolic and op.shapes is not None else None)
-        fmt = torch.channels_last if op.impl == "expr" and _channels_last(tensors) else torch.contiguous_format
+        nhwc = _nhwc_call(op, fmt_attr, args)
         results = []
         for k, (out, (shape, dtype)) in enumerate(zip(op.outputs, metas)):
             if symbolic and out.shape == "expression" and exprs is not None:
                 shape = exprs[k]
             elif symbolic and out.shape != "infer":
                 shape = _symbolic_shape(out, dict(zip(names, tensors)), attrs)
-            results.append(like.new_empty(shape, dtype=_FROM_NAME[dtype]).contiguous(memory_format=fmt))
+            empty = like.new_empty(shape, dtype=_FROM_NAME[dtype])
+            results.append(empty.contiguous(memory_format=torch.channels_last) if nhwc and nhwc[2][k] else empty)
         return results[0] if len(results) == 1 else tuple(results)
 
     return fake

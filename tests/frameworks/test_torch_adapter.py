@@ -228,3 +228,20 @@ def test_channels_last_broadcasts_lower_rank_inputs() -> None:
     z = f(x)
     assert z.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(z, torch.exp(x * x))
+
+
+def test_channels_last_runs_layout_ops_as_nhwc() -> None:
+    """bias_add (a format attr): a channels_last x with format NCHW runs as NHWC on x's NHWC view
+    (no copy into NCHW), its result channels_last; its gradient op too."""
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64).to(memory_format=torch.channels_last)
+    b = torch.randn(3, dtype=torch.float64)
+    y = ot.ops.bias_add(x, b)
+    assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+    torch.testing.assert_close(y, x + b[:, None, None], rtol=0, atol=0)
+    torch.testing.assert_close(ot.ops.bias_add_grad(x), x.sum(dim=(0, 2, 3)))
+    xg, bg = x.clone().requires_grad_(), b.clone().requires_grad_()
+    ot.ops.bias_add(xg, bg).sum().backward()
+    torch.testing.assert_close(bg.grad, torch.full((3,), 40.0, dtype=torch.float64))
+    torch.library.opcheck(torch.ops.opforge.bias_add.default, (x, b), test_utils=("test_schema", "test_faketensor"))
+    # NHWC given explicitly: x's last axis is its channel axis, as always
+    torch.testing.assert_close(ot.ops.bias_add(x, torch.randn(5, dtype=torch.float64), format="NHWC").shape, x.shape)
