@@ -23,8 +23,8 @@ from mindspore import Tensor, nn  # noqa: E402
 import opforge  # noqa: E402
 import opforge._C as _C  # noqa: E402
 import opforge.mindspore as om  # noqa: E402
-from cases import Case, make_data, reference, to_inputs, widest_cases  # noqa: E402
-from mindspore_cases import check_outputs, ms_inputs  # noqa: E402
+from cases import Case, make_data, reference, widest_cases  # noqa: E402
+from mindspore_cases import check_outputs, ms_inputs, opforge_grads  # noqa: E402
 
 ms.set_device(device_target="CPU")
 
@@ -215,15 +215,7 @@ SECOND_PARAMS = [pytest.param(c, m, id=f"{c.id}-{m}",
 
 def _double_backward(case: Case, data: list[Any], w: list[np.ndarray], v: list[np.ndarray]) -> list[np.ndarray]:
     """d/dx <v, d<w, f(x)>/dx> by opforge's autograd (create_graph)."""
-    op = case.op
-    inputs = [None if a is None else opforge.tensor(a, requires_grad=spec.differentiable)
-              for spec, a in zip(op.inputs, to_inputs(op, case.dtype, data))]
-    outs = getattr(opforge.ops, op.name)(*inputs, **case.attrs)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    diff = [k for k, o in enumerate(op.outputs) if o.differentiable]
-    wanted = [k for k, t in enumerate(inputs) if t is not None and op.inputs[k].differentiable]
-    grads = opforge.gradients([outs[k] for k in diff], [inputs[k] for k in wanted],
-                              [opforge.tensor(x) for x in w], create_graph=True, allow_unused=True)
+    inputs, wanted, grads = opforge_grads(case, data, w, create_graph=True)
     h = None
     for g, vk in zip(grads, v):
         if g is None or not g.requires_grad:

@@ -25,8 +25,8 @@ import opforge  # noqa: E402
 from opforge import _formulas  # noqa: E402  (opforge's own ops: list_ops() also has ops that tests load)
 import opforge.mindspore as om  # noqa: E402
 from mindspore_seeds import LeakyReluNet, MyNet, SquareNet  # noqa: E402  (examples/)
-from cases import Case, make_data, reference, to_inputs, widest_cases  # noqa: E402
-from mindspore_cases import check_outputs, ms_inputs  # noqa: E402
+from cases import Case, make_data, reference, widest_cases  # noqa: E402
+from mindspore_cases import check_outputs, ms_inputs, opforge_grads  # noqa: E402
 
 ms.set_device(device_target="CPU")
 ms.runtime.launch_blocking()  # synchronous PyNative: errors surface at the call that made them
@@ -75,15 +75,7 @@ def test_forward_matches_reference(case: Case, rng, pynative) -> None:
 
 def _expected_grads(case: Case, data: list[Any], weights: list[np.ndarray]) -> list[Any]:
     """Gradients of sum(out_k * w_k) over the differentiable outputs, from opforge's autograd."""
-    op = case.op
-    inputs = [None if a is None else opforge.tensor(a, requires_grad=spec.differentiable)
-              for spec, a in zip(op.inputs, to_inputs(op, case.dtype, data))]
-    outs = getattr(opforge.ops, op.name)(*inputs, **case.attrs)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    diff = [k for k, o in enumerate(op.outputs) if o.differentiable]
-    wanted = [k for k, t in enumerate(inputs) if t is not None and op.inputs[k].differentiable]
-    grads = opforge.gradients([outs[k] for k in diff], [inputs[k] for k in wanted],
-                              [opforge.tensor(w) for w in weights], allow_unused=True)
+    inputs, wanted, grads = opforge_grads(case, data, weights)
     return [np.zeros(inputs[k].shape) if g is None else g.numpy() for k, g in zip(wanted, grads)]
 
 
