@@ -16,12 +16,6 @@ from typing import Any, Optional
 
 import numpy as np
 
-# Two thread pools share the cores: OpenMP (our loops) and OpenBLAS's (large GEMMs). OpenMP
-# threads that spin-wait after a parallel region starve OpenBLAS's threads (and the other way
-# round): a 3-layer MLP step ran 10x slower. Unless the user chose otherwise, idle OpenMP threads
-# sleep. libgomp reads this when it loads, which is when opforge._C is imported below.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 # OpenBLAS (matmul, linear): importing scipy_openblas32 loads its libscipy_openblas.so with
 # RTLD_GLOBAL, so the extension's dependency on that library resolves to it wherever pip put it.
 import scipy_openblas32  # noqa: F401  (before opforge._C)

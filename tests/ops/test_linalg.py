@@ -125,7 +125,9 @@ def _grad_b(d, a, b):
 
 
 LARGE = [
-    ((96, 80), (80, 112)),              # one GEMM
+    ((96, 80), (80, 112)),              # one GEMM, its columns split over threads
+    ((133, 120), (120, 41)),            # rows split over threads, a ragged last block
+    ((20, 300), (300, 150)),            # columns split: few rows, a long inner dimension
     ((200,), (200, 150)),               # vector @ matrix: GEMV
     ((150, 200), (200,)),               # matrix @ vector: GEMV
     ((1, 300), (300, 1)),               # 1 x 1 result
@@ -196,9 +198,10 @@ def test_transpose_values_and_dtypes() -> None:
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("xshape", [(64, 96), (3, 5, 96), (96,), (0, 96)])
 def test_linear_large(xshape, bias) -> None:
+    """(64, 96) by (112, 96)^T is large enough for blas::gemm to split it over threads."""
     rng = np.random.default_rng(5)
-    x, w = _rand(rng, *xshape, dtype=np.float32), _rand(rng, 80, 96, dtype=np.float32)
-    b = _rand(rng, 80, dtype=np.float32) if bias else None
+    x, w = _rand(rng, *xshape, dtype=np.float32), _rand(rng, 112, 96, dtype=np.float32)
+    b = _rand(rng, 112, dtype=np.float32) if bias else None
     ref = x.astype(np.float64) @ w.T.astype(np.float64) + (0 if b is None else b)
     out = ops.linear(x, w, b)
     assert out.shape == ref.shape
@@ -208,7 +211,7 @@ def test_linear_large(xshape, bias) -> None:
     d = _rand(rng, *ref.shape, dtype=np.float32)
     leaves = [tx, tw] + ([tb] if tb is not None else [])
     grads = opforge.gradients(ops.linear(tx, tw, tb), leaves, [opforge.tensor(d)])
-    d2, x2 = d.reshape(-1, 80).astype(np.float64), x.reshape(-1, 96).astype(np.float64)
+    d2, x2 = d.reshape(-1, 112).astype(np.float64), x.reshape(-1, 96).astype(np.float64)
     np.testing.assert_allclose(grads[0].numpy(), (d2 @ w.astype(np.float64)).reshape(x.shape), rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(grads[1].numpy(), d2.T @ x2, rtol=1e-5, atol=1e-4)
     if tb is not None:

@@ -7,8 +7,8 @@
 // OpenBLAS build can be used by defining OPFORGE_BLAS_PREFIX (empty for an unprefixed one).
 // Integers are 32-bit (`blasint`): callers check dimensions with blas::fits().
 //
-// Threading: OpenBLAS is set to one thread; gemm() splits large products over row blocks in
-// opforge's OpenMP threads (see split_gemm), so there is a single thread pool.
+// Threading: OpenBLAS is set to one thread; gemm() splits products over blocks of rows or
+// columns in opforge's OpenMP threads (see split_gemm), so there is a single thread pool.
 #pragma once
 
 #include <cblas.h>
@@ -31,11 +31,14 @@
 
 namespace opforge::blas {
 
-// OpenBLAS's own limits (interface/gemm.c, interface/gemv.c: SMP_THRESHOLD_MIN *
-// GEMM_MULTITHREAD_THRESHOLD and 2304 * GEMM_MULTITHREAD_THRESHOLD) below which it stays in the
-// calling thread.
-constexpr int64_t kSingleThreadedGemm = int64_t(65536) * 4;
-constexpr int64_t kSingleThreadedGemv = int64_t(2304) * 4;
+// Threads opforge's OpenMP regions may use (1 without OpenMP).
+inline int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
 
 inline bool fits(int64_t n) { return n >= 0 && n <= INT_MAX; }
 
@@ -53,37 +56,60 @@ inline void single_threaded_blas() {
   (void)done;
 }
 
+// Products of at least this many multiply-adds (m * n * k, about 80^3) are split over opforge's
+// OpenMP threads; smaller ones run on the calling thread, where a fork/join costs more than it
+// saves (measured on 2 cores: 64^3 runs at 60 GFLOP/s on one thread and 45 split, 96^3 at 64 and
+// 75; benchmarks/run.py --groups gemm).
+constexpr int64_t kSplitGemm = int64_t(1) << 19;
+
+// A block boundary every kAlign rows or columns keeps every thread's block a whole number of the
+// BLAS kernel's register tiles (OpenBLAS's Haswell/Zen sgemm and dgemm tiles are 4..16 wide).
+constexpr blasint kAlign = 16;
+
+// C (m x n) = op(A) @ op(B) split into one block of rows or of columns of C per thread, along
+// the longer side: call(rows, cols, A block, B block, C block). A row block of C takes rows of
+// op(A) and all of op(B); a column block all of op(A) and columns of op(B), so each thread packs
+// only its part of the larger operand.
 template <typename T, typename Gemm>
-inline void split_gemm(Gemm call, bool ta, blasint m, blasint n, blasint k, const T* a, blasint lda, T* c,
-                       blasint ldc) {
+inline void split_gemm(Gemm call, bool ta, bool tb, blasint m, blasint n, blasint k, const T* a, blasint lda,
+                       const T* b, blasint ldb, T* c, blasint ldc) {
   single_threaded_blas();
 #ifdef _OPENMP
   const int threads = omp_get_max_threads();
-  if (threads > 1 && int64_t(m) * n * k >= kSingleThreadedGemm * 16 && m >= 8 * threads) {
-#pragma omp parallel num_threads(threads)
+  const bool by_rows = m >= n;
+  const blasint len = by_rows ? m : n;
+  if (threads > 1 && !omp_in_parallel() && int64_t(m) * n * k >= kSplitGemm && len >= 2 * kAlign) {
+    const blasint blocks = std::min<blasint>(threads, len / kAlign);
+    const blasint chunk = ((len + blocks - 1) / blocks + kAlign - 1) / kAlign * kAlign;
+#pragma omp parallel num_threads(blocks)
     {
-      const blasint t = omp_get_thread_num(), nt = omp_get_num_threads();
-      const blasint chunk = (m + nt - 1) / nt, i0 = std::min(m, t * chunk), i1 = std::min(m, i0 + chunk);
-      // rows i0..i1 of op(A) and of C; a transposed A keeps them as columns
-      if (i0 < i1) call(i1 - i0, ta ? a + i0 : a + int64_t(i0) * lda, c + int64_t(i0) * ldc);
+      const blasint t = omp_get_thread_num();
+      const blasint i0 = std::min(len, t * chunk), i1 = std::min(len, i0 + chunk);
+      if (i0 < i1) {
+        if (by_rows) {  // rows i0..i1 of op(A) and of C; a transposed A keeps them as columns
+          call(i1 - i0, n, ta ? a + i0 : a + int64_t(i0) * lda, b, c + int64_t(i0) * ldc);
+        } else {  // columns i0..i1 of op(B) and of C; a transposed B keeps them as rows
+          call(m, i1 - i0, a, tb ? b + int64_t(i0) * ldb : b + i0, c + i0);
+        }
+      }
     }
     return;
   }
 #endif
-  call(m, a, c);
+  call(m, n, a, b, c);
 }
 
 inline void gemm(bool ta, bool tb, blasint m, blasint n, blasint k, float alpha, const float* a, blasint lda,
                  const float* b, blasint ldb, float beta, float* c, blasint ldc) {
-  split_gemm<float>([&](blasint rows, const float* ap, float* cp) {
-    OPFORGE_BLAS(cblas_sgemm)(CblasRowMajor, tr(ta), tr(tb), rows, n, k, alpha, ap, lda, b, ldb, beta, cp, ldc);
-  }, ta, m, n, k, a, lda, c, ldc);
+  split_gemm<float>([&](blasint rows, blasint cols, const float* ap, const float* bp, float* cp) {
+    OPFORGE_BLAS(cblas_sgemm)(CblasRowMajor, tr(ta), tr(tb), rows, cols, k, alpha, ap, lda, bp, ldb, beta, cp, ldc);
+  }, ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
 }
 inline void gemm(bool ta, bool tb, blasint m, blasint n, blasint k, double alpha, const double* a, blasint lda,
                  const double* b, blasint ldb, double beta, double* c, blasint ldc) {
-  split_gemm<double>([&](blasint rows, const double* ap, double* cp) {
-    OPFORGE_BLAS(cblas_dgemm)(CblasRowMajor, tr(ta), tr(tb), rows, n, k, alpha, ap, lda, b, ldb, beta, cp, ldc);
-  }, ta, m, n, k, a, lda, c, ldc);
+  split_gemm<double>([&](blasint rows, blasint cols, const double* ap, const double* bp, double* cp) {
+    OPFORGE_BLAS(cblas_dgemm)(CblasRowMajor, tr(ta), tr(tb), rows, cols, k, alpha, ap, lda, bp, ldb, beta, cp, ldc);
+  }, ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
 }
 inline void gemv(bool ta, blasint rows, blasint cols, float alpha, const float* a, blasint lda, const float* x,
                  float beta, float* y) {

@@ -155,9 +155,12 @@ void batched_gemm(const char* op, const Shape& batch, int64_t m, int64_t n, int6
       oc += i * cst[d];
     }
   };
+  // Independent products go to OpenMP threads when each is too small for blas::gemm to split
+  // it or when there are enough of them to keep every thread busy; inside the loop blas::gemm
+  // then stays on its thread.
   const int64_t work = m * n * k;
-  const bool single = work <= blas::kSingleThreadedGemm && (std::min(m, n) > 1 || work <= blas::kSingleThreadedGemv);
-  const bool parallel = single && n_outer > 1 && n_outer * work >= (int64_t(1) << 15);
+  const bool parallel = n_outer > 1 && n_outer * work >= (int64_t(1) << 15) &&
+                        (work < blas::kSplitGemm || n_outer >= 8 * int64_t(blas::max_threads()));
 #pragma omp parallel for if (parallel) schedule(static)
   for (int64_t o = 0; o < n_outer; ++o) {
     int64_t oa = 0, ob = 0, oc = 0;
