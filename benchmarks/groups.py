@@ -116,6 +116,28 @@ def mul() -> list[dict]:
     ]
 
 
+def vector_math() -> list[dict]:
+    """Elementwise kernels calling transcendental functions (libmvec's SIMD variants), 2^24 float32."""
+    n = 1 << 24
+    rng = np.random.default_rng(0)
+    x, d = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
+    ox, od = opforge.from_numpy(x), opforge.from_numpy(d)
+    tx, td = torch.from_numpy(x), torch.from_numpy(d)
+    F = torch.nn.functional
+    rows = []
+    for name, ours, theirs in [
+            ("gelu", lambda: ops.gelu(ox), lambda: F.gelu(tx)),
+            ("gelu_backward", lambda: ops.gelu_backward(od, ox), lambda: torch.ops.aten.gelu_backward(td, tx)),
+            ("gelu (tanh)", lambda: ops.gelu(ox, approximate="tanh"), lambda: F.gelu(tx, approximate="tanh")),
+            ("exp", lambda: ops.exp(ox), lambda: torch.exp(tx)),
+            ("tanh", lambda: ops.tanh(ox), lambda: torch.tanh(tx))]:
+        t_o, t_t = paired([ours, theirs], 0.3, 7)
+        target = name in ("gelu", "gelu_backward")
+        rows.append(row("vector_math", f"{name} 2^24 float32", t_o, None, t_t, "≤ 1.0× torch" if target else "",
+                        t_o <= t_t if target else None))
+    return rows
+
+
 def _norm_cases():
     x_np = np.random.rand(4096, 4096).astype(np.float32)
     w_np = np.random.rand(4096).astype(np.float32)

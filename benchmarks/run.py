@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-GROUPS = ["call", "autograd", "mul", "norms", "matmul", "mlp", "torch_ops", "mindspore_ops"]
+GROUPS = ["call", "autograd", "mul", "vector_math", "norms", "matmul", "mlp", "torch_ops", "mindspore_ops"]
 
 
 def machine() -> str:

@@ -24,24 +24,81 @@
 #define OPFORGE_INLINE inline
 #endif
 
+// Vector math (CPU): glibc's libmvec has SIMD variants of libm functions (_ZGVbN4v_expf for SSE,
+// _ZGVdN8v_expf for AVX2, ...; since glibc 2.35 for all of these but exp/log/sin/cos/pow, which
+// came in 2.22). The declarations below name the libm functions (asm labels) as `simd` and
+// `const`, so GCC's vectorizer calls a variant on 4 or 8 lanes where it vectorizes a loop that
+// calls them, as glibc's own <math.h> offers only under -ffast-math (whose other effects opforge
+// must not have). They are not the builtins: GCC cannot fuse sin and cos into a sincos call,
+// which has no such variant. Accuracy: libmvec documents at most 4 ulp; the errors measured per
+// function and dtype are in benchmarks/results/ulp.md, bounded by tests/ops/test_vector_math.py.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && \
+    defined(__GLIBC__) && defined(__GLIBC_PREREQ)
+#if __GLIBC_PREREQ(2, 35)
+#define OPFORGE_VECTOR_MATH 1
+#define OPFORGE_MVEC_(R, name, ...) \
+  __attribute__((simd("notinbranch"), const)) R opforge_mvec_##name(__VA_ARGS__) noexcept __asm__(#name);
+#define OPFORGE_MVEC_FD_(name) OPFORGE_MVEC_(float, name##f, float) OPFORGE_MVEC_(double, name, double)
+extern "C" {
+OPFORGE_MVEC_FD_(exp)
+OPFORGE_MVEC_FD_(log)
+OPFORGE_MVEC_FD_(log1p)
+OPFORGE_MVEC_FD_(expm1)
+OPFORGE_MVEC_FD_(tanh)
+OPFORGE_MVEC_FD_(sin)
+OPFORGE_MVEC_FD_(cos)
+OPFORGE_MVEC_FD_(erf)
+OPFORGE_MVEC_(float, powf, float, float)
+OPFORGE_MVEC_(double, pow, double, double)
+}
+#undef OPFORGE_MVEC_FD_
+#undef OPFORGE_MVEC_
+#endif
+#endif
+#ifndef OPFORGE_VECTOR_MATH
+#define OPFORGE_VECTOR_MATH 0
+#endif
+
 namespace opforge {
 
 // Scalar functions for `impl.expr` formulas; arguments are compute types (float, double, ints).
 // Host and device (OPFORGE_HD): CUDA's <cmath> overloads serve std:: in device code.
 namespace fn {
-template <typename T> OPFORGE_HD OPFORGE_INLINE auto exp(T x) { return std::exp(x); }
-template <typename T> OPFORGE_HD OPFORGE_INLINE auto log(T x) { return std::log(x); }
-template <typename T> OPFORGE_HD OPFORGE_INLINE auto log1p(T x) { return std::log1p(x); }
-template <typename T> OPFORGE_HD OPFORGE_INLINE auto expm1(T x) { return std::expm1(x); }
+// float and double go to the vector-math declarations above where they exist, others to <cmath>.
+#if OPFORGE_VECTOR_MATH
+#define OPFORGE_FN1_(name)                                                          \
+  template <typename T> OPFORGE_INLINE auto name(T x) {                              \
+    if constexpr (std::is_same_v<T, float>) return opforge_mvec_##name##f(x);        \
+    else if constexpr (std::is_same_v<T, double>) return opforge_mvec_##name(x);     \
+    else return std::name(x);                                                        \
+  }
+#define OPFORGE_FN2_(name)                                                          \
+  template <typename T> OPFORGE_INLINE auto name(T x, T y) {                         \
+    if constexpr (std::is_same_v<T, float>) return opforge_mvec_##name##f(x, y);     \
+    else if constexpr (std::is_same_v<T, double>) return opforge_mvec_##name(x, y);  \
+    else return std::name(x, y);                                                     \
+  }
+#else
+#define OPFORGE_FN1_(name) \
+  template <typename T> OPFORGE_HD OPFORGE_INLINE auto name(T x) { return std::name(x); }
+#define OPFORGE_FN2_(name) \
+  template <typename T> OPFORGE_HD OPFORGE_INLINE auto name(T x, T y) { return std::name(x, y); }
+#endif
+OPFORGE_FN1_(exp)
+OPFORGE_FN1_(log)
+OPFORGE_FN1_(log1p)
+OPFORGE_FN1_(expm1)
+OPFORGE_FN1_(tanh)
+OPFORGE_FN1_(sin)
+OPFORGE_FN1_(cos)
+OPFORGE_FN1_(erf)
+OPFORGE_FN2_(pow)
+#undef OPFORGE_FN1_
+#undef OPFORGE_FN2_
 template <typename T> OPFORGE_HD OPFORGE_INLINE auto sqrt(T x) { return std::sqrt(x); }
 template <typename T> OPFORGE_HD OPFORGE_INLINE auto rsqrt(T x) { return T(1) / std::sqrt(x); }
-template <typename T> OPFORGE_HD OPFORGE_INLINE auto tanh(T x) { return std::tanh(x); }
-template <typename T> OPFORGE_HD OPFORGE_INLINE auto sin(T x) { return std::sin(x); }
-template <typename T> OPFORGE_HD OPFORGE_INLINE auto cos(T x) { return std::cos(x); }
-template <typename T> OPFORGE_HD OPFORGE_INLINE auto erf(T x) { return std::erf(x); }
 template <typename T> OPFORGE_HD OPFORGE_INLINE auto floor(T x) { return std::floor(x); }
 template <typename T> OPFORGE_HD OPFORGE_INLINE auto ceil(T x) { return std::ceil(x); }
-template <typename T> OPFORGE_HD OPFORGE_INLINE auto pow(T x, T y) { return std::pow(x, y); }
 template <typename T> OPFORGE_HD OPFORGE_INLINE T abs(T x) {
   if constexpr (std::is_unsigned_v<T> || std::is_same_v<T, bool>) return x;
   else if constexpr (std::is_floating_point_v<T>) return std::fabs(x);  // (abs(-0.0) is +0.0)
@@ -104,6 +161,8 @@ OPFORGE_INLINE void check_input(size_t index, const Tensor& in, const Shape& out
   if (in.shape() != out_shape) check_input_broadcasts(current_op(), index, in.shape(), out_shape);
 }
 
+constexpr int64_t kDenseBlock = 16;  // see dense()
+
 // Where an elementwise loop writes: one pointer per output (`Outs` = std::tuple<Out...>). put()
 // stores a result at position i: the value itself for one output, else a tuple of one per output.
 template <typename Outs, typename K = std::make_index_sequence<std::tuple_size_v<Outs>>>
@@ -116,6 +175,14 @@ struct Sink<std::tuple<Out...>, std::index_sequence<K...>> {
   static Sink of(const std::array<const Tensor*, sizeof...(Out)>& outs) {
     return {std::tuple<Out*...>{outs[K]->template data<Out>()...}};
   }
+  // the same outputs from element `offset` on
+  Sink shifted(int64_t offset) const { return {std::tuple<Out*...>{(std::get<K>(p) + offset)...}}; }
+  // a block of kDenseBlock results per output, staged on the stack
+  using Block = std::tuple<std::array<Out, kDenseBlock>...>;
+  static Sink of_block(Block& b) { return {std::tuple<Out*...>{std::get<K>(b).data()...}}; }
+  void copy_from(const Block& b, int64_t count) const {
+    ((std::copy(std::get<K>(b).data(), std::get<K>(b).data() + count, std::get<K>(p))), ...);
+  }
   template <typename R>
   OPFORGE_INLINE void put(int64_t i, const R& r) const {
     if constexpr (sizeof...(Out) == 1) {
@@ -125,6 +192,117 @@ struct Sink<std::tuple<Out...>, std::index_sequence<K...>> {
     }
   }
 };
+
+// out[i] = f(in[i]...) over n elements of dense inputs, some of which may be one element read
+// for every i ("scalar" inputs: stride 0), written for the vectorizer. Without scalar inputs one
+// loop runs over the whole blocks of kDenseBlock elements; with them, the loop runs over spans of
+// up to kSpan elements, reading each scalar input from a span of copies, so that every loop reads
+// dense memory. The last partial block is computed as a whole one on copies (padded with its
+// first element), so that every element goes through the same vector code whatever its position,
+// the call's length or the split over threads (libmvec's vector functions and libm's scalar ones
+// may round differently: a scalar tail would make exp(x)[i] depend on i).
+constexpr int64_t kSpan = 256;
+
+template <typename... In>
+using DenseSpans = std::tuple<std::array<In, kSpan>...>;
+
+// The trip count of a loop hidden from the optimizer: a constant one would be unrolled
+// completely, and GCC 12 turns an unrolled vector-math call back into scalar libm calls.
+OPFORGE_INLINE int64_t opaque(int64_t n) {
+  asm("" : "+r"(n));
+  return n;
+}
+
+template <typename Outs, typename... In, typename F, size_t... I>
+OPFORGE_INLINE void dense_run(const Sink<Outs>& o, const std::tuple<const In*...>& p, int64_t n, const F& f,
+                              std::index_sequence<I...>) {
+  for (int64_t i = 0; i < n; ++i) o.put(i, f(load<In>(std::get<I>(p) + i)...));
+}
+
+// Input k's pointer for the elements from b on: into its data, or its span of copies if copied.
+template <typename... In, size_t... I>
+OPFORGE_INLINE std::tuple<const In*...> dense_at(const std::tuple<const In*...>& p, const DenseSpans<In...>& spans,
+                                                 const bool* copied, int64_t b, std::index_sequence<I...>) {
+  return {(copied[I] ? std::get<I>(spans).data() : std::get<I>(p) + b)...};
+}
+
+// The inputs from element b on (scalar inputs stay as they are).
+template <typename... In, size_t... I>
+OPFORGE_INLINE std::tuple<const In*...> dense_from(const std::tuple<const In*...>& p, const bool* scalar, int64_t b,
+                                                   std::index_sequence<I...>) {
+  return {(scalar[I] ? std::get<I>(p) : std::get<I>(p) + b)...};
+}
+
+// The first `len` copies of each input: scalar inputs repeated; with `tail`, the others' elements
+// b .. b + count - 1, padded with the first of them.
+template <typename... In, size_t... I>
+OPFORGE_INLINE void dense_copy(DenseSpans<In...>& spans, const std::tuple<const In*...>& p, const bool* scalar,
+                               bool tail, int64_t b, int64_t count, int64_t len, std::index_sequence<I...>) {
+  for (int64_t j = 0; j < len; ++j) {
+    ((scalar[I] ? (void)(std::get<I>(spans)[j] = std::get<I>(p)[0])
+                : tail ? (void)(std::get<I>(spans)[j] = std::get<I>(p)[b + (j < count ? j : 0)]) : (void)0),
+     ...);
+  }
+}
+
+template <typename Outs, typename... In, typename F>
+OPFORGE_INLINE void dense(const Sink<Outs>& o, const std::tuple<const In*...>& p,
+                          const std::array<bool, sizeof...(In)>& scalar, int64_t n, const F& f) {
+  constexpr auto idx = std::index_sequence_for<In...>{};
+  const int64_t whole = n / kDenseBlock * kDenseBlock;
+  DenseSpans<In...> spans;
+  const bool any_scalar = std::find(scalar.begin(), scalar.end(), true) != scalar.end();
+  if (!any_scalar) {
+    dense_run<Outs, In...>(o, p, whole, f, idx);
+  } else if (whole > 0) {
+    dense_copy<In...>(spans, p, scalar.data(), false, 0, 0, std::min(kSpan, whole), idx);
+    for (int64_t b = 0; b < whole; b += kSpan) {
+      dense_run<Outs, In...>(o.shifted(b), dense_at<In...>(p, spans, scalar.data(), b, idx),
+                             opaque(std::min(kSpan, whole - b)), f, idx);
+    }
+  }
+  const int64_t rest = n - whole;
+  if (rest == 0) return;
+  dense_copy<In...>(spans, p, scalar.data(), true, whole, rest, kDenseBlock, idx);
+  typename Sink<Outs>::Block out;
+  std::array<bool, sizeof...(In)> copied;
+  copied.fill(true);
+  dense_run<Outs, In...>(Sink<Outs>::of_block(out), dense_at<In...>(p, spans, copied.data(), 0, idx),
+                         opaque(kDenseBlock), f, idx);
+  o.shifted(whole).copy_from(out, rest);
+}
+
+#if OPFORGE_VECTOR_MATH
+// The same loops compiled for AVX2 (8 float lanes; libmvec's _ZGVdN8v_* variants), chosen at
+// run time where the CPU has it. No FMA: the arithmetic rounds as in the scalar code.
+template <typename Outs, typename... In, typename F>
+__attribute__((target("avx2"), noinline)) void dense_avx2(const Sink<Outs>& o, const std::tuple<const In*...>& p,
+                                                         const std::array<bool, sizeof...(In)>& scalar, int64_t n,
+                                                         const F& f) {
+  dense<Outs, In...>(o, p, scalar, n, f);
+}
+
+inline bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+#endif
+
+// dense() over [0, n) in OpenMP threads when n is large, each thread on its own range.
+template <typename Outs, typename... In, typename F>
+void dense_parallel(const Sink<Outs>& o, const std::tuple<const In*...>& p,
+                    const std::array<bool, sizeof...(In)>& scalar, int64_t n, const F& f) {
+  parallel_for(n, kParallelThreshold, [&](int64_t begin, int64_t end) {
+    const auto from = dense_from<In...>(p, scalar.data(), begin, std::index_sequence_for<In...>{});
+#if OPFORGE_VECTOR_MATH
+    if (has_avx2()) {
+      dense_avx2<Outs, In...>(o.shifted(begin), from, scalar, end - begin, f);
+      return;
+    }
+#endif
+    dense<Outs, In...>(o.shifted(begin), from, scalar, end - begin, f);
+  });
+}
 
 template <typename Outs, typename... In, typename F, size_t... I>
 void elementwise_impl(const std::array<const Tensor*, std::tuple_size_v<Outs>>& outs, const F& f,
@@ -141,19 +319,11 @@ void elementwise_impl(const std::array<const Tensor*, std::tuple_size_v<Outs>>& 
   if (n == 0) return;
   const Sink<Outs> o = Sink<Outs>::of(outs);
   const std::tuple<const In*...> p{ins[I]->template data<In>()...};
-  const bool same = ((ins[I]->numel() == n && ins[I]->is_contiguous()) && ... && true);
-  if (same) {
-    parallel_for(n, kParallelThreshold, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) o.put(i, f(load<In>(std::get<I>(p) + i)...));
-    });
-    return;
-  }
+  // Dense inputs, some maybe of one element read for every output element.
   const bool flat = (((ins[I]->numel() == n && ins[I]->is_contiguous()) || ins[I]->numel() == 1) && ... && true);
   if (flat) {
-    const std::array<int64_t, sizeof...(In)> s{(ins[I]->numel() == n ? int64_t(1) : int64_t(0))...};
-    parallel_for(n, kParallelThreshold, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) o.put(i, f(load<In>(std::get<I>(p) + i * s[I])...));
-    });
+    const std::array<bool, sizeof...(In)> scalar{(ins[I]->numel() != n)...};
+    dense_parallel<Outs, In...>(o, p, scalar, n, f);
     return;
   }
   // General case: broadcasting and/or strided inputs. Iterate rows of the last dimension.
