@@ -130,6 +130,22 @@ bool dtype_from_numpy(int type_num, DType* out) {
   }
 }
 
+// The storage of a wrapped ndarray holds the array itself: one allocation with its control block
+// (no separate keep-alive), releasing the array when the last tensor on it goes, with the GIL
+// taken only when this thread does not hold it.
+struct ArrayStorage : Storage {
+  explicit ArrayStorage(PyObject* a) : array(a) { Py_INCREF(a); }
+  ~ArrayStorage() {
+    if (PyGILState_Check()) {
+      Py_DECREF(array);
+    } else {
+      py::gil_scoped_acquire gil;
+      Py_DECREF(array);
+    }
+  }
+  PyObject* array;
+};
+
 TensorPtr from_ndarray(PyObject* obj, const char* op, const char* arg) {
   auto* a = reinterpret_cast<PyArrayObject*>(obj);
   DType dtype;
@@ -148,14 +164,9 @@ TensorPtr from_ndarray(PyObject* obj, const char* op, const char* arg) {
     }
     strides[static_cast<size_t>(i)] = st[i] / item;
   }
-  auto storage = std::make_shared<Storage>();
+  auto storage = std::make_shared<ArrayStorage>(obj);
   storage->data = PyArray_DATA(a);
   storage->nbytes = static_cast<size_t>(PyArray_NBYTES(a));
-  Py_INCREF(obj);
-  storage->owner = std::shared_ptr<void>(obj, [](void* p) {
-    py::gil_scoped_acquire gil;
-    Py_DECREF(static_cast<PyObject*>(p));
-  });
   storage->external = true;
   storage->readonly = !PyArray_ISWRITEABLE(a);
   return std::make_shared<Tensor>(std::move(storage), dtype, std::move(shape), std::move(strides), 0);

@@ -8,6 +8,7 @@ import copy
 import ctypes
 import gc
 import re
+import sys
 import weakref
 from typing import Any, Optional
 
@@ -315,6 +316,38 @@ def test_torch_tensors_come_through_the_versioned_protocol() -> None:
     x[0, 0] = 100.0
     assert t.shape == (2, 2) and t.numpy()[0, 0] == 100.0 and t.numpy().flags.writeable
     assert np.shares_memory(t.numpy(), opforge.from_dlpack(x).numpy())
+
+
+def test_wrapped_ndarrays_are_released_by_the_last_tensor_on_them() -> None:
+    """An ndarray input is held by its tensor's storage: not after a call that only read it, until
+    the last view of it goes otherwise, whichever thread drops it (the GIL is taken if needed)."""
+    import threading
+
+    a = np.arange(6.0).reshape(2, 3)
+    alive = weakref.ref(a)
+    ops.mul(a, a)
+    ops.sum(a)
+    refs = sys.getrefcount(a)
+    for _ in range(100):
+        ops.mul(a, 2.0)
+    assert sys.getrefcount(a) == refs
+    held = opforge.from_numpy(a)
+    del a
+    assert alive() is not None
+    view = held.numpy()
+    del held
+
+    def drop(box: list) -> None:
+        box.clear()  # the last reference, dropped in another thread
+
+    box = [opforge.from_numpy(view)]
+    del view
+    assert alive() is not None
+    t = threading.Thread(target=drop, args=(box,))
+    t.start()
+    t.join()
+    gc.collect()
+    assert alive() is None
 
 
 # ---------------------------------------------------------------------------- create_graph cycle
