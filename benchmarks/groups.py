@@ -17,25 +17,37 @@ THREADS = int(os.environ.get("OPFORGE_BENCH_THREADS", os.cpu_count() or 1))
 torch.set_num_threads(THREADS)
 
 
-def bench(fn: Callable[[], Any], min_time: float = 0.05, repeat: int = 9) -> float:
-    """Median microseconds per call over `repeat` timings of enough calls to last min_time."""
+def _calls_for(fn: Callable[[], Any], min_time: float) -> int:
+    """How many calls of fn (after a warm-up call) last at least min_time seconds."""
     fn()
-    n, t = 1, 0.0
+    n = 1
     while True:
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
         t = time.perf_counter() - t0
         if t >= min_time:
-            break
+            return n
         n = max(n * 2, int(n * min_time / max(t, 1e-9)))
-    times = []
+
+
+def paired(fns: list[Callable[[], Any]], min_time: float = 0.05, repeat: int = 9) -> list[float]:
+    """Median microseconds per call of each of fns, timed in turn (A B C A B C ...) so that a
+    drift of the machine's speed moves them alike; each timing lasts about min_time."""
+    counts = [_calls_for(fn, min_time) for fn in fns]
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        times.append((time.perf_counter() - t0) / n)
-    return statistics.median(times) * 1e6
+        for fn, n, ts in zip(fns, counts, times):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            ts.append((time.perf_counter() - t0) / n)
+    return [statistics.median(ts) * 1e6 for ts in times]
+
+
+def bench(fn: Callable[[], Any], min_time: float = 0.05, repeat: int = 9) -> float:
+    """Median microseconds per call over `repeat` timings of enough calls to last min_time."""
+    return paired([fn], min_time, repeat)[0]
 
 
 def row(group: str, name: str, opforge_v: Optional[float], numpy_v: Optional[float] = None,
@@ -191,32 +203,6 @@ def norms() -> list[dict]:
         rows.append(row("norms", f"{name} 4096×4096 forward+backward", t_o2, None, t_t2, "≤ 1.0× torch",
                         t_o2 <= t_t2))
     return rows
-
-
-def paired(fns: list[Callable[[], Any]], min_time: float = 0.05, repeat: int = 9) -> list[float]:
-    """Median microseconds per call of each of fns, timed in turn (A B C A B C ...) so that a
-    drift of the machine's speed moves them alike; each timing lasts about min_time."""
-    counts = []
-    for fn in fns:
-        fn()
-        n = 1
-        while True:
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            t = time.perf_counter() - t0
-            if t >= min_time:
-                break
-            n = max(n * 2, int(n * min_time / max(t, 1e-9)))
-        counts.append(n)
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeat):
-        for fn, n, ts in zip(fns, counts, times):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            ts.append((time.perf_counter() - t0) / n)
-    return [statistics.median(ts) * 1e6 for ts in times]
 
 
 def matmul() -> list[dict]:

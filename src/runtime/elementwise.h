@@ -131,6 +131,15 @@ Shape broadcast_strides(const Tensor& t, const Shape& out_shape);
 
 constexpr int64_t kParallelThreshold = int64_t(1) << 16;
 
+// Threads opforge's OpenMP regions may use (1 without OpenMP).
+inline int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
 // body(begin, end) over [0, n): in OpenMP threads when n is large, else inline (small calls
 // must not pay for entering a parallel region).
 template <typename Body>

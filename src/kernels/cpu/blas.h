@@ -31,15 +31,6 @@
 
 namespace opforge::blas {
 
-// Threads opforge's OpenMP regions may use (1 without OpenMP).
-inline int max_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
 inline bool fits(int64_t n) { return n >= 0 && n <= INT_MAX; }
 
 inline CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }

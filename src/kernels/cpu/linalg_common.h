@@ -160,7 +160,7 @@ void batched_gemm(const char* op, const Shape& batch, int64_t m, int64_t n, int6
   // then stays on its thread.
   const int64_t work = m * n * k;
   const bool parallel = n_outer > 1 && n_outer * work >= (int64_t(1) << 15) &&
-                        (work < blas::kSplitGemm || n_outer >= 8 * int64_t(blas::max_threads()));
+                        (work < blas::kSplitGemm || n_outer >= 8 * int64_t(max_threads()));
 #pragma omp parallel for if (parallel) schedule(static)
   for (int64_t o = 0; o < n_outer; ++o) {
     int64_t oa = 0, ob = 0, oc = 0;

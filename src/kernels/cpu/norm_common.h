@@ -25,13 +25,6 @@
 
 namespace opforge::kernels::cpu::norm {
 
-inline int max_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
 inline int thread_num() {
 #ifdef _OPENMP
   return omp_get_thread_num();
