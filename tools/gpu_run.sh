@@ -1,53 +1,75 @@
 #!/usr/bin/env bash
-# The GPU verification of the cuda wheel, on a machine with a CUDA device (the device tool's H100):
+# The GPU verification of the cuda wheel, on a machine with a CUDA device (the device tool's H100/H200):
 #
-#   bash tools/gpu_run.sh setup build test bench     (any subset, in order)
+#   bash tools/gpu_run.sh setup build test bench sanitize     (any subset, in order)
 #
-# setup: installs the build's Python requirements that machine lacks from wheels carried in .whl/
-#        (cerberus, scipy-openblas32, meson-python, pyproject-metadata, meson: see
-#        docs/notes/cuda-backend-research.md §3.2 for the download command) into /tmp/site;
-# build: meson build of the cuda backend with the machine's nvcc (tools/dev.sh, OPFORGE_BACKEND=cuda);
-# test:  the fast test suite against that build (GPU tests included), junit and log to $OUT;
-# bench: benchmarks/cuda.py, to $OUT/cuda.md.
-# Logs go to $OUT (default /tmp/opforge-gpu-out).
+# setup:    installs the build's Python requirements that machine lacks from wheels carried in .whl/
+#           (cerberus, scipy-openblas32, meson-python, pyproject-metadata, meson, pybind11, expecttest:
+#           see docs/notes/cuda-backend-research.md §3.2 for the download command) into /tmp/site;
+# build:    meson build of the cuda backend with the machine's nvcc (tools/dev.sh, OPFORGE_BACKEND=cuda);
+# test:     the fast test suite against that build (GPU tests included), junit and log to $OUT;
+# bench:    benchmarks/cuda.py, to $OUT/cuda.md;
+# sanitize: compute-sanitizer's memcheck over the CUDA op tests of every reduction path and edge shape.
+# Logs go to $OUT (default /tmp/opforge-gpu-out); each step's seconds to $OUT/steps.txt. The whole run
+# keeps within $GPU_RUN_BUDGET seconds (default 540): a step gets what is left, and a step that
+# would start with under a minute left is skipped and says so (a device session is short).
 set -uo pipefail
 OUT=${OUT:-/tmp/opforge-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPFORGE_BACKEND=cuda
 export OPFORGE_BUILD_DIR=${OPFORGE_BUILD_DIR:-$PWD/build/cuda}
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PATH=/tmp/site/bin:$PATH
 ARCH=${OPFORGE_CUDA_ARCH:-9.0}
+T0=$(date +%s)
+DEADLINE=$((T0 + ${GPU_RUN_BUDGET:-540}))
+left() { echo $((DEADLINE - $(date +%s))); }
+cap() { local l; l=$(left); echo $(( $1 < l ? $1 : l )); }   # a step's limit: its own, or what is left
+run_py() { PYTHONPATH=$OPFORGE_BUILD_DIR/python:$PYTHONPATH "$@"; }
 
 step_setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || return 1
-  { nvidia-smi; which nvcc; nvcc --version; g++ --version | head -1; meson --version
-    python3 -c 'import sys, torch; print(sys.version); print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'
+  { nvidia-smi; which nvcc; nvcc --version; g++ --version | head -1; meson --version; nproc
+    python3 -c 'import sys, numpy, torch, pybind11; print(sys.version); print("numpy", numpy.__version__, "pybind11", pybind11.__version__); print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'
   } > "$OUT/env.txt" 2>&1
   tail -4 "$OUT/env.txt"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 }
 step_build() {
-  OPFORGE_MESON_ARGS="-Dops_cuda_arch=$ARCH" tools/dev.sh build > "$OUT/build.log" 2>&1 \
-    || { grep -m 40 -B 3 -A 12 -E 'error|Error' "$OUT/build.log"; return 1; }
-  PYTHONPATH=$OPFORGE_BUILD_DIR/python:$PYTHONPATH python3 -c \
+  OPFORGE_MESON_ARGS="-Dops_cuda_arch=$ARCH" timeout "$(cap 400)" tools/dev.sh build > "$OUT/build.log" 2>&1 \
+    || { grep -m 40 -B 3 -A 12 -E 'error|Error' "$OUT/build.log"; tail -5 "$OUT/build.log"; return 1; }
+  run_py python3 -c \
     'import opforge, opforge.cuda as c; print(opforge.__version__, opforge.backend, c.is_available(), c.device_count(), c.runtime_version())' \
     | tee "$OUT/smoke.txt"
 }
 step_test() {
   local xdist=""
-  python3 -c 'import xdist' 2>/dev/null && xdist="-n 8"
-  PYTHONPATH=$OPFORGE_BUILD_DIR/python:$PYTHONPATH timeout 540 python3 -m pytest tests/cuda tests/runtime tests/ops -q \
-    -p no:cacheprovider $xdist -m 'not slow' -W ignore::DeprecationWarning -W ignore::UserWarning \
+  python3 -c 'import xdist' 2>/dev/null && xdist="-n 12"
+  run_py timeout "$(cap 300)" python3 -m pytest tests/cuda tests/runtime tests/ops -q -p no:cacheprovider $xdist \
+    -m 'not slow' -W ignore::DeprecationWarning -W ignore::UserWarning -rfE \
     --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
   local rc=$?
-  tail -25 "$OUT/pytest.log"
-  return $rc
+  grep -E '^(FAILED|ERROR)' "$OUT/pytest.log" | head -60
+  tail -3 "$OUT/pytest.log"
+  return 0  # later steps still run; the counts are in pytest.log and junit.xml
 }
 step_bench() {
-  PYTHONPATH=$OPFORGE_BUILD_DIR/python:$PYTHONPATH timeout 420 python3 benchmarks/cuda.py --out "$OUT/cuda.md" \
-    > "$OUT/bench.log" 2>&1
-  local rc=$?
+  run_py timeout "$(cap 150)" python3 benchmarks/cuda.py --out "$OUT/cuda.md" > "$OUT/bench.log" 2>&1
   cat "$OUT/cuda.md" 2>/dev/null || tail -30 "$OUT/bench.log"
-  return $rc
+  return 0
 }
-for s in "$@"; do "step_$s" || exit $?; done
+step_sanitize() {
+  run_py timeout "$(cap 150)" compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
+    python3 -m pytest tests/cuda/test_cuda_ops.py -q -p no:cacheprovider -x \
+    -k 'edge_shapes or every_layout or max_min or logsumexp or strided or double_backward' > "$OUT/sanitize.log" 2>&1
+  echo "compute-sanitizer rc $?"; grep -m 20 -E '=========|passed|failed' "$OUT/sanitize.log"
+  return 0
+}
+for s in "$@"; do
+  if [ "$(left)" -lt 60 ]; then echo "step $s skipped: $(left) s left of the budget" | tee -a "$OUT/steps.txt"; continue; fi
+  t=$(date +%s); echo "== $s"
+  "step_$s"; rc=$?
+  echo "$s rc=$rc $(( $(date +%s) - t ))s" | tee -a "$OUT/steps.txt"
+  [ $rc -eq 0 ] || exit $rc
+done
