@@ -21,6 +21,11 @@ export OPFORGE_BUILD_DIR=${OPFORGE_BUILD_DIR:-$PWD/build/cuda}
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PATH=/tmp/site/bin:$PATH
 ARCH=${OPFORGE_CUDA_ARCH:-9.0}
+# The distribution's compilers, not another GCC that comes first on PATH: the device image's
+# /opt/gcc links libstdc++ statically (no libstdc++.so beside it), which put a copy of libstdc++ in
+# each of opforge's two libraries, and number formatting (every error message with a shape) then
+# crashed in the copy (2026-11-25, see benchmarks/results/cuda-tests.md).
+[ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc
 T0=$(date +%s)
 DEADLINE=$((T0 + ${GPU_RUN_BUDGET:-540}))
 left() { echo $((DEADLINE - $(date +%s))); }
@@ -42,6 +47,10 @@ step_build() {
   run_py python3 -c \
     'import opforge, opforge.cuda as c; print(opforge.__version__, opforge.backend, c.is_available(), c.device_count(), c.runtime_version())' \
     | tee "$OUT/smoke.txt"
+  for lib in "$OPFORGE_BUILD_DIR"/libopforge.so "$OPFORGE_BUILD_DIR"/_C*.so; do
+    readelf -d "$lib" | grep -q 'NEEDED.*libstdc++' \
+      || { echo "$lib does not load libstdc++.so: the C++ compiler ($CXX) linked it statically"; return 1; }
+  done
 }
 step_test() {
   local xdist=""

@@ -113,9 +113,15 @@ def test_aot_op_with_a_cuda_kernel_runs_on_cuda_tensors(tmp_path: Path, monkeypa
     cuda: {{}}
   impl:
     aot: {{library: {lib}, symbol: leaky_relu_ext}}
+  bprop:
+    x: where(x > 0, dout, 0.01 * dout)
 """)
     mod = opforge.load("leaky_relu_cuda_mod", [spec], build_dir=tmp_path / "cache")
     x = torch.randn(1000, device="cuda")
     got = mod.leaky_relu_cuda(opforge.from_dlpack(x))
     assert got.device == "cuda:0"
     torch.testing.assert_close(torch.from_dlpack(got), torch.nn.functional.leaky_relu(x, 0.01))
+    xo = opforge.from_dlpack(x.clone())
+    xo.requires_grad = True
+    opforge.ops.sum(mod.leaky_relu_cuda(xo)).backward()  # the spec's bprop, on the device
+    torch.testing.assert_close(torch.from_dlpack(xo.grad), torch.where(x > 0, 1.0, 0.01))

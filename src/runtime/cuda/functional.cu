@@ -67,7 +67,7 @@ void sum_rows(const char* op, const Tensor& x, int64_t R, const Tensor& out, dou
   visit_dtype(x.dtype(), [&](auto in_tag) {
     using In = decltype(in_tag);
     using Acc = typename device_acc<In>::type;
-    TensorPtr acc = empty(dtype_of<Acc>::value, {rows}, Format::Default, device);
+    TensorPtr acc = empty(dtype_of<Acc>::value, out.shape(), Format::Default, device);  // (out's shape: rows in its order)
     const auto values = thrust::make_transform_iterator(static_cast<const In*>(x.raw_data()), ToAcc<In, Acc>{});
     reduce_rows(op, device, values, rows, R, acc->data<Acc>(), Plus{}, Acc(0));
     visit_dtype(out.dtype(), [&](auto out_tag) {
