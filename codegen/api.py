@@ -170,10 +170,14 @@ def record_signature(op: OpRecord) -> OpSignature:
 # ---------------------------------------------------------------------------- the Python API
 
 
-def py_signature(op: OpSpec) -> str:
-    """The op's Python signature (stubs, docstrings, docs)."""
+def py_signature(op: OpSpec, inplace: bool = False) -> str:
+    """The op's Python signature (stubs, docstrings, docs); with inplace, its in-place variant's
+    (the first input is the tensor written, and there is no out=)."""
     parts = []
-    for i in op.inputs:
+    for k, i in enumerate(op.inputs):
+        if inplace and k == 0:
+            parts.append(f"{i.name}: Tensor")
+            continue
         parts.append(f"{i.name}: TensorLike | None = None" if i.optional else f"{i.name}: TensorLike")
     for a in op.attrs:
         t = ATTR_PY[a.type]
@@ -184,12 +188,18 @@ def py_signature(op: OpSpec) -> str:
         else:
             parts.append(f"{a.name}: {t} = {py_literal(a.default)}")
     ret = "Tensor" if len(op.outputs) == 1 else f"tuple[{', '.join('Tensor' for _ in op.outputs)}]"
+    if inplace:
+        return f"{op.inplace}({', '.join(parts)}) -> Tensor"
+    parts.append("*, out: Tensor | None = None" if len(op.outputs) == 1 else f"*, out: {ret} | None = None")
     return f"{op.name}({', '.join(parts)}) -> {ret}"
 
 
 def docstring(op: OpSpec) -> str:
     """The Python docstring: signature, doc, inputs, attrs, outputs, dtypes per target."""
     lines = [py_signature(op), "", op.doc, ""]
+    if op.inplace:
+        lines += [f"In place: ``{py_signature(op, inplace=True)}`` writes the result into "
+                  f"``{op.inputs[0].name}`` and returns it.", ""]
     lines.append("Inputs:")
     for i in op.inputs:
         extra = [i.dtype]

@@ -284,6 +284,7 @@ class OpSpec:
     checks: tuple[dims.Check, ...] = ()  # conditions on shapes and attrs, checked before shape rules run
     autocast: Optional[str] = None  # policy under a framework's autocast: lower, float32, promote
     batch_inputs: tuple[str, ...] = ()  # inputs whose leading dims are independent rows (vmap)
+    inplace: Optional[str] = None  # the in-place variant's name (add_): writes the output into inputs[0]
 
     @property
     def class_name(self) -> str:
@@ -431,6 +432,8 @@ def _yaml_body(op: OpSpec) -> dict[str, Any]:
         body["autocast"] = op.autocast
     if op.batch_inputs:
         body["batch_inputs"] = list(op.batch_inputs)
+    if op.inplace is not None:
+        body["inplace"] = op.inplace
     if op.jvp is not None and not op.jvp.derived:
         jvp: dict[str, Any] = ({"let": {", ".join(ns): f.text for ns, f in op.jvp.lets}} if op.jvp.lets else {})
         jvp.update({n: f.text for n, f in op.jvp.tangents})
@@ -505,6 +508,9 @@ class _Builder:
         name = keys[-1]
         if name in RESERVED:
             self.err(keys, f"'{name}' is a reserved word and cannot name {what}", key=True)
+        elif name == "out" and what in ("an input", "an attr"):
+            self.err(keys, f"'out' cannot name {what}: every op's Python function takes out= (the tensors that "
+                     "receive its results)", key=True)
         elif isinstance(name, str) and reserved_identifier(name):
             self.err(keys, f"'{name}' is reserved for the C++ implementation (it contains '__' or starts "
                      f"with '_' and an uppercase letter) and cannot name {what}", key=True)
@@ -591,12 +597,13 @@ class _Builder:
         bprop = self.bprop(inputs, outputs, kind, impl)
         jvp = self.jvp(inputs, attrs, outputs, impl, bprop)
         tests = self.tests(inputs, attrs)
+        inplace = self.inplace(inputs, outputs)
         if self.errors or impl is None:
             raise SpecErrors(self.errors)
         return OpSpec(self.name, self.path, self.doc.key_locs[self.name], b["doc"].strip(), tuple(inputs),
                       tuple(outputs), tuple(attrs), typevars, targets, impl, bprop, tests,
                       targets_derived="targets" not in b, jvp=jvp, checks=checks, autocast=b.get("autocast"),
-                      batch_inputs=self.batch_inputs(inputs))
+                      batch_inputs=self.batch_inputs(inputs), inplace=inplace)
 
     def attr(self, n: str, spec: LocMap) -> Attr:
         keys = ("attrs", n)
@@ -646,6 +653,21 @@ class _Builder:
         return Attr(n, atype, tuple(default) if isinstance(default, list) else default,
                     has_default, bool(required), choices, lo, hi, spec.get("doc", ""),
                     self.loc("attrs", n, key=True), axis_of)
+
+    def inplace(self, inputs: list[Input], outputs: list[Output]) -> Optional[str]:
+        """``inplace: add_``: the variant writes the op's one output into its first input, so that
+        input must be a required tensor whose dtype is the output's."""
+        name = self.body.get("inplace")
+        if name is None:
+            return None
+        if len(outputs) != 1:
+            self.err(("inplace",), f"an in-place variant needs exactly one output, '{self.name}' has {len(outputs)}")
+        elif not inputs or inputs[0].optional:
+            self.err(("inplace",), "an in-place variant writes into the first input, which must be required")
+        elif inputs[0].dtype != outputs[0].dtype:
+            self.err(("inplace",), f"an in-place variant writes the output into input '{inputs[0].name}', so their "
+                     f"dtypes must be the same: '{outputs[0].dtype}' vs '{inputs[0].dtype}'")
+        return str(name)
 
     def batch_inputs(self, inputs: list[Input]) -> tuple[str, ...]:
         names = [i.name for i in inputs]

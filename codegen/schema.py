@@ -20,6 +20,8 @@ PYFUNC = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9
 # how error messages show a regex
 REGEX_SHOWN = {LET_KEY: "[a-z_][a-z0-9_]* (or several, comma-separated)",
                PYFUNC: "'module:function' (an importable, possibly dotted, module; a colon; a function name)"}
+INPLACE = r"[a-z][a-z0-9_]*_\Z"
+REGEX_SHOWN[INPLACE] = "a name ending in '_' (PyTorch's: add_, mul_)"
 TYPEVAR = {"type": "string", "regex": r"[A-Z][A-Za-z0-9_]*\Z"}
 FORMULA = {"type": "string", "empty": False}
 DOC = {"type": "string"}
@@ -118,6 +120,9 @@ OP: dict[str, Any] = {
     "jvp": BPROP,
     # inputs whose leading dimensions the op maps independently (vmap batches them natively)
     "batch_inputs": {"type": "list", "empty": False, "schema": IDENT},
+    # the name of the op's in-place variant (PyTorch's: add_, mul_, clamp_): writes its one output
+    # into its first input
+    "inplace": {"type": "string", "regex": INPLACE},
     # under a framework's autocast: lower (the autocast dtype), float32, promote (the widest input's)
     "autocast": {"type": "string", "allowed": ["lower", "float32", "promote"]},  # the same shape: lets, then one formula per differentiable output
     "tests": {"type": "dict", "schema": TESTS},

@@ -36,7 +36,7 @@ def test_check_reports_mistakes_and_exits_non_zero(tmp_path: Path) -> None:
     assert r.stderr.splitlines() == [
         "bad.yaml:2:3: missing required key 'impl'",
         "bad.yaml:2:3: missing required key 'outputs'",
-        "relu.yaml:18:40: bprop.x: unknown name 'dotu' (did you mean 'dout'?)",
+        "relu.yaml:19:40: bprop.x: unknown name 'dotu' (did you mean 'dout'?)",
         "3 errors",
     ]
 
@@ -68,7 +68,7 @@ def test_info_prints_the_registration_table() -> None:
     r = run("info", "leaky_relu_ext", "--specs", str(SPEC_DIR))
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert out.startswith("leaky_relu_ext(x: TensorLike) -> Tensor")
+    assert out.startswith("leaky_relu_ext(x: TensorLike, *, out: Tensor | None = None) -> Tensor")
     assert "Impl: aot (function leaky_relu_ext of libleaky_relu_ext.so)" in out
     assert "Differentiable inputs: x" in out
     assert "    cpu   DefaultFormat x=float64 out=float64" in out
@@ -121,7 +121,7 @@ def test_docs_pages_and_their_examples_run(tmp_path: Path) -> None:
     index = (tmp_path / "index.md").read_text()
     assert "| [`leaky_relu`](leaky_relu.md) | expr |" in index
     page = (tmp_path / "leaky_relu.md").read_text()
-    assert "leaky_relu(x: TensorLike, alpha: float = 0.01) -> Tensor" in page
+    assert "leaky_relu(x: TensorLike, alpha: float = 0.01, *, out: Tensor | None = None) -> Tensor" in page
     assert "| `alpha` | float | `0.01` |" in page and "dx = where(x > 0, dout, dout * alpha)" in page
     assert "Gradients (derived from impl.expr):" in page and "out_t = where(x > 0, x_t, x_t * alpha)" in page
     assert "- **cpu**: T: float16, bfloat16, float32, float64" in page

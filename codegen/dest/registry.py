@@ -41,6 +41,7 @@ def context(op: OpSpec, build: Build) -> dict[str, Any]:
         "info_attrs": [f"{{{_cpp_str(a.name)}, {_cpp_str(a.type)}, {'true' if a.required else 'false'}, "
                        f"{_cpp_str(api.py_default(a))}}}" for a in op.attrs],
         "info_targets": info_targets,
+        "inplace": _cpp_str(op.inplace or ""),
     }
 
 

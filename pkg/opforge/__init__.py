@@ -54,7 +54,7 @@ except ImportError as exc:
     raise ImportError(f"opforge {_build_info.VERSION} cannot load its runtime dependencies ({exc}): "
                       f"pip install {' '.join(repr(r) for r in _requires)}") from exc
 from opforge._C import Tensor, from_dlpack, from_numpy, is_grad_enabled, list_ops, set_grad_enabled
-from opforge import cuda, ops
+from opforge import cuda, ops, optim
 from opforge._autograd import enable_grad, grad, gradients, jacfwd, jvp, no_grad, value_and_grad
 from opforge._build_info import VERSION as _VERSION
 from opforge.jit import load
@@ -65,7 +65,7 @@ __all__ = [
     "Tensor", "tensor", "from_numpy", "from_dlpack", "ops", "op_info", "list_ops", "spec", "backend",
     "no_grad", "enable_grad", "grad", "value_and_grad", "gradients", "jvp", "jacfwd", "is_grad_enabled",
     "set_grad_enabled",
-    "DTYPES", "load", "LIBRARY", "cuda",
+    "DTYPES", "load", "LIBRARY", "cuda", "optim",
 ]
 
 #: The wheel backend this opforge was built as: "cpu", or "cuda" (the cu130 wheel, whose targets

@@ -723,6 +723,7 @@ struct OpCaller {
   std::vector<AttrKind> kinds;       // per attr
   std::vector<char> nullable;        // per attr: an optional attr (None allowed)
   bool meta;
+  int inplace = -1;                  // the in-place variant (add_): the input it writes into
 };
 
 AttrValue convert_attr(const OpInfo& info, const OpCaller& c, size_t k, py::handle v) {
@@ -765,8 +766,151 @@ class Slots {
   size_t n_;
 };
 
+// ---- out= and in-place variants
+//
+// A call with out= (or an in-place variant, whose out is its first input) writes its results into
+// existing tensors. Their dtypes, shapes and devices are checked against the op's meta rule before
+// anything runs, so a bad call leaves them untouched. Without autograd to record, each out tensor
+// that is contiguous and safe to write while the op reads its inputs is offered to the op's
+// allocations (BufferOfferScope): the kernel then writes it directly; otherwise, or when an
+// intermediate took it, the result is copied in. Every written tensor's version is bumped, so a
+// tensor saved for backward and then overwritten makes that backward fail (autograd.cpp).
+
+// The tensors out= names: one per output (a tensor, or a tuple or list of them).
+void out_tensors(const OpInfo& info, py::handle out, TensorPtr* outs) {
+  const size_t n = info.outputs.size();
+  if (py::isinstance<Tensor>(out)) {
+    if (n != 1) fail<TypeError>(info.name, "out= needs a tuple of ", n, " tensors, one per output; got one tensor");
+    outs[0] = holder_of(out.ptr(), info.name, "out");
+    return;
+  }
+  if (!PyTuple_Check(out.ptr()) && !PyList_Check(out.ptr())) {
+    fail<TypeError>(info.name, "out= must be an opforge.Tensor", n > 1 ? " or a tuple of them" : "", ", got ",
+                    type_name(out));
+  }
+  py::sequence seq = py::reinterpret_borrow<py::sequence>(out);
+  if (seq.size() != n) fail<TypeError>(info.name, "out= needs ", n, " tensors, one per output; got ", seq.size());
+  for (size_t j = 0; j < n; ++j) {
+    py::handle t = seq[j];
+    if (!py::isinstance<Tensor>(t)) fail<TypeError>(info.name, "out[", j, "] must be an opforge.Tensor, got ", type_name(t));
+    outs[j] = holder_of(t.ptr(), info.name, "out");
+  }
+}
+
+// Whether the kernel may write out's memory while it reads the inputs: no input shares it, or the
+// op is elementwise (one fused loop, each element read before it is written) and the input is
+// exactly out (same first element, shape and strides).
+bool safe_to_write_in_kernel(const OpInfo& info, const TensorPtr* inputs, const Tensor& out) {
+  const bool elementwise = std::string_view(info.impl) == "expr";
+  for (size_t i = 0; i < info.inputs.size(); ++i) {
+    const Tensor* t = inputs[i].get();
+    if (t == nullptr || t->storage() != out.storage()) continue;
+    if (!(elementwise && t->raw_data() == out.raw_data() && t->shape() == out.shape() &&
+          t->strides() == out.strides())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Checks out tensor j against the result the op will give (meta) before anything runs.
+void check_out(const OpInfo& info, const char* name, size_t j, const Tensor& out, const TensorMeta& m,
+               const char* what) {
+  if (out.storage()->readonly) fail<ValueError>(name, what, " is read-only (it wraps read-only memory)");
+  if (out.dtype() != m.dtype || out.shape() != m.shape) {
+    fail<ValueError>(name, what, " is ", dtype_name(out.dtype()), " of shape ", shape_str(out.shape()),
+                     ", but output '", info.outputs[j].name, "' is ", dtype_name(m.dtype), " of shape ",
+                     shape_str(m.shape));
+  }
+  if (out.device() != m.device) {
+    fail<TypeError>(name, what, " is on ", out.device().str(), ", but the result is on ", m.device.str());
+  }
+  for (size_t d = 0; d < out.shape().size(); ++d) {
+    if (out.strides()[d] == 0 && out.shape()[d] > 1) {
+      fail<ValueError>(name, what, " has elements that share memory (a broadcast view): writing it is ambiguous");
+    }
+  }
+}
+
+// Runs the op writing its results into outs (out=, or the in-place variant's input `inplace`).
+void run_into(const OpCaller& c, const TensorPtr* given, AttrValue* attrs, TensorPtr* outputs, TensorPtr* outs,
+              bool release_gil) {
+  const binding::OpEntry& e = *c.entry;
+  const OpInfo& info = *e.info;
+  const char* name = c.inplace >= 0 ? info.inplace : info.name;  // (what errors name)
+  const size_t n_in = info.inputs.size(), n_out = info.outputs.size();
+  TensorPtr inputs[kMaxInputs];
+  for (size_t i = 0; i < n_in; ++i) inputs[i] = given[i];
+  std::vector<AttrValue> attrs_copy(attrs, attrs + info.attrs.size());  // (meta may move them out)
+  const std::vector<TensorMeta> metas = e.meta(inputs, attrs_copy.data());
+  const char* what = c.inplace >= 0 ? info.inputs[static_cast<size_t>(c.inplace)].name : "out";
+  for (size_t j = 0; j < n_out; ++j) check_out(info, name, j, *outs[j], metas[j], what);
+  bool any_grad = false;
+  for (size_t i = 0; i < n_in; ++i) any_grad = any_grad || (inputs[i] && inputs[i]->requires_grad());
+  const bool recording = GradMode::is_enabled() && (any_grad || outs[0]->requires_grad());
+  for (size_t i = 0; i < n_in; ++i) {
+    if (inputs[i] && inputs[i]->fw_grad()) {
+      fail<RuntimeError>(name, c.inplace >= 0 ? "the in-place variant" : "out=",
+                         " does not carry forward-mode tangents; call the op without it");
+    }
+  }
+  if (c.inplace < 0) {
+    if (recording) {
+      fail<RuntimeError>(name, "out= does not record gradients, but ",
+                         any_grad ? "an input" : "the out tensor", " requires grad (call it under opforge.no_grad(), "
+                         "or without out=)");
+    }
+  } else if (recording) {
+    // PyTorch's rules: a leaf that requires grad cannot change under autograd; any other tensor
+    // takes the op's history. Its old value goes to the op as a copy that keeps its history (the
+    // op may save it for backward), and the result is copied into it.
+    TensorPtr& x = inputs[static_cast<size_t>(c.inplace)];
+    if (x->requires_grad() && x->is_leaf()) {
+      fail<RuntimeError>(name, "'", what, "' is a leaf tensor that requires grad: it cannot be modified in "
+                         "place while gradients are recorded (use opforge.no_grad(), or the out-of-place op)");
+    }
+    if (x->storage().use_count() > 1) {
+      fail<RuntimeError>(name, "'", what, "' shares its memory with another tensor (a view of it, or a tensor "
+                         "saved for backward): in place, that one's gradient would be wrong; use the out-of-place op");
+    }
+    TensorPtr old = empty(x->dtype(), x->shape(), x->format(), x->device());
+    copy_into(old, x);
+    if (x->grad_fn()) old->set_history(x->grad_fn(), x->output_nr());
+    TensorPtr target = x;
+    x = std::move(old);
+    e.call(inputs, attrs, outputs);
+    if (target->requires_grad() && !outputs[0]->requires_grad()) {
+      fail<RuntimeError>(name, "the result carries no gradient of '", what, "', which requires grad");
+    }
+    copy_into(target, outputs[0]);
+    target->mark_written();
+    if (outputs[0]->grad_fn()) target->set_history(outputs[0]->grad_fn(), outputs[0]->output_nr());
+    return;
+  }
+  std::vector<BufferOffer> offers;
+  for (size_t j = 0; j < n_out; ++j) {
+    const Tensor& o = *outs[j];
+    if (o.is_contiguous() && safe_to_write_in_kernel(info, inputs, o)) {
+      offers.push_back(BufferOffer{o.raw_data(), o.dtype(), o.shape(), o.device()});
+    }
+  }
+  {
+    BufferOfferScope scope(&offers);
+    if (release_gil) {
+      py::gil_scoped_release nogil;
+      e.call(inputs, attrs, outputs);
+    } else {
+      e.call(inputs, attrs, outputs);
+    }
+  }
+  for (size_t j = 0; j < n_out; ++j) {
+    if (outputs[j]->raw_data() != outs[j]->raw_data()) copy_into(outs[j], outputs[j]);
+    outs[j]->mark_written();
+  }
+}
+
 // Converts the bound parameters and runs the op (or its meta rule).
-py::object run(const OpCaller& c, const py::handle* params) {
+py::object run(const OpCaller& c, const py::handle* params, py::handle out = py::handle()) {
   const binding::OpEntry& e = *c.entry;
   const OpInfo& info = *e.info;
   const size_t n_in = info.inputs.size();
@@ -779,6 +923,22 @@ py::object run(const OpCaller& c, const py::handle* params) {
   if (c.meta) return metas(e.meta(inputs, attrs.data()));
   const size_t n_out = info.outputs.size();
   Slots<TensorPtr, kMaxParams> outputs(n_out);
+  if (out || c.inplace >= 0) {
+    TensorPtr outs[kMaxParams];
+    if (c.inplace >= 0) {
+      const py::handle x = params[c.inplace];
+      if (!py::isinstance<Tensor>(x)) {
+        fail<TypeError>(info.inplace, "writes into '", info.inputs[static_cast<size_t>(c.inplace)].name,
+                        "', which must be an opforge.Tensor, got ", type_name(x));
+      }
+      outs[0] = inputs[c.inplace];
+    } else {
+      out_tensors(info, out, outs);
+    }
+    run_into(c, inputs, attrs.data(), outputs.data(), outs, in.release_gil());
+    if (c.inplace >= 0) return py::reinterpret_borrow<py::object>(params[c.inplace]);
+    return py::reinterpret_borrow<py::object>(out);
+  }
   if (in.release_gil()) {
     py::gil_scoped_release nogil;
     e.call(inputs, attrs.data(), outputs.data());
@@ -786,9 +946,9 @@ py::object run(const OpCaller& c, const py::handle* params) {
     e.call(inputs, attrs.data(), outputs.data());
   }
   if (n_out == 1) return wrap(std::move(outputs[0]));
-  py::tuple out(n_out);
-  for (size_t i = 0; i < n_out; ++i) out[i] = wrap(std::move(outputs[i]));
-  return std::move(out);
+  py::tuple results(n_out);
+  for (size_t i = 0; i < n_out; ++i) results[i] = wrap(std::move(outputs[i]));
+  return std::move(results);
 }
 
 // METH_FASTCALL entry of every op: binds positional and keyword arguments to parameter slots.
@@ -803,8 +963,13 @@ PyObject* call_op(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObj
     }
     for (Py_ssize_t i = 0; i < nargs; ++i) bound[i] = args[i];
     const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    py::handle out;
     for (Py_ssize_t k = 0; k < nkw; ++k) {
       PyObject* key = PyTuple_GET_ITEM(kwnames, k);
+      if (!caller->meta && caller->inplace < 0 && PyUnicode_CompareWithASCIIString(key, "out") == 0) {
+        if (args[nargs + k] != Py_None) out = args[nargs + k];
+        continue;
+      }
       size_t i = 0;
       while (i < n && PyUnicode_CompareWithASCIIString(key, param_name(info, i)) != 0) ++i;
       const std::string name = i < n ? std::string() : py::str(key).cast<std::string>();
@@ -833,7 +998,7 @@ PyObject* call_op(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObj
       }
       bound[i] = caller->defaults[i];
     }
-    return run(*caller, bound).release().ptr();
+    return run(*caller, bound, out).release().ptr();
   } catch (...) {
     set_python_error();
     return nullptr;
@@ -886,6 +1051,11 @@ void def_op(py::module_& m, py::module_& meta, const binding::OpEntry& entry) {
   meta_caller->meta = true;
   def_function(m, info.name, entry.doc, caller);
   def_function(meta, info.name, entry.doc, meta_caller);
+  if (info.inplace[0] != '\0') {
+    auto* inplace_caller = new OpCaller{*caller};
+    inplace_caller->inplace = 0;
+    def_function(m, info.inplace, entry.doc, inplace_caller);
+  }
 }
 
 bool attr_bool(const char* op, const char* name, py::handle v) {
@@ -1091,6 +1261,9 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
         return py::str(t.grad_fn()->name());
       }, "The name of the op that produced this tensor, or None for a leaf.")
       .def_property("requires_grad", &Tensor::requires_grad, &Tensor::set_requires_grad)
+      .def_property_readonly("_version", &Tensor::version,
+                             "How many times this tensor's memory (shared with its views) was written in place "
+                             "(in-place ops, out=): autograd checks it for the tensors it saved, as PyTorch does.")
       .def_property("grad", &Tensor::grad, [](Tensor& t, py::object g) { set_grad(t, g); },
                     "The gradient accumulated by backward(), or None. Assigning checks it like PyTorch: "
                     "None, or a tensor (or array) of this tensor's shape and dtype.")

@@ -71,6 +71,7 @@ void AutogradContext::finish(const TensorList& outputs, const std::shared_ptr<No
       } else {
         s.tensor = t;
       }
+      s.version = t->version();
     }
     saved_.push_back(std::move(s));
   }
@@ -89,7 +90,14 @@ TensorList AutogradContext::GetSavedTensors() const {
   TensorList out;
   out.reserve(saved_.size());
   auto node = node_.lock();
-  for (const auto& s : saved_) {
+  for (size_t i = 0; i < saved_.size(); ++i) {
+    const Saved& s = saved_[i];
+    if (s.tensor && s.tensor->version() != s.version) {
+      fail<RuntimeError>(op_, "saved tensor ", i, " (of shape ", shape_str(s.tensor->shape()), ") was modified in place "
+                         "after ", op_, " used it: it is at version ", s.tensor->version(), ", saved at version ",
+                         s.version, "; its gradient needs the old values (write into a copy, or run the in-place "
+                         "op after backward)");
+    }
     if (s.output_nr >= 0 && node) {
       auto t = detach(s.tensor);
       t->set_history(node, static_cast<uint32_t>(s.output_nr));

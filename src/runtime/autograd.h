@@ -132,6 +132,7 @@ class AutogradContext {
   struct Saved {
     TensorPtr tensor;         // inputs: as given; outputs: a detached alias
     int output_nr = -1;       // >= 0: an output of this node, re-attached on read
+    uint64_t version = 0;     // the tensor's version when saved: another on read is an error
   };
   const char* op_ = "";       // a string literal (the op's kName)
   TensorList inputs_;         // only during Forward

@@ -318,8 +318,10 @@ void elementwise_impl(const std::array<const Tensor*, std::tuple_size_v<Outs>>& 
                       const std::array<const Tensor*, sizeof...(In)>& ins, std::index_sequence<I...>) {
   // every output has the first one's shape (an expr op's outputs share one shape rule) ...
   const Shape& shape = outs[0]->shape();
-  for (size_t k = 1; k < outs.size(); ++k) {
+  for (size_t k = 0; k < outs.size(); ++k) {
     if (outs[k]->shape() != shape) fail<RuntimeError>(current_op(), "elementwise output ", k, " has another shape");
+    // (the loop stores output element i at i: a strided view would be written out of its bounds)
+    if (!outs[k]->is_contiguous()) fail<RuntimeError>(current_op(), "elementwise output ", k, " is not contiguous");
   }
   // ... and every input must broadcast to it: the loops below read inputs through that assumption
   // (a user kernel or an op whose shape rule left an input out must not read past its view)

@@ -49,6 +49,7 @@ struct OpInfo {
   std::vector<ArgInfo> outputs;
   std::vector<AttrInfo> attrs;
   std::vector<TargetInfo> targets;
+  const char* inplace = "";  // the in-place variant's name (add_), or ""
   // per device type, the target whose rows a call on that device is checked against and whose
   // kernels run it (null: this build cannot run the op there); set by register_op
   std::array<const TargetInfo*, kDeviceTypes> by_device{};

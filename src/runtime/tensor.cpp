@@ -1,6 +1,8 @@
 // Tensor storage, construction and data movement helpers.
 #include "runtime/tensor.h"
 
+#include <cstring>
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -291,6 +293,35 @@ void copy_into(const TensorPtr& dst, const TensorPtr& src) {
     }
     fail<RuntimeError>(op, "converting or strided copies between ", src->device().str(), " and ",
                        dst->device().str(), " are not supported: copy to the device first, then convert");
+  }
+  if (!dst->is_contiguous()) {
+    // (the elementwise loop writes contiguous outputs only) a contiguous copy of src in dst's
+    // dtype and shape, then element by element through dst's strides
+    TensorPtr c = src;
+    if (src->dtype() != dst->dtype() || src->shape() != dst->shape() || !src->is_contiguous()) {
+      c = empty(dst->dtype(), dst->shape(), dst->format());
+      copy_into(c, src);
+    }
+    const size_t item = itemsize(dst->dtype());
+    const Shape& shape = dst->shape();
+    const Shape& strides = dst->strides();
+    const int64_t nd = dst->dim(), n = dst->numel();
+    const char* from = static_cast<const char*>(c->raw_data());
+    char* to = static_cast<char*>(dst->raw_data());
+    Shape index(static_cast<size_t>(nd), 0);
+    int64_t at = 0;  // dst's element offset of index
+    for (int64_t k = 0; k < n; ++k) {
+      std::memcpy(to + at * static_cast<int64_t>(item), from + k * static_cast<int64_t>(item), item);
+      for (int64_t d = nd - 1; d >= 0; --d) {  // next index, last dimension fastest
+        if (++index[static_cast<size_t>(d)] < shape[static_cast<size_t>(d)]) {
+          at += strides[static_cast<size_t>(d)];
+          break;
+        }
+        at -= (shape[static_cast<size_t>(d)] - 1) * strides[static_cast<size_t>(d)];
+        index[static_cast<size_t>(d)] = 0;
+      }
+    }
+    return;
   }
   visit_dtype(dst->dtype(), [&](auto out_tag) {
     using Out = decltype(out_tag);

@@ -1,6 +1,7 @@
 // Tensor: shared (owner-aware) storage, dtype, shape, strides, format and autograd metadata.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,10 @@ struct Storage {
   bool readonly = false;  // the owner forbids writes: views handed out are read-only too
   Device device;          // where data lives (host memory unless a device runtime allocated it)
   void* stream = nullptr; // the device stream our own allocation is ordered on (freed there)
+  // Bumped by every write into existing memory (in-place ops, out=), shared by all views of it:
+  // autograd compares it with the version a saved tensor had when it was saved (PyTorch's
+  // version counter).
+  std::atomic<uint64_t> version{0};
 };
 
 class Node;
@@ -58,6 +63,9 @@ class Tensor {
     return static_cast<char*>(storage_->data) + offset_ * static_cast<int64_t>(itemsize(dtype_));
   }
   template <typename T> T* data() const { return static_cast<T*>(raw_data()); }
+  // The version of this tensor's memory (shared with its views); mark_written() after writing it.
+  uint64_t version() const { return storage_->version.load(std::memory_order_acquire); }
+  void mark_written() const { storage_->version.fetch_add(1, std::memory_order_acq_rel); }
 
   // autograd
   bool requires_grad() const { return requires_grad_; }

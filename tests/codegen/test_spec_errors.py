@@ -104,6 +104,23 @@ def scale(old: str, new: str) -> str:
 
 
 CASES = [
+    # ------------------------------------------------------------------ inplace
+    case("inplace-name", "leaky", leaky("  impl:", "  inplace: leaky\n  impl:"),
+         "specs/leaky.yaml:13:12: inplace: invalid value 'leaky': must be a name ending in '_' (PyTorch's: add_, mul_)"),
+    case("inplace-dtype", "leaky", leaky("  impl:", "  inplace: leaky_\n  impl:").replace(
+             "    out: {dtype: T, shape: same(x)}", "    out: {dtype: float64, shape: same(x)}"),
+         "specs/leaky.yaml:13:12: inplace: an in-place variant writes the output into input 'x', so their dtypes "
+         "must be the same: 'float64' vs 'T'"),
+    case("inplace-two-outputs", "leaky", leaky("  impl:", "  inplace: leaky_\n  impl:").replace(
+             "    out: {dtype: T, shape: same(x)}", "    out: {dtype: T, shape: same(x)}\n    mask: {dtype: T, shape: same(x)}").replace(
+             "    expr: where(x > 0, x, alpha * x)", "    expr: {out: 'where(x > 0, x, alpha * x)', mask: 'x'}"),
+         "specs/leaky.yaml:14:12: inplace: an in-place variant needs exactly one output, 'leaky' has 2"),
+    case("input-named-out", "leaky", leaky("    x: T\n", "    out: T\n").replace(
+             "    out: {dtype: T, shape: same(x)}", "    y: {dtype: T, shape: same(out)}").replace(
+             "where(x > 0, x, alpha * x)", "where(out > 0, out, alpha * out)").replace(
+             "    x: where(x > 0, dout, alpha * dout)", "    out: where(out > 0, dy, alpha * dy)"),
+         "specs/leaky.yaml:4:5: inputs.out: 'out' cannot name an input: every op's Python function takes out= (the "
+         "tensors that receive its results)"),
     # ------------------------------------------------------------------ YAML and file level
     case("yaml-syntax", "leaky", leaky("    x: T\n", "    x: [T\n"),
          "specs/leaky.yaml:5:8: invalid YAML: expected ',' or ']', but got ':'"),

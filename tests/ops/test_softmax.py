@@ -95,7 +95,7 @@ def test_bad_axis_is_an_index_error(op) -> None:
 def test_bad_backward_input(op) -> None:
     fn = getattr(ops, op)
     with pytest.raises(ValueError, match=re.escape(
-            f"[{op}] dout of shape (4, 5) and out of shape (5, 4) must have the same shape")):
+            f"[{op}] dout of shape (4, 5) and y of shape (5, 4) must have the same shape")):
         fn(X, X.T.copy())
     with pytest.raises(IndexError, match=re.escape(f"[{op}] axis 2 is out of range for a tensor of rank 2")):
         fn(X, X, axis=2)

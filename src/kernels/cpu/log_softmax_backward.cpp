@@ -10,7 +10,7 @@ template <typename T>
 void log_softmax_backward(const TensorPtr& dout, const TensorPtr& out, const TensorPtr& dx,
                           const LogSoftmaxBackwardAttrs& attrs) {
   using E = compute_t<T>;
-  smx::check_same_shape("log_softmax_backward", "dout", dout, "out", out);
+  smx::check_same_shape("log_softmax_backward", "dout", dout, "y", out);
   const smx::AxisView v = smx::axis_view("log_softmax_backward", out->shape(), attrs.axis);
   const smx::Prims<E>& P = smx::prims<E>();
   smx::map_axis<T, 2>(

@@ -10,7 +10,7 @@ template <typename T>
 void softmax_backward(const TensorPtr& dout, const TensorPtr& out, const TensorPtr& dx,
                       const SoftmaxBackwardAttrs& attrs) {
   using E = compute_t<T>;
-  smx::check_same_shape("softmax_backward", "dout", dout, "out", out);
+  smx::check_same_shape("softmax_backward", "dout", dout, "y", out);
   const smx::AxisView v = smx::axis_view("softmax_backward", out->shape(), attrs.axis);
   const smx::Prims<E>& P = smx::prims<E>();
   smx::map_axis<T, 2>(
