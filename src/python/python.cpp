@@ -844,7 +844,14 @@ void run_into(const OpCaller& c, const TensorPtr* given, AttrValue* attrs, Tenso
   std::vector<AttrValue> attrs_copy(attrs, attrs + info.attrs.size());  // (meta may move them out)
   const std::vector<TensorMeta> metas = e.meta(inputs, attrs_copy.data());
   const char* what = c.inplace >= 0 ? info.inputs[static_cast<size_t>(c.inplace)].name : "out";
-  for (size_t j = 0; j < n_out; ++j) check_out(info, name, j, *outs[j], metas[j], what);
+  for (size_t j = 0; j < n_out; ++j) {
+    check_out(info, name, j, *outs[j], metas[j], what);
+    for (size_t k = 0; k < j; ++k) {
+      if (outs[k]->storage() == outs[j]->storage()) {
+        fail<ValueError>(name, "out tensors ", k, " and ", j, " share memory: each output needs its own");
+      }
+    }
+  }
   bool any_grad = false;
   for (size_t i = 0; i < n_in; ++i) any_grad = any_grad || (inputs[i] && inputs[i]->requires_grad());
   const bool recording = GradMode::is_enabled() && (any_grad || outs[0]->requires_grad());

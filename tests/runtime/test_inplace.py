@@ -52,6 +52,10 @@ def test_out_with_several_outputs_takes_a_tuple() -> None:
     np.testing.assert_array_equal(i_out.numpy(), indices.numpy())
     with pytest.raises(TypeError, match=re.escape("[max] out= needs a tuple of 2 tensors, one per output")):
         ops.max(x, axis=1, out=v_out)
+    p = opforge.tensor(np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match=re.escape("[sincos] out tensors 0 and 1 share memory: each output needs its own")):
+        ops.sincos(np.zeros((2, 3), np.float32), out=(p, p))
+    assert p.numpy().tolist() == [[1.0] * 3] * 2
 
 
 def test_out_into_a_strided_view_and_into_an_input() -> None:
