@@ -16,9 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Optional, Sequence
 
-import numpy as np
-
 from opforge import ops
+import opforge._C as _C
 from opforge._C import Tensor
 from opforge._autograd import no_grad
 
@@ -59,9 +58,7 @@ class Optimizer:
 
 
 def _zeros_like(p: Tensor) -> Tensor:
-    import opforge
-
-    return opforge.tensor(np.zeros(p.shape, p.dtype), device=p.device)
+    return _C._zeros_like(p)  # (on p's device, in its dtype)
 
 
 def _check(name: str, **values: float) -> None:

@@ -973,12 +973,13 @@ PyObject* call_op(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObj
     py::handle out;
     for (Py_ssize_t k = 0; k < nkw; ++k) {
       PyObject* key = PyTuple_GET_ITEM(kwnames, k);
-      if (!caller->meta && caller->inplace < 0 && PyUnicode_CompareWithASCIIString(key, "out") == 0) {
+      size_t i = 0;
+      while (i < n && PyUnicode_CompareWithASCIIString(key, param_name(info, i)) != 0) ++i;
+      // out= (no parameter is named out: codegen refuses it), looked for only after the parameters
+      if (i == n && !caller->meta && caller->inplace < 0 && PyUnicode_CompareWithASCIIString(key, "out") == 0) {
         if (args[nargs + k] != Py_None) out = args[nargs + k];
         continue;
       }
-      size_t i = 0;
-      while (i < n && PyUnicode_CompareWithASCIIString(key, param_name(info, i)) != 0) ++i;
       const std::string name = i < n ? std::string() : py::str(key).cast<std::string>();
       if (i == n) {
         std::string best;

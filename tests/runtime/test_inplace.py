@@ -134,6 +134,8 @@ def test_inplace_keeps_the_shape_and_dtype_of_its_input() -> None:
     with pytest.raises(TypeError, match=re.escape("[add_] writes into 'x', which must be an opforge.Tensor, "
                                                   "got ndarray")):
         ops.add_(np.ones(4, np.float32), 1.0)
+    with pytest.raises(TypeError, match=re.escape("[add] unexpected keyword 'out'")):
+        ops.add_(x, 1.0, out=x)                          # (the variant's out is its first input)
 
 
 def test_inplace_on_a_leaf_that_requires_grad_only_under_no_grad() -> None:
