@@ -58,6 +58,7 @@ from torch._C import _from_dlpack, _to_dlpack
 
 import opforge._C as _C
 import opforge._formulas as _formulas
+from opforge import _torch_native
 from opforge._opdef import OpDef
 
 __all__ = ["ops", "NAMESPACE", "schema", "scalar_slots", "register_ops", "register_module", "TORCH_DTYPES"]
@@ -662,6 +663,30 @@ def _register_autocast(lib: Any, op: OpDef, overload: Any) -> None:
 # ---------------------------------------------------------------------------- registration
 
 
+def _register_native(native: Any, namespace: str, op: OpDef, fn: Any, overload: Any, F: Any) -> None:
+    """The op's CPU and Autograd kernels in C++ (opforge/_torch_native.py): the CPU kernel runs the
+    op's opforge entry on the torch tensors' memory; the Autograd kernel records a C++ node whose
+    backward calls the spec's bprop formula, given here, and hands calls with forward-mode tangents,
+    tensor subclasses or symbolic sizes to the op's autograd.Function (the Python path)."""
+    names = [i.name for i in op.inputs]
+    slot = {n: k for k, n in enumerate(names)}
+    slot.update({o.name: len(names) + k for k, o in enumerate(op.outputs)})
+    same_input = [names.index(o.shape_args[0]) if o.shape == "same" and o.shape_args[0] in names else -1
+                  for o in op.outputs]
+    saved = [(slot[n], list(needers)) for n, needers in op.saved]
+    backward = fallback = None
+    if op.bprop is not None:
+        bprop = op.bprop
+
+        def backward(need: Any, metas: Any, values: Any, douts: Any, attrs: Any) -> Any:
+            return bprop(F, H, need, metas, *values, *douts, *attrs)
+
+        fallback = _autograd_function(op, overload, F).apply
+    native.register(namespace, fn, op.impl == "expr", -1 if (k := _format_attr(op)) is None else k, same_input,
+                    [o.differentiable for o in op.outputs], saved, backward, fallback)
+
+
+
 def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: str,
                  extern: Optional[dict[str, Any]] = None) -> Any:
     """Define every op of ``table`` in the torch namespace ``namespace`` and register its kernels;
@@ -691,7 +716,11 @@ def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: s
             # see the ops of the formula
             lib.impl(op.name, decomposed, "FuncTorchDynamicLayerFrontMode")
             continue
-        lib.impl(op.name, _cpu_kernel(op, getattr(kernels, op.name)), _formulas.TARGETS["cpu"].torch_dispatch_key)
+        native = _torch_native.load()
+        if native is not None:  # C++ CPU and Autograd kernels: no Python per call
+            _register_native(native, namespace, op, getattr(kernels, op.name), overload, F)
+        else:
+            lib.impl(op.name, _cpu_kernel(op, getattr(kernels, op.name)), _formulas.TARGETS["cpu"].torch_dispatch_key)
         for target in op.runs:  # the device targets this build runs the op on (cuda)
             if target != "cpu":
                 row = _formulas.TARGETS[target]
@@ -700,7 +729,8 @@ def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: s
         torch.library.register_fake(f"{namespace}::{op.name}", _fake_kernel(op, getattr(metas, op.name)),
                                     lib=lib)
         # ops without a bprop (comparisons, indices) still get one: their outputs never require grad
-        lib.impl(op.name, _autograd_kernel(op, overload, F), "Autograd", with_keyset=True)
+        if native is None:
+            lib.impl(op.name, _autograd_kernel(op, overload, F), "Autograd", with_keyset=True)
         if op.autocast is not None:
             _register_autocast(lib, op, overload)
         if op.bprop is not None:

@@ -1038,6 +1038,22 @@ py::object to_python(const AttrValue& v) {
 
 }  // namespace
 
+}  // namespace opforge::python
+
+extern "C" const opforge::binding::OpEntry* opforge_op_entry(void* fn) {
+  auto* obj = static_cast<PyObject*>(fn);
+  if (obj == nullptr || !PyCFunction_Check(obj) || PyCFunction_GET_FUNCTION(obj) !=
+      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&opforge::python::call_op))) {
+    return nullptr;
+  }
+  PyObject* self = PyCFunction_GET_SELF(obj);
+  if (self == nullptr || !PyCapsule_IsValid(self, "opforge.OpCaller")) return nullptr;
+  const auto* caller = static_cast<const opforge::python::OpCaller*>(PyCapsule_GetPointer(self, "opforge.OpCaller"));
+  return caller->meta || caller->inplace >= 0 ? nullptr : caller->entry;
+}
+
+namespace opforge::python {
+
 void def_op(py::module_& m, py::module_& meta, const binding::OpEntry& entry) {
   const OpInfo& info = *entry.info;
   if (info.inputs.size() > kMaxInputs || info.inputs.size() + info.attrs.size() > kMaxParams ||

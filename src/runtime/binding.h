@@ -55,3 +55,9 @@ using RegisterOp = const OpEntry& (*)();
 }  // namespace binding
 
 }  // namespace opforge
+
+// The entry behind an op's Python function (a function of opforge._C.ops or of an op module, as
+// def_op makes them: not its meta rule nor its in-place variant), or null when fn is not one: how
+// code outside the Python face reaches an op without running Python per call (opforge.torch's
+// native kernels). fn is a PyObject*, declared void* to keep Python's headers out of this one.
+extern "C" __attribute__((visibility("default"))) const opforge::binding::OpEntry* opforge_op_entry(void* fn);
