@@ -75,8 +75,8 @@ def call() -> list[dict]:
             rows.append(row("call", "mul, 1 element, Tensor inputs", t_of, t_np, t_torch,
                             "≤ 2.5× NumPy, ≤ 0.8× torch", ok))
             rows.append(row("call", "mul, 1 element, NumPy array inputs", t_of_arr, t_np, t_torch,
-                            "(same targets)", t_of_arr <= 2.5 * t_np and t_of_arr <= 0.8 * t_torch,
-                            note="arrays are wrapped zero-copy on every call (buffer protocol)"))
+                            "≤ 2.0× NumPy, ≤ 0.8× torch", t_of_arr <= 2.0 * t_np and t_of_arr <= 0.8 * t_torch,
+                            note="arrays are wrapped zero-copy on every call (NumPy's fields read directly)"))
         else:
             rows.append(row("call", f"mul, {n} elements, Tensor inputs", t_of, t_np, t_torch))
     return rows
@@ -293,23 +293,23 @@ def torch_ops() -> list[dict]:
     F = torch.nn.functional
     rows = []
 
-    def add(name: str, ours: float, hand: float, builtin: float, target: bool = True) -> None:
+    def add(name: str, ours: float, hand: float, builtin: float, limit: float) -> None:
+        """A row whose target is opforge.torch's time ≤ limit × the built-in's (issue 18, item 6)."""
         rows.append({"group": "torch", "table": "torch", "name": name, "opforge": ours, "custom_op": hand,
-                     "builtin": builtin, "target": "≤ 1.0× custom_op" if target else "",
-                     "met": (ours <= hand) if target else None})
+                     "builtin": builtin, "target": f"≤ {limit:.1f}× built-in", "met": ours <= limit * builtin})
 
     x, y = torch.randn(8), torch.randn(8)
     xr, yr = torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
     of_mul, of_gelu = ot.ops.mul.default, ot.ops.gelu.default
     add("mul forward, 8 elements", bench(lambda: of_mul(x, y), 0.1), bench(lambda: peer.mul(x, y), 0.1),
-        bench(lambda: torch.mul(x, y), 0.1))
+        bench(lambda: torch.mul(x, y), 0.1), 2.0)
     add("mul forward+backward, 8 elements", bench(lambda: of_mul(xr, yr).sum().backward(), 0.1),
         bench(lambda: peer.mul(xr, yr).sum().backward(), 0.1),
-        bench(lambda: torch.mul(xr, yr).sum().backward(), 0.1))
+        bench(lambda: torch.mul(xr, yr).sum().backward(), 0.1), 1.5)
     add("gelu forward, 8 elements", bench(lambda: of_gelu(x), 0.1), bench(lambda: peer.gelu(x), 0.1),
-        bench(lambda: F.gelu(x), 0.1))
+        bench(lambda: F.gelu(x), 0.1), 2.0)
     add("gelu forward+backward, 8 elements", bench(lambda: of_gelu(xr).sum().backward(), 0.1),
-        bench(lambda: peer.gelu(xr).sum().backward(), 0.1), bench(lambda: F.gelu(xr).sum().backward(), 0.1))
+        bench(lambda: peer.gelu(xr).sum().backward(), 0.1), bench(lambda: F.gelu(xr).sum().backward(), 0.1), 1.5)
 
     # the MLP training step of the mlp group, as a torch model with each framework's ops
     rng = np.random.default_rng(0)
@@ -340,7 +340,7 @@ def torch_ops() -> list[dict]:
         hand = step_with(peer.linear, peer.gelu, peer.cross_entropy)
         builtin = step_with(F.linear, F.gelu, F.cross_entropy)
         add(f"3-layer MLP training step (torch.optim.SGD), batch {batch}", bench(ours, 0.5, 7),
-            bench(hand, 0.5, 7), bench(builtin, 0.5, 7))
+            bench(hand, 0.5, 7), bench(builtin, 0.5, 7), 1.2)
     return rows
 
 

@@ -8,7 +8,10 @@
 Importing this module registers every op of the package through ``torch.library``, with no
 per-op code: each op's schema comes from its spec (inputs as ``Tensor``/``Tensor?``, then its
 attrs with their defaults), and three kernels come from the generated op table
-(``opforge._formulas``) and the runtime:
+(``opforge._formulas``) and the runtime. The CPU and Autograd kernels are C++ when opforge's
+native kernels build against the installed torch (``opforge/_torch_native.py``: compiled on first
+use, cached; ``OPFORGE_TORCH_NATIVE=0`` or a failed build: the Python kernels below, after one
+warning), with the same behaviour as the Python ones described here:
 
 - **CPU**: exchanges memory with the opforge runtime through DLPack (no copies) and runs the op's
   opforge kernel; a call the registration table does not allow raises the runtime's exception,

@@ -149,6 +149,13 @@ std::string dtype_repr(c10::ScalarType s) {
   return name;
 }
 
+// The storage of a torch tensor seen by opforge holds torch's storage: one allocation, no
+// separate keep-alive.
+struct TorchStorage final : opforge::Storage {
+  explicit TorchStorage(c10::Storage s) : torch_storage(std::move(s)) {}
+  c10::Storage torch_storage;
+};
+
 // A host torch tensor as an opforge tensor (zero copy; the opforge tensor keeps torch's storage).
 TensorPtr to_opforge(const OpData& d, size_t i, const at::Tensor& t) {
   DType dtype;
@@ -159,15 +166,10 @@ TensorPtr to_opforge(const OpData& d, size_t i, const at::Tensor& t) {
                              ", which opforge does not have; supported dtypes: bool, uint8, int8, int16, int32, "
                              "int64, float16, bfloat16, float32, float64");
   }
-  auto storage = std::make_shared<opforge::Storage>();
+  auto storage = std::make_shared<TorchStorage>(t.storage());
   storage->data = t.numel() > 0 ? t.data_ptr() : nullptr;
   storage->nbytes = static_cast<size_t>(t.numel()) * t.element_size();
   storage->external = true;
-  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-  c10::raw::intrusive_ptr::incref(impl);
-  storage->owner = std::shared_ptr<void>(impl, [](void* p) {
-    c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(p));
-  });
   const auto sizes = t.sizes();
   const auto strides = t.strides();
   return std::make_shared<opforge::Tensor>(std::move(storage), dtype, opforge::Shape(sizes.begin(), sizes.end()),
