@@ -6,6 +6,7 @@ alone; docs/reliability.md has the commands to run more of the suite under the s
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -59,8 +60,11 @@ def test_fast_suite_is_clean_under_asan_and_ubsan(tmp_path_factory: pytest.TempP
         UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
     )
     env.pop("PYTHONPATH", None)
+    # two workers when pytest-xdist is there (the test extra installs it): the instrumented run is
+    # the longest test of the suite, and its tests are independent
+    workers = ["-n", "2"] if importlib.util.find_spec("xdist") is not None else []
     run = subprocess.run(
-        ["bash", str(ROOT / "tools" / "dev.sh"), "pytest", "-q", "-x", "-m", "not slow", *SUBSET],
+        ["bash", str(ROOT / "tools" / "dev.sh"), "pytest", "-q", "-x", *workers, "-m", "not slow", *SUBSET],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
     report = (run.stdout[-6000:] + "\n" + run.stderr[-12000:])
     assert run.returncode == 0, f"sanitized run failed (exit {run.returncode}):\n{report}"

@@ -136,6 +136,7 @@ bool dtype_from_numpy(int type_num, DType* out) {
 struct ArrayStorage : Storage {
   explicit ArrayStorage(PyObject* a) : array(a) { Py_INCREF(a); }
   ~ArrayStorage() {
+    if (!array) return;  // (a recycled wrapper: released already)
     if (PyGILState_Check()) {
       Py_DECREF(array);
     } else {
@@ -145,6 +146,28 @@ struct ArrayStorage : Storage {
   }
   PyObject* array;
 };
+
+// Recycled ndarray wrappers: a call with array inputs would allocate and free a Tensor, its
+// ArrayStorage and its shape and strides for each array. When the call is over and nothing else
+// holds the wrapper (nor its storage: no view, no saved tensor, no result sharing it), it goes to
+// its thread's pool with the array released (the pool keeps no array alive), and the next array
+// wrapped on that thread rebinds it: no allocation while the ranks fit the buffers kept.
+constexpr size_t kPooledWrappers = 8;
+struct WrapperPool {
+  TensorPtr items[kPooledWrappers];
+  size_t n = 0;
+};
+thread_local WrapperPool t_wrappers;
+
+void recycle_wrapper(TensorPtr& t) {
+  if (t.use_count() != 1 || t->storage().use_count() != 1 || t_wrappers.n == kPooledWrappers) return;
+  auto& s = static_cast<ArrayStorage&>(*t->storage());
+  PyObject* array = s.array;
+  s.array = nullptr;
+  s.data = nullptr;
+  Py_DECREF(array);
+  t_wrappers.items[t_wrappers.n++] = std::move(t);
+}
 
 TensorPtr from_ndarray(PyObject* obj, const char* op, const char* arg) {
   auto* a = reinterpret_cast<PyArrayObject*>(obj);
@@ -156,20 +179,33 @@ TensorPtr from_ndarray(PyObject* obj, const char* op, const char* arg) {
   const npy_intp* dims = PyArray_DIMS(a);
   const npy_intp* st = PyArray_STRIDES(a);
   const auto item = static_cast<npy_intp>(itemsize(dtype));
-  Shape shape(dims, dims + nd);
-  Shape strides(static_cast<size_t>(nd));
+  int64_t strides[NPY_MAXDIMS];
   for (int i = 0; i < nd; ++i) {
     if (st[i] % item != 0) {
       fail<ValueError>(op, "input '", arg, "' has strides that are not a multiple of its item size");
     }
-    strides[static_cast<size_t>(i)] = st[i] / item;
+    strides[i] = st[i] / item;
+  }
+  static_assert(sizeof(npy_intp) == sizeof(int64_t));
+  const auto* shape = reinterpret_cast<const int64_t*>(dims);
+  if (t_wrappers.n > 0) {  // a recycled wrapper (nothing else holds it or its storage)
+    TensorPtr t = std::move(t_wrappers.items[--t_wrappers.n]);
+    auto& s = static_cast<ArrayStorage&>(*t->storage());
+    Py_INCREF(obj);
+    s.array = obj;
+    s.data = PyArray_DATA(a);
+    s.nbytes = static_cast<size_t>(PyArray_NBYTES(a));
+    s.readonly = !PyArray_ISWRITEABLE(a);
+    s.version.store(0, std::memory_order_relaxed);
+    t->rebind(dtype, shape, strides, static_cast<size_t>(nd));
+    return t;
   }
   auto storage = std::make_shared<ArrayStorage>(obj);
   storage->data = PyArray_DATA(a);
   storage->nbytes = static_cast<size_t>(PyArray_NBYTES(a));
   storage->external = true;
   storage->readonly = !PyArray_ISWRITEABLE(a);
-  return std::make_shared<Tensor>(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
+  return std::make_shared<Tensor>(std::move(storage), dtype, Shape(shape, shape + nd), Shape(strides, strides + nd), 0);
 }
 
 // ---------------------------------------------------------------------------- DLPack
@@ -578,8 +614,21 @@ void InputConverter::add(py::handle obj) {
     // (np.float64 subclasses float, but a NumPy scalar keeps its dtype: a 0-d array, below)
     pending_[n_pending_++] = {i, PyFloat_AS_DOUBLE(p), 0, 'f'};
   } else {
+    if (PyArray_CheckExact(p)) {  // (before to_tensor's other checks: the common case after Tensor)
+      if ((tensors_[i] = from_ndarray(p, info_.name, arg.name))) {
+        wrapped_ |= 1u << i;
+        elements_ += tensors_[i]->numel();
+        return;
+      }
+    }
     tensors_[i] = to_tensor(obj, info_.name, arg.name);
     elements_ += tensors_[i]->numel();
+  }
+}
+
+InputConverter::~InputConverter() {
+  for (size_t i = 0; wrapped_ != 0; ++i, wrapped_ >>= 1) {
+    if (wrapped_ & 1u) recycle_wrapper(tensors_[i]);
   }
 }
 

@@ -36,6 +36,11 @@ constexpr size_t kMaxInputs = 8;
 class OPFORGE_PY_API InputConverter {
  public:
   explicit InputConverter(const OpInfo& info) : info_(info) {}
+  // (with the GIL held) hands the wrappers of NumPy arrays that nothing else holds back to this
+  // thread's pool, each releasing its array
+  ~InputConverter();
+  InputConverter(const InputConverter&) = delete;
+  InputConverter& operator=(const InputConverter&) = delete;
   // Converts the next input (None allowed only for optional inputs).
   void add(py::handle obj);
   // Finishes scalar conversion; then operator[] gives the inputs (nullptr for absent ones).
@@ -53,6 +58,7 @@ class OPFORGE_PY_API InputConverter {
   Pending pending_[kMaxInputs];
   size_t n_pending_ = 0;
   int64_t elements_ = 0;
+  uint32_t wrapped_ = 0;  // bit i: input i wraps a NumPy array (from_ndarray)
 };
 
 // Adds the op of `entry` (which must outlive the modules) to m as a fast builtin and to meta as

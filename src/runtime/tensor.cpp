@@ -85,6 +85,28 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape
   if (numel_ == 0) contiguous_ = true;
 }
 
+void Tensor::rebind(DType dtype, const int64_t* shape, const int64_t* strides, size_t ndim) {
+  dtype_ = dtype;
+  format_ = Format::Default;
+  shape_.assign(shape, shape + ndim);
+  strides_.assign(strides, strides + ndim);
+  offset_ = 0;
+  numel_ = shape_numel(shape_);
+  contiguous_ = true;
+  int64_t expected = 1;
+  for (size_t i = shape_.size(); i-- > 0;) {
+    if (shape_[i] != 1 && strides_[i] != expected) contiguous_ = false;
+    expected *= shape_[i];
+  }
+  if (numel_ == 0) contiguous_ = true;
+  requires_grad_ = false;
+  grad_.reset();
+  grad_fn_.reset();
+  output_nr_ = 0;
+  grad_accumulator_.reset();
+  fw_grad_.reset();
+}
+
 void Tensor::set_requires_grad(bool r) {
   if (!is_leaf()) {
     throw RuntimeError("requires_grad can only be changed on leaf tensors; use detach() first");

@@ -46,6 +46,12 @@ class Tensor {
   Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides, int64_t offset,
          Format format = Format::Default);
 
+  // Makes this tensor, which nothing else holds, a new one on the same storage object (whose
+  // fields the caller has set), as if constructed with these fields and offset 0: its shape and
+  // strides reuse their buffers, and its autograd state is cleared. For the Python face's recycled
+  // wrappers of NumPy arrays (a call with array inputs then allocates nothing for them).
+  void rebind(DType dtype, const int64_t* shape, const int64_t* strides, size_t ndim);
+
   // data
   DType dtype() const { return dtype_; }
   Format format() const { return format_; }

@@ -204,6 +204,9 @@ AttrValue to_attr(Kind kind, const c10::IValue& v) {
   return {};
 }
 
+// Whether an input is there (an absent optional input is None, or from C++ an undefined tensor).
+bool present(const c10::IValue& v) { return v.isTensor() && v.toTensor().defined(); }
+
 // ---- memory formats (opforge/torch.py's _nhwc_call, for the native kernel)
 
 at::Tensor nhwc(const at::Tensor& t) {
@@ -234,8 +237,10 @@ struct CpuKernel final : c10::OperatorKernel {
     std::array<TensorPtr, kMaxParams> inputs;
     for (size_t i = 0; i < d->n_in; ++i) {
       const c10::IValue& v = args[i];
-      if (v.isNone()) continue;
-      inputs[i] = to_opforge(*d, i, run_nhwc && views[i].defined() ? views[i] : v.toTensor());
+      if (!present(v)) continue;  // (an absent optional input)
+      const at::Tensor& t = run_nhwc && views[i].defined() ? views[i] : v.toTensor();
+      // (a negated view, torch._neg_view's, has its sign in a flag, not in memory)
+      inputs[i] = t.is_neg() ? to_opforge(*d, i, t.resolve_neg()) : to_opforge(*d, i, t);
     }
     std::array<AttrValue, kMaxParams> attrs;
     for (size_t k = 0; k < n_attrs; ++k) attrs[k] = to_attr(d->kinds[k], args[d->n_in + k]);
@@ -262,14 +267,14 @@ struct CpuKernel final : c10::OperatorKernel {
     if (d->elementwise) {
       const at::Tensor* first = nullptr;
       for (size_t i = 0; i < d->n_in; ++i) {
-        if (args[i].isNone()) continue;
+        if (!present(args[i])) continue;
         const at::Tensor& t = args[i].toTensor();
         if (t.dim() > 4) return false;
         if (first == nullptr && t.dim() == 4) first = &t;
       }
       if (first == nullptr || !channels_last_only(*first)) return false;
       for (size_t i = 0; i < d->n_in; ++i) {
-        if (!args[i].isNone()) (*views)[i] = nhwc(args[i].toTensor());
+        if (present(args[i])) (*views)[i] = nhwc(args[i].toTensor());
       }
       for (size_t j = 0; j < d->n_out; ++j) (*back)[j] = 1;
       return true;
@@ -278,13 +283,13 @@ struct CpuKernel final : c10::OperatorKernel {
     if (!fmt.isString() || fmt.toStringRef() != "NCHW") return false;
     bool any = false;
     for (size_t i = 0; i < d->n_in; ++i) {
-      if (args[i].isNone() || args[i].toTensor().dim() != 4) continue;
+      if (!present(args[i]) || args[i].toTensor().dim() != 4) continue;
       if (!channels_last_only(args[i].toTensor())) return false;
       any = true;
     }
     if (!any) return false;
     for (size_t i = 0; i < d->n_in; ++i) {
-      if (!args[i].isNone() && args[i].toTensor().dim() == 4) (*views)[i] = nhwc(args[i].toTensor());
+      if (present(args[i]) && args[i].toTensor().dim() == 4) (*views)[i] = nhwc(args[i].toTensor());
     }
     for (size_t j = 0; j < d->n_out; ++j) {
       const int k = d->same_input[j];
