@@ -347,6 +347,28 @@ struct Ref {
 
 // ---------------------------------------------------------------------------- autograd
 
+// Graph nodes are owned by c10::intrusive_ptr in recent torch (2.13 here) and by std::shared_ptr
+// with deleteNode in older releases (2.11 on the GPU machines): both are supported, so that the
+// same source builds for either. (Templates: only the branch of the installed torch is instantiated.)
+template <class N, class... Args>
+auto make_node(Args&&... args) {
+  if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, N>) {
+    return c10::make_intrusive<N>(std::forward<Args>(args)...);
+  } else {
+    // (torch's deleteNode, found by argument-dependent lookup: it exists only in those versions)
+    return std::shared_ptr<N>(new N(std::forward<Args>(args)...), [](N* n) { deleteNode(n); });
+  }
+}
+
+template <class N>
+auto self_ptr(N* node) {
+  if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, N>) {
+    return node->getptr();
+  } else {
+    return node->shared_from_this();
+  }
+}
+
 struct Metas {
   std::vector<int64_t> sizes;
   c10::ScalarType dtype;
@@ -373,7 +395,7 @@ struct OpBackward final : torch::autograd::Node {
     if (!any) return result;
     std::vector<at::Tensor> values(n_in + d->n_out);
     for (size_t s = 0; s < saved.size(); ++s) {
-      if (present[s]) values[static_cast<size_t>(d->saved[s].first)] = saved[s].unpack(getptr());
+      if (present[s]) values[static_cast<size_t>(d->saved[s].first)] = saved[s].unpack(self_ptr(this));
     }
     for (size_t g = 0; g < grads.size(); ++g) {  // (an output backward did not reach: zeros, as torch's)
       if (!grads[g].defined()) grads[g] = at::zeros(out_sizes[g], out_options[g]);
@@ -467,7 +489,7 @@ struct AutogradKernel final : c10::OperatorKernel {
     for (size_t i = 0; i < n_in; ++i) {
       if (args[i].isTensor()) inputs[i] = args[i].toTensor();
     }
-    auto node = c10::make_intrusive<OpBackward>(d);
+    auto node = make_node<OpBackward>(d);
     node->attrs.assign(args.begin() + static_cast<ptrdiff_t>(n_in), args.end());
     {
       at::AutoDispatchBelowADInplaceOrView guard;
