@@ -71,18 +71,25 @@ std::string shape_str(const Shape& shape) {
   return os.str();
 }
 
+namespace {
+// Whether strides lay a shape out densely in row-major order (size-1 and empty dims aside).
+bool row_major(const Shape& shape, const Shape& strides, int64_t numel) {
+  if (numel == 0) return true;
+  int64_t expected = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] != 1 && strides[i] != expected) return false;
+    expected *= shape[i];
+  }
+  return true;
+}
+}  // namespace
+
 Tensor::Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides, int64_t offset,
                Format format)
     : storage_(std::move(storage)), dtype_(dtype), format_(format), shape_(std::move(shape)),
       strides_(std::move(strides)), offset_(offset) {
   numel_ = shape_numel(shape_);
-  contiguous_ = true;
-  int64_t expected = 1;
-  for (size_t i = shape_.size(); i-- > 0;) {
-    if (shape_[i] != 1 && strides_[i] != expected) contiguous_ = false;
-    expected *= shape_[i];
-  }
-  if (numel_ == 0) contiguous_ = true;
+  contiguous_ = row_major(shape_, strides_, numel_);
 }
 
 void Tensor::rebind(DType dtype, const int64_t* shape, const int64_t* strides, size_t ndim) {
@@ -92,13 +99,7 @@ void Tensor::rebind(DType dtype, const int64_t* shape, const int64_t* strides, s
   strides_.assign(strides, strides + ndim);
   offset_ = 0;
   numel_ = shape_numel(shape_);
-  contiguous_ = true;
-  int64_t expected = 1;
-  for (size_t i = shape_.size(); i-- > 0;) {
-    if (shape_[i] != 1 && strides_[i] != expected) contiguous_ = false;
-    expected *= shape_[i];
-  }
-  if (numel_ == 0) contiguous_ = true;
+  contiguous_ = row_major(shape_, strides_, numel_);
   requires_grad_ = false;
   grad_.reset();
   grad_fn_.reset();
