@@ -75,12 +75,15 @@ class Build:
 
 
 # The CUDA 13.0 toolkit as NVIDIA publishes it on PyPI (all install into site-packages/nvidia/cu13/):
-# the meta package pins each component to 13.0.2's, the way torch's cu130 wheels depend on it.
-# The runtime is pinned to the CUDA major only, so torch's exact pin satisfies it.
+# the meta package pins each component to 13.0.2's, the way torch's cu130 wheels depend on it
+# (cublas: nvidia-cublas 13.1.0.3, whose wheel carries cublas_v2.h/cublasLt.h and the libraries).
+# The runtime and cuBLAS are pinned to the CUDA major only, so torch's exact pins satisfy them.
+# (libcublasLt before libcublas, which needs it.)
 BUILDS: Mapping[str, Build] = {
     "cpu": Build("cpu", "cpu", (Backend.CPU,), True),
     "cuda": Build("cuda", "cu130", (Backend.CPU, Backend.CUDA), True,
-                  build_requires=("cuda-toolkit[nvcc,crt,nvvm,cudart,cccl]==13.0.2",),
-                  runtime_requires=("nvidia-cuda-runtime~=13.0",),
-                  runtime_libs=("nvidia.cu13:lib/libcudart.so.13",)),
+                  build_requires=("cuda-toolkit[nvcc,crt,nvvm,cudart,cccl,cublas]==13.0.2",),
+                  runtime_requires=("nvidia-cuda-runtime~=13.0", "nvidia-cublas~=13.0"),
+                  runtime_libs=("nvidia.cu13:lib/libcudart.so.13", "nvidia.cu13:lib/libcublasLt.so.13",
+                                "nvidia.cu13:lib/libcublas.so.13")),
 }

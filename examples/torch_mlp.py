@@ -2,6 +2,7 @@
 
     python examples/torch_mlp.py              # eager
     python examples/torch_mlp.py --compile    # torch.compile(fullgraph=True)
+    python examples/torch_mlp.py --device cuda  # on a GPU (the cuda wheel)
 
 The data are three interleaved spirals generated here; the loss printed every few steps falls.
 The ops are ``torch.ops.opforge.*``: PyTorch's autograd, optimizers and ``torch.compile`` treat
@@ -70,11 +71,13 @@ def main() -> int:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--compile", action="store_true", help="torch.compile(fullgraph=True) the loss")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (cuda needs the cuda wheel and a GPU)")
     args = p.parse_args()
 
     torch.manual_seed(0)
     x, labels = spirals(200)
-    model = MLP(2, args.hidden, 3)
+    x, labels = x.to(args.device), labels.to(args.device)
+    model = MLP(2, args.hidden, 3).to(args.device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     step_loss = torch.compile(loss_fn, fullgraph=True) if args.compile else loss_fn
     for step in range(args.steps + 1):

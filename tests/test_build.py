@@ -78,12 +78,13 @@ def test_cuda_wheel_builds_from_pypi_and_runs_cpu_ops_without_a_gpu(tmp_path: Pa
         meta = z.read("opforge-0.1.0+cu130.dist-info/METADATA").decode()
         record = z.read("opforge-0.1.0+cu130.dist-info/RECORD").decode()
     assert "Requires-Dist: nvidia-cuda-runtime~=13.0" in meta.split("\n\n")[0]
+    assert "Requires-Dist: nvidia-cublas~=13.0" in meta.split("\n\n")[0]  # (matmul and linear on cuda)
     assert "opforge-0.1.0+cu130.dist-info/METADATA,sha256=" in record
-    # installed apart, with the CUDA runtime from PyPI (no driver and no GPU on this machine)
+    # installed apart, with the CUDA runtime and cuBLAS from PyPI (no driver and no GPU on this machine)
     site = tmp_path / "site"
     # (and nvcc, as a user of opforge.load with CUDA kernels installs it: the same PyPI packages)
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site), str(wheel),
-                        "nvidia-cuda-runtime~=13.0", "cuda-toolkit[nvcc,crt,nvvm,cudart,cccl]==13.0.2"],
+                        "nvidia-cuda-runtime~=13.0", "nvidia-cublas~=13.0", "cuda-toolkit[nvcc,crt,nvvm,cudart,cccl]==13.0.2"],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     check = """

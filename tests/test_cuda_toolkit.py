@@ -115,3 +115,49 @@ def test_native_file_names_nvcc_and_the_runtime_folder_quoted(tmp_path: Path) ->
     assert text.startswith("[binaries]\ncuda = [")
     assert "'" + str(kit.nvcc).replace("'", "\\'") + "'" in text
     assert "'-L" + str(kit.lib_dir).replace("'", "\\'") + "'" in text
+
+
+def fake_cublas(root: Path, major: int = 13, headers: bool = True, libs: bool = True) -> Path:
+    """cuBLAS's files as nvidia-cublas installs them (nvidia/cu13/{include,lib}), empty."""
+    (root / "include").mkdir(parents=True, exist_ok=True)
+    (root / "lib").mkdir(exist_ok=True)
+    if headers:
+        for h in ("cublas_v2.h", "cublasLt.h"):
+            (root / "include" / h).write_text("")
+    if libs:
+        for lib in (f"libcublas.so.{major}", f"libcublasLt.so.{major}"):
+            (root / "lib" / lib).write_text("")
+    return root
+
+
+def test_cublas_beside_nvcc_comes_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kit = toolkit.describe(fake_toolkit(tmp_path / "cuda-13.0"))
+    fake_cublas(tmp_path / "cuda-13.0")
+    monkeypatch.setattr(toolkit, "_wheel_roots", lambda: [fake_cublas(tmp_path / "site" / "nvidia" / "cu13")])
+    found = toolkit.find_cublas(kit)
+    assert (found.include_dir, found.lib_dir) == (kit.root / "include", kit.root / "lib")
+
+
+def test_cublas_from_the_nvidia_cublas_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a system nvcc without cuBLAS (the device machines' and this one's), torch's nvidia-cublas in site-packages
+    kit = toolkit.describe(fake_toolkit(tmp_path / "cuda-13.0"))
+    wheel = fake_cublas(tmp_path / "site" / "nvidia" / "cu13")
+    monkeypatch.setattr(toolkit, "_wheel_roots", lambda: [wheel])
+    found = toolkit.find_cublas(kit)
+    assert (found.include_dir, found.lib_dir) == (wheel / "include", wheel / "lib")
+    assert toolkit.main(["--nvcc", str(kit.nvcc), "--cublas"]) == 0
+
+
+def test_cublas_missing_names_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    kit = toolkit.describe(fake_toolkit(tmp_path / "cuda-13.0"))
+    # headers without the libraries (or the other major's libraries) are not cuBLAS 13
+    monkeypatch.setattr(toolkit, "_wheel_roots", lambda: [fake_cublas(tmp_path / "site" / "nvidia" / "cu13", major=12)])
+    with pytest.raises(toolkit.ToolkitError) as e:
+        toolkit.find_cublas(kit)
+    text = str(e.value)
+    assert "no cuBLAS 13 (libcublas.so.13 and libcublasLt.so.13) beside" in text
+    assert "pip install 'nvidia-cublas~=13.0'" in text
+    monkeypatch.setattr(toolkit, "_wheel_roots", lambda: [])
+    assert toolkit.main(["--nvcc", str(kit.nvcc), "--cublas"]) == 1
+    assert "no cuBLAS 13 (cublas_v2.h and cublasLt.h) beside" in capsys.readouterr().err

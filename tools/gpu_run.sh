@@ -9,7 +9,8 @@
 # build:    meson build of the cuda backend with the machine's nvcc (tools/dev.sh, OPFORGE_BACKEND=cuda);
 # test:     the fast test suite against that build (GPU tests included), junit and log to $OUT;
 # bench:    benchmarks/cuda.py, to $OUT/cuda.md;
-# sanitize: compute-sanitizer's memcheck over the CUDA op tests of every reduction path and edge shape.
+# sanitize: compute-sanitizer's memcheck over the CUDA op tests of every reduction path and edge shape,
+#           the row kernels (warp and block rows), out-of-range indices and labels, gathers and scatters.
 # Logs go to $OUT (default /tmp/opforge-gpu-out); each step's seconds to $OUT/steps.txt. The whole run
 # keeps within $GPU_RUN_BUDGET seconds (default 540): a step gets what is left, and a step that
 # would start with under a minute left is skipped and says so (a device session is short).
@@ -68,10 +69,13 @@ step_bench() {
   cat "$OUT/cuda.md" 2>/dev/null || tail -30 "$OUT/bench.log"
   return 0
 }
+# (one line: pytest refuses a -k expression with a newline in it)
+SANITIZE_K='edge_shapes or every_layout or max_min or logsumexp or strided or double_backward or out_of_range or embedding or take_and_scatter or column_sums or bias_add or (rows and (1025 or 7) and float32)'
 step_sanitize() {
   run_py timeout "$(cap 150)" compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
-    python3 -m pytest tests/cuda/test_cuda_ops.py -q -p no:cacheprovider -x \
-    -k 'edge_shapes or every_layout or max_min or logsumexp or strided or double_backward' > "$OUT/sanitize.log" 2>&1
+    python3 -m pytest tests/cuda/test_cuda_ops.py tests/cuda/test_cuda_row_ops.py -q -p no:cacheprovider -x \
+    -k "$SANITIZE_K" \
+    > "$OUT/sanitize.log" 2>&1
   echo "compute-sanitizer rc $?"; grep -m 20 -E '=========|passed|failed' "$OUT/sanitize.log"
   return 0
 }

@@ -26,9 +26,10 @@ from opforge import _formulas as _formulas  # stay importable from opforge by na
 
 def _load_runtime_libs() -> None:
     """Loads the libraries of this wheel's runtime dependencies (the cu130 wheel: libcudart.so.13
-    of nvidia-cuda-runtime) with RTLD_GLOBAL before opforge._C, as torch does: the extension's
-    rpath finds them beside opforge in site-packages, this wherever pip put them (--target,
-    PYTHONPATH). A library not found is left to the dynamic loader."""
+    of nvidia-cuda-runtime, libcublasLt.so.13 and libcublas.so.13 of nvidia-cublas) with
+    RTLD_GLOBAL before opforge._C, as torch does: the extension's rpath finds them beside opforge
+    in site-packages, this wherever pip put them (--target, PYTHONPATH). A library not found is
+    left to the dynamic loader."""
     import ctypes
     import importlib
 

@@ -1,5 +1,6 @@
 """Finds the CUDA toolkit that builds opforge's cuda wheel and op modules: nvcc, its version, the
-CUDA runtime's headers and the folder holding ``libcudart.so.<major>``.
+CUDA runtime's headers and the folder holding ``libcudart.so.<major>``; and cuBLAS, which the wheel's
+matrix products link (``cublas_v2.h``/``cublasLt.h`` and ``libcublas.so.<major>``/``libcublasLt.so.<major>``).
 
 Where it looks, first match wins:
 1. ``$OPFORGE_NVCC`` (the compiler itself), then ``$CUDA_HOME`` and ``$CUDA_PATH`` (``<dir>/bin/nvcc``);
@@ -8,7 +9,9 @@ Where it looks, first match wins:
    needs nothing but PyPI);
 3. ``nvcc`` on PATH, then ``/usr/local/cuda/bin/nvcc``.
 Where the toolkit is, nvcc says itself (``nvcc --dryrun`` prints its ``TOP``): wrappers and symlinks
-on PATH resolve to the real folders.
+on PATH resolve to the real folders. cuBLAS is looked for beside nvcc, then in the ``nvidia.cu13``
+folders (PyPI's ``nvidia-cublas``: headers and libraries, installed by the build requirement
+``cuda-toolkit[...,cublas]`` and, at run time, by the wheel's dependency or torch's).
 
 Used by tools/opforge_build.py (the PEP 517 backend writes meson's native file from it), by
 tools/dev.sh, by meson.build (``--meson``: one fact per line) and by ``opforge.load``. Standard
@@ -17,6 +20,7 @@ library only: it runs in pip's isolated build environment before meson does.
     python _cuda_toolkit.py                      what was found, as key: value lines
     python _cuda_toolkit.py --native-file FILE   writes meson's native file ([binaries] cuda)
     python _cuda_toolkit.py --meson [--nvcc P]   nvcc, version, include dir, lib dir (for meson.build)
+    python _cuda_toolkit.py --cublas [--nvcc P]  cuBLAS's include dir and lib dir (for meson.build)
 """
 
 from __future__ import annotations
@@ -132,6 +136,31 @@ def find() -> Toolkit:
                        "or point $OPFORGE_NVCC at an nvcc.")
 
 
+@dataclass(frozen=True)
+class Cublas:
+    include_dir: Path   # cublas_v2.h, cublasLt.h
+    lib_dir: Path       # libcublas.so.<MAJOR>, libcublasLt.so.<MAJOR>
+
+
+def find_cublas(kit: Toolkit) -> Cublas:
+    """cuBLAS of the toolkit's CUDA major: beside nvcc (a classic toolkit), else in the nvidia.cu<major>
+    folders (PyPI's nvidia-cublas); ToolkitError naming the package when either half is missing."""
+    roots = [kit.root] + [r for r in _wheel_roots() if r.resolve() != kit.root]
+    target = f"targets/{os.uname().machine}-linux"
+    headers = ("cublas_v2.h", "cublasLt.h")
+    libs = (f"libcublas.so.{kit.major}", f"libcublasLt.so.{kit.major}")
+    include = next((d for r in roots for d in (r / "include", r / target / "include")
+                    if all((d / h).is_file() for h in headers)), None)
+    lib = next((d for r in roots for d in (r / "lib", r / "lib64", r / target / "lib")
+                if all((d / name).exists() for name in libs)), None)
+    if include is None or lib is None:
+        missing = " and ".join(headers if include is None else libs)
+        where = ", ".join(str(r) for r in roots)
+        raise ToolkitError(f"no cuBLAS {kit.major} ({missing}) beside {kit.nvcc} or in nvidia.cu{kit.major} "
+                           f"(looked in {where}): pip install 'nvidia-cublas~={kit.major}.0'")
+    return Cublas(include, lib)
+
+
 def native_file(kit: Toolkit) -> str:
     """meson's native file naming nvcc. The -L lets meson's sanity check link its test program
     (nvcc links the runtime statically and looks in <top>/lib64, which the PyPI layout lacks)."""
@@ -145,12 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nvcc", type=Path, help="describe this nvcc instead of searching")
     parser.add_argument("--native-file", type=Path, help="write meson's native file here")
     parser.add_argument("--meson", action="store_true", help="nvcc, version, include dir, lib dir: one per line")
+    parser.add_argument("--cublas", action="store_true", help="cuBLAS's include dir and lib dir: one per line")
     args = parser.parse_args(argv)
     try:
         kit = describe(args.nvcc) if args.nvcc else find()
+        cublas = find_cublas(kit) if args.cublas else None
     except ToolkitError as exc:
         print(exc, file=sys.stderr)
         return 1
+    if cublas is not None:
+        print(cublas.include_dir, cublas.lib_dir, sep="\n")
+        return 0
     if args.native_file:
         args.native_file.write_text(native_file(kit))
     if args.meson:
@@ -158,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     elif not args.native_file:
         for k, v in vars(kit).items():
             print(f"{k}: {v}")
+        try:
+            found = find_cublas(kit)
+            print(f"cublas_include_dir: {found.include_dir}\ncublas_lib_dir: {found.lib_dir}")
+        except ToolkitError as exc:
+            print(f"cublas: {exc}")
     return 0
 
 

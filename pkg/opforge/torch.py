@@ -260,10 +260,15 @@ def _cpu_kernel(op: OpDef, run: Callable[..., Any]) -> Callable[..., Any]:
 # ---------------------------------------------------------------------------- device kernels
 
 
-def _device_kernel(op: OpDef, run: Callable[..., Any], device_type: str) -> Callable[..., Any]:
-    """The kernel for torch tensors on a device (cuda): the CPU kernel's DLPack exchange, run on
-    torch's current stream of the inputs' device, which is opforge's current stream during the
-    call, so torch's work before and after is ordered with opforge's without synchronizing."""
+def _device_kernel(op: OpDef, run: Callable[..., Any], meta: Callable[..., Any], device_type: str) -> Callable[..., Any]:
+    """The kernel for torch tensors on a device (cuda): the inputs reach the op through DLPack
+    (zero copy), and its results are torch tensors allocated here (shapes and dtypes from the op's
+    meta rule) that the op writes through ``out=``: memory of torch's caching allocator, so inside
+    ``torch.cuda.graph`` capture the results live in the graph's pool. The op runs on torch's
+    current stream of the inputs' device, which is opforge's current stream during the call, so
+    torch's work before and after is ordered with opforge's without synchronizing (the op's own
+    temporaries come from opforge's stream-ordered allocator on that stream: captured, they are
+    allocation and free nodes of the graph)."""
     n_in = len(op.inputs)
     single = len(op.outputs) == 1
     streams = torch.get_device_module(device_type)
@@ -275,20 +280,20 @@ def _device_kernel(op: OpDef, run: Callable[..., Any], device_type: str) -> Call
         like = next(t for t in args[:n_in] if t is not None)
         nhwc = _nhwc_call(op, fmt, args)
         tensors, attrs, back = nhwc if nhwc is not None else (args[:n_in], args[n_in:], [False] * len(op.outputs))
+        metas = meta(*_stand_ins(op, tensors, int), *attrs)  # raises what the call would
+        outs = [torch.empty(shape, dtype=_FROM_NAME[dtype], device=like.device) for shape, dtype in metas]
         index = like.device.index if like.device.index is not None else streams.current_device()
         name = f"{device_type}:{index}"
         stream = streams.current_stream(index).cuda_stream
         previous = _C._current_stream(name)[1]
         _C._set_current_stream(name, stream)
-        try:  # (exported on that stream too: the consumer's own, so nothing waits)
-            out = run(*[_to_runtime(t) for t in tensors], *attrs)
-            consumer = stream or 1  # (torch's default stream is 0, DLPack's legacy default 1)
-            outs = [out] if single else list(out)
-            res = [_from_dlpack(o.__dlpack__(stream=consumer)) for o in outs]
-            res = [_nchw(r) if b else r for r, b in zip(res, back)]
-            return res[0] if single else tuple(res)
+        try:
+            given = [_C.from_dlpack(_to_dlpack(o)) for o in outs]
+            run(*[_to_runtime(t) for t in tensors], *attrs, out=given[0] if single else tuple(given))
         finally:
             _C._set_current_stream(name, previous)
+        res = [_nchw(r) if b else r for r, b in zip(outs, back)]
+        return res[0] if single else tuple(res)
 
     return kernel
 
@@ -339,6 +344,21 @@ def _symbolic_shape(out: Any, ins: dict[str, Any], attrs: dict[str, Any]) -> Any
     return None  # infer(): the C++ rule only
 
 
+def _stand_ins(op: OpDef, tensors: Sequence[Any], size: Callable[[Any], int]) -> list[Any]:
+    """opforge meta tensors of torch tensors' shapes (each size through ``size``) and dtypes, for the
+    op's meta rule; TypeError naming the op for a dtype opforge does not have."""
+    stand_ins: list[Any] = []
+    for inp, t in zip(op.inputs, tensors):
+        if t is None:
+            stand_ins.append(None)
+        elif t.dtype not in TORCH_DTYPES:
+            raise TypeError(f"[{op.name}] input '{inp.name}' has dtype {t.dtype}, which opforge does not "
+                            f"have; supported dtypes: {', '.join(TORCH_DTYPES.values())}")
+        else:
+            stand_ins.append(_C._meta_tensor([size(s) for s in t.shape], TORCH_DTYPES[t.dtype]))
+    return stand_ins
+
+
 def _fake_kernel(op: OpDef, meta: Callable[..., Any]) -> Callable[..., Any]:
     n_in = len(op.inputs)
     names = [i.name for i in op.inputs]
@@ -353,16 +373,7 @@ def _fake_kernel(op: OpDef, meta: Callable[..., Any]) -> Callable[..., Any]:
         infer = any(o.shape == "infer" for o in op.outputs)
         # infer() rules are C++: their inputs' sizes are specialized (guarded) to their values
         size = int if (symbolic and infer) else _hint
-        stand_ins: list[Any] = []
-        for name, t in zip(names, tensors):
-            if t is None:
-                stand_ins.append(None)
-            elif t.dtype not in TORCH_DTYPES:
-                raise TypeError(f"[{op.name}] input '{name}' has dtype {t.dtype}, which opforge does not "
-                                f"have; supported dtypes: {', '.join(TORCH_DTYPES.values())}")
-            else:
-                stand_ins.append(_C._meta_tensor([size(s) for s in t.shape], TORCH_DTYPES[t.dtype]))
-        metas = meta(*stand_ins, *args[n_in:])  # raises what a real call would
+        metas = meta(*_stand_ins(op, tensors, size), *args[n_in:])  # raises what a real call would
         like = present[0]
         # the spec's checks and shape expressions on the symbolic sizes: constraints, not guards
         # on their values (so dynamic dims stay dynamic)
@@ -727,7 +738,8 @@ def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: s
         for target in op.runs:  # the device targets this build runs the op on (cuda)
             if target != "cpu":
                 row = _formulas.TARGETS[target]
-                lib.impl(op.name, _device_kernel(op, getattr(kernels, op.name), row.device_type),
+                lib.impl(op.name, _device_kernel(op, getattr(kernels, op.name), getattr(metas, op.name),
+                                                 row.device_type),
                          row.torch_dispatch_key)
         torch.library.register_fake(f"{namespace}::{op.name}", _fake_kernel(op, getattr(metas, op.name)),
                                     lib=lib)

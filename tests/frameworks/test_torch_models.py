@@ -163,3 +163,15 @@ def test_shape_checks_raise_the_same_message(how: str) -> None:
         else:
             with FakeTensorMode() as mode:
                 call(mode.from_tensor(x), mode.from_tensor(w))
+
+
+def test_transformer_block_matches_the_builtin_one() -> None:
+    """examples/torch_transformer.py's block (embedding, layer_norm, linear, attention by matmul +
+    softmax, gelu, cross_entropy) trained with opforge ops and with torch's built-ins: the same
+    loss curve (float64 here; the GPU tests run it in float32 on CUDA)."""
+    from torch_transformer import BUILTIN, OPFORGE, train
+
+    mine = train(OPFORGE, 8, "cpu", dtype=torch.float64)
+    theirs = train(BUILTIN, 8, "cpu", dtype=torch.float64)
+    assert mine[-1] < mine[0]
+    torch.testing.assert_close(torch.tensor(mine), torch.tensor(theirs), rtol=1e-10, atol=0)

@@ -6,26 +6,6 @@
 
 namespace opforge::kernels::cpu {
 
-namespace norm {
-
-// The channel axis of a tensor of shape s in `format` (NCHW | NHWC); ValueError naming op when
-// the rank is below 2 or a tensor is tagged with the other layout.
-inline int64_t channel_axis(const char* op, const char* name, const Shape& s, const std::string& format) {
-  if (s.size() < 2) {
-    fail<ValueError>(op, name, " must have rank >= 2 (a batch axis and a channel axis), got shape ", shape_str(s));
-  }
-  return format == "NHWC" ? static_cast<int64_t>(s.size()) - 1 : 1;
-}
-
-inline void check_tag(const char* op, const char* name, const TensorPtr& t, const std::string& format) {
-  if (t && t->format() != Format::Default && format != format_name(t->format())) {
-    fail<ValueError>(op, name, " is tagged ", format_name(t->format()), " but format is ", format,
-                     "; pass format=\"", format_name(t->format()), "\"");
-  }
-}
-
-}  // namespace norm
-
 template <typename T>
 void bias_add(const TensorPtr& x, const TensorPtr& bias, const TensorPtr& out, const BiasAddAttrs& attrs) {
   constexpr const char* op = "bias_add";

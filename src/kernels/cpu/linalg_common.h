@@ -1,6 +1,7 @@
 // Shared by the linalg kernels (matmul, matmul_backward_a/b, linear, linear_backward_weight):
-// NumPy matmul layouts, batched products through BLAS (src/kernels/cpu/blas.h) and the float32
-// staging of float16/bfloat16 data. No hand-written multiply loops: every product is a BLAS call.
+// batched products through BLAS (src/kernels/cpu/blas.h) over NumPy matmul layouts (the device-neutral
+// src/kernels/linalg_layout.h, shared with the cuda kernels) and the float32 staging of
+// float16/bfloat16 data. No hand-written multiply loops: every product is a BLAS call.
 #pragma once
 
 #include <algorithm>
@@ -8,57 +9,15 @@
 #include <vector>
 
 #include "kernels/cpu/blas.h"
+#include "kernels/linalg_layout.h"
 #include "runtime/runtime.h"
 
 namespace opforge::kernels::cpu::linalg {
 
-// Elements between consecutive matrices of a tensor along each dim of `batch`: the tensor has
-// batch dims `tbatch` (right-aligned to `batch`, size 1 or equal) and matrices of `mat` elements;
-// 0 where one matrix serves the whole dim (broadcast, or reduced when it is an output).
-inline Shape batch_strides(const Shape& tbatch, const Shape& batch, int64_t mat) {
-  Shape st(batch.size(), 0);
-  int64_t s = mat;
-  for (size_t i = tbatch.size(); i-- > 0;) {
-    if (tbatch[i] != 1) st[batch.size() - tbatch.size() + i] = s;
-    s *= tbatch[i];
-  }
-  return st;
-}
-
-// matmul(a, b) with NumPy semantics as a batch of row-major products (m x k) @ (k x n): a 1-D a is
-// a (1, k) matrix, a 1-D b a (k, 1) one (the same memory), batch dims broadcast.
-struct MatmulLayout {
-  Shape batch;               // broadcast batch dims
-  int64_t m = 1, k = 1, n = 1;
-  Shape a_st, b_st, out_st;  // matrix strides of a, b and the output over batch
-  Shape out_shape;           // NumPy's matmul(a, b).shape
-};
-
-inline MatmulLayout matmul_layout(const char* op, const Shape& a, const Shape& b) {
-  (void)matmul_shape(op, a, b);  // rank, inner dimension and batch checks, errors naming op
-  const Shape a2 = a.size() == 1 ? Shape{1, a[0]} : a;
-  const Shape b2 = b.size() == 1 ? Shape{b[0], 1} : b;
-  MatmulLayout l;
-  l.m = a2[a2.size() - 2];
-  l.k = a2.back();
-  l.n = b2.back();
-  const Shape ba(a2.begin(), a2.end() - 2), bb(b2.begin(), b2.end() - 2);
-  const size_t nd = std::max(ba.size(), bb.size());
-  l.batch.assign(nd, 1);
-  for (size_t i = 0; i < nd; ++i) {
-    const int64_t x = i + ba.size() >= nd ? ba[i + ba.size() - nd] : 1;
-    const int64_t y = i + bb.size() >= nd ? bb[i + bb.size() - nd] : 1;
-    l.batch[i] = x == 1 ? y : x;  // a size-1 dim stretches to the other's size, 0 included
-  }
-  l.a_st = batch_strides(ba, l.batch, l.m * l.k);
-  l.b_st = batch_strides(bb, l.batch, l.k * l.n);
-  l.out_st = batch_strides(l.batch, l.batch, l.m * l.n);
-  l.out_shape = l.batch;
-  if (a.size() > 1) l.out_shape.push_back(l.m);
-  if (b.size() > 1) l.out_shape.push_back(l.n);
-  checked_numel(op, l.out_shape, DType::Float64);
-  return l;
-}
+using ::opforge::kernels::linalg::batch_strides;
+using ::opforge::kernels::linalg::matmul_layout;
+using ::opforge::kernels::linalg::MatmulLayout;
+using ::opforge::kernels::linalg::Operand;
 
 // C (m x n, ldc = n) = beta * C + op(A) @ op(B); A is stored m x k (k x m when ta), B k x n (n x k
 // when tb), all dense row-major. Dimensions must fit blasint (checked by batched_gemm).
@@ -85,14 +44,6 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const G* a, const G
                static_cast<blasint>(n));
   }
 }
-
-// One operand of a batched product: its matrices and their strides over the batch dims.
-template <typename G>
-struct Operand {
-  const G* data;
-  bool trans;    // stored transposed: op(X) = X^T
-  Shape stride;  // per batch dim, in elements; 0 = the same matrix along that dim
-};
 
 // For every index i of `batch`: C_i (m x n) = op(A_i) @ op(B_i), where output matrices shared by
 // several i (C stride 0 on a dim of size > 1) receive the sum of their products, and every C

@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 #endif
 
+#include "kernels/layout.h"
 #include "runtime/runtime.h"
 
 namespace opforge::kernels::cpu::norm {
@@ -51,83 +52,9 @@ inline void hint_huge_pages(const TensorPtr& t) {
 #endif
 }
 
-// ---------------------------------------------------------------------------- layouts
-
-// Shape of t read as broadcast against rank nd (leading ones added); t must have rank <= nd.
-inline Shape padded(const Shape& s, size_t nd) {
-  Shape out(nd - std::min(nd, s.size()), 1);
-  out.insert(out.end(), s.end() - static_cast<std::ptrdiff_t>(std::min(nd, s.size())), s.end());
-  return out;
-}
-
-inline int64_t prod(const Shape& s, size_t b, size_t e) {
-  int64_t n = 1;
-  for (size_t i = b; i < e; ++i) n *= s[i];
-  return n;
-}
-
-// k when the (normalized, sorted) axes are exactly the trailing dims [k, nd), else -1.
-inline int64_t trailing_start(const std::vector<int64_t>& ax, int64_t nd) {
-  const int64_t k = nd - static_cast<int64_t>(ax.size());
-  for (size_t i = 0; i < ax.size(); ++i) {
-    if (ax[i] != k + static_cast<int64_t>(i)) return -1;
-  }
-  return k;
-}
-
-// t is absent or holds exactly the normalized block: shape [1]*k + xs[k:] (leading ones optional).
-inline bool row_shaped(const TensorPtr& t, const Shape& xs, int64_t k) {
-  if (!t) return true;
-  if (t->dim() > static_cast<int64_t>(xs.size())) return false;
-  const Shape p = padded(t->shape(), xs.size());
-  for (size_t d = 0; d < xs.size(); ++d) {
-    if (p[d] != (static_cast<int64_t>(d) < k ? 1 : xs[d])) return false;
-  }
-  return true;
-}
-
-// t is absent or holds one value per leading row: shape xs[:k] + [1]*(nd - k).
-inline bool kept_shaped(const TensorPtr& t, const Shape& xs, int64_t k) {
-  if (!t) return true;
-  if (t->dim() > static_cast<int64_t>(xs.size())) return false;
-  const Shape p = padded(t->shape(), xs.size());
-  for (size_t d = 0; d < xs.size(); ++d) {
-    if (p[d] != (static_cast<int64_t>(d) < k ? xs[d] : 1)) return false;
-  }
-  return true;
-}
-
-// Raises ValueError naming op unless t (absent allowed) broadcasts to shape `to`.
-inline void check_broadcasts_to(const char* op, const char* name, const TensorPtr& t, const Shape& to,
-                                const char* to_name) {
-  if (!t) return;
-  bool ok = t->dim() <= static_cast<int64_t>(to.size());
-  if (ok) {
-    const Shape p = padded(t->shape(), to.size());
-    for (size_t d = 0; d < to.size(); ++d) ok = ok && (p[d] == to[d] || p[d] == 1);
-  }
-  if (!ok) {
-    fail<ValueError>(op, name, " of shape ", shape_str(t->shape()), " does not broadcast to ", to_name,
-                     " of shape ", shape_str(to));
-  }
-}
-
-// The same for a tensor target, with the runtime's message when the shapes do not broadcast at all.
-inline void check_broadcasts_to(const char* op, const char* name, const TensorPtr& t, const TensorPtr& x,
-                                const char* x_name) {
-  if (t && broadcast_shapes(op, {x.get(), t.get()}, {x_name, name}) != x->shape()) {
-    fail<ValueError>(op, name, " of shape ", shape_str(t->shape()), " does not broadcast to ", x_name,
-                     " of shape ", shape_str(x->shape()));
-  }
-}
-
-inline void check_shape(const char* op, const char* name, const TensorPtr& t, const Shape& want,
-                        const char* what) {
-  if (t && t->shape() != want) {
-    fail<ValueError>(op, name, " of shape ", shape_str(t->shape()), " must have shape ", shape_str(want), " (",
-                     what, ")");
-  }
-}
+// The layout checks (padded, prod, trailing_start, row_shaped, kept_shaped, check_broadcasts_to,
+// check_shape) are kernels/layout.h's, shared with the cuda kernels.
+using namespace ::opforge::kernels::layout;
 
 // ---------------------------------------------------------------------------- ISA variants
 

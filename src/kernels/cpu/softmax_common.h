@@ -20,6 +20,7 @@
 #include <omp.h>
 #endif
 
+#include "kernels/layout.h"
 #include "runtime/runtime.h"
 
 namespace opforge::kernels::cpu::smx {
@@ -172,26 +173,8 @@ inline void store_row(const E* src, T* dst, int64_t n) {
   }
 }
 
-// The tensor's shape as outer x n x inner around `axis` (IndexError naming op when out of range;
-// a 0-d tensor is one element, with axis 0 or -1).
-struct AxisView {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-inline AxisView axis_view(const char* op, const Shape& s, int64_t axis) {
-  const int64_t nd = static_cast<int64_t>(s.size());
-  if (axis < -std::max<int64_t>(nd, 1) || axis >= std::max<int64_t>(nd, 1)) {
-    fail<IndexError>(op, "axis ", axis, " is out of range for a tensor of rank ", nd);
-  }
-  AxisView v;
-  if (nd == 0) return v;
-  const int64_t a = axis < 0 ? axis + nd : axis;
-  for (int64_t i = 0; i < nd; ++i) {
-    if (i < a) v.outer *= s[i];
-    else if (i > a) v.inner *= s[i];
-  }
-  v.n = s[a];
-  return v;
-}
+// AxisView, axis_view and the cross-entropy checks are kernels/layout.h's, shared with the cuda kernels.
+using namespace ::opforge::kernels::layout;
 
 inline bool parallel_worth(int64_t elems, int64_t tasks) { return elems >= kParallelThreshold && tasks > 1; }
 
@@ -357,24 +340,6 @@ void map_axis(const std::array<const T*, NIn>& in, T* out, const AxisView& v, co
   }
 }
 
-// Checks that two inputs have the same shape.
-inline void check_same_shape(const char* op, const char* a, const TensorPtr& x, const char* b, const TensorPtr& y) {
-  if (x->shape() != y->shape()) {
-    fail<ValueError>(op, a, " of shape ", shape_str(x->shape()), " and ", b, " of shape ", shape_str(y->shape()),
-                     " must have the same shape");
-  }
-}
-
-// Cross-entropy inputs: logits (N, C), labels (N,) with every label in [0, C).
-inline void check_logits_labels(const char* op, const TensorPtr& logits, const TensorPtr& labels) {
-  if (logits->dim() != 2) {
-    fail<ValueError>(op, "logits must have shape (N, C), got ", shape_str(logits->shape()));
-  }
-  if (labels->dim() != 1 || labels->shape()[0] != logits->shape()[0]) {
-    fail<ValueError>(op, "labels must have shape (N,) = (", logits->shape()[0], ",) to match logits ",
-                     shape_str(logits->shape()), ", got ", shape_str(labels->shape()));
-  }
-}
 // The labels copied once into memory of this call and checked (another thread may write the
 // caller's array while the kernel runs with the GIL released: see elem::checked_indices).
 inline std::vector<int64_t> checked_labels(const char* op, const TensorPtr& labels, int64_t classes) {
@@ -384,17 +349,6 @@ inline std::vector<int64_t> checked_labels(const char* op, const TensorPtr& labe
     if (l < 0 || l >= classes) fail<IndexError>(op, "label ", l, " is out of range for ", classes, " classes");
   }
   return lab;
-}
-// dy of a cross-entropy gradient: shape () or (1,) (one value for all rows) or (N,).
-inline void check_loss_grad(const char* op, const TensorPtr& dy, int64_t rows) {
-  const bool one = dy->dim() == 0 || (dy->dim() == 1 && dy->shape()[0] == 1);
-  if (!one && !(dy->dim() == 1 && dy->shape()[0] == rows)) {
-    fail<ValueError>(op, "dy must have shape () or (N,) = (", rows, ",), got ", shape_str(dy->shape()));
-  }
-}
-// The factor of each row's gradient: 1 / N for reduction mean, else 1.
-inline double reduction_scale(const std::string& reduction, int64_t rows) {
-  return reduction == "mean" ? 1.0 / static_cast<double>(rows) : 1.0;
 }
 
 }  // namespace opforge::kernels::cpu::smx

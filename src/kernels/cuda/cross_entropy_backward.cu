@@ -1,0 +1,67 @@
+// Kernel of op `cross_entropy_backward` on cuda: per row w = dy (or dy[i]) / (N for mean), then
+// dlogits = w * softmax(logits) (softmax_rows.cuh's online row) with w subtracted at the label.
+// Labels are checked on the device as in cross_entropy (a bad label subtracts nothing and the call
+// raises IndexError naming the op).
+#include "cross_entropy_backward.h"
+
+#include "softmax_rows.cuh"
+
+namespace opforge::kernels::cuda {
+
+namespace {
+
+template <typename T>
+struct GradRow {
+  const T* dy;
+  bool one;
+  double scale;
+  const T* x;
+  const int64_t* labels;
+  T* dx;
+  int64_t classes;
+  bool vec;
+  unsigned long long* bad;
+  template <int G>
+  __device__ __forceinline__ void row(int64_t r, int lane) const {
+    using C = compute_t<T>;
+    const T* const in[1] = {x + r * classes};
+    const C w = static_cast<C>(convert<double>(dy[one ? 0 : r]) * scale);
+    const int64_t l = labels[r];
+    if (lane == 0) rows::index_ok(l, classes, r, bad);
+    rows::with_row<G, T, 1>(in, classes, lane, vec, [&](const auto& src) {
+      rows::Lse<C> p{rows::neg_inf<C>(), C(0)};
+      src.each([&](int64_t, C v) { p = rows::lse_add(p, v); });
+      p = rows::lse_final(rows::group_reduce<G>(p, rows::LseCombine{}));
+      const C m = p.m, f = w / p.s;
+      src.store(dx + r * classes, [&](int64_t i, C v) {
+        const C o = rows::exp_(v - m) * f;
+        return i == l ? o - w : o;  // (a bad label matches no i)
+      });
+    });
+  }
+};
+
+}  // namespace
+
+template <typename T>
+void cross_entropy_backward(const TensorPtr& dy, const TensorPtr& logits, const TensorPtr& labels,
+                            const TensorPtr& dlogits, const CrossEntropyBackwardAttrs& attrs) {
+  constexpr const char* op = "cross_entropy_backward";
+  layout::check_logits_labels(op, logits, labels);
+  const int64_t rows = logits->shape()[0], classes = logits->shape()[1];
+  layout::check_loss_grad(op, dy, rows);
+  const Device dev = logits->device();
+  if (labels->device() != dev) {
+    fail<ValueError>(op, "labels are on ", labels->device().str(), " but logits on ", dev.str());
+  }
+  const rows::IndexCheck chk(op, dev);
+  rows::launch_rows(op, dev, rows, classes,
+                    GradRow<T>{dy->data<T>(), dy->numel() == 1, layout::reduction_scale(attrs.reduction, rows),
+                               logits->data<T>(), labels->data<int64_t>(), dlogits->data<T>(), classes,
+                               rows::vec_ok<T>(classes, {logits->raw_data(), dlogits->raw_data()}), chk.flag()});
+  chk.raise_if_bad(labels->data<int64_t>(), std::to_string(classes) + " classes", "label");
+}
+
+}  // namespace opforge::kernels::cuda
+
+OPFORGE_INSTANTIATE_CROSS_ENTROPY_BACKWARD_CUDA

@@ -1,0 +1,209 @@
+// The normalization group on cuda (layer_norm, rms_norm, their backward ops, norm_weight_grad,
+// sum_to_like, bias_add_grad). Fast path, as on the cpu (kernels/layout.h decides): the
+// normalized axes are the trailing dims and the parameters have the normalized shape; then each
+// row is one group of threads (row_common.cuh): one pass for the statistics (Welford's mean and
+// variance, merged across the group in a fixed order), one pass writing the row. Otherwise the
+// general path: the cpu's formulas by the device's broadcasting loop (runtime/cuda/elementwise.cuh)
+// and the runtime's reduction, in float (or double). Sums down to a shape run the column-sum
+// kernel when the kept dims are the trailing block, else the runtime's reduction.
+#pragma once
+
+#include <vector>
+
+#include "kernels/layout.h"
+#include "row_common.cuh"
+
+namespace opforge::kernels::cuda::norm {
+
+using namespace ::opforge::kernels::cuda::rows;
+using namespace ::opforge::kernels::layout;
+
+// ---------------------------------------------------------------------------- fused rows
+
+template <typename T>
+struct LayerNormRow {
+  const T *x, *w, *b;
+  T *y, *mean, *rstd;
+  int64_t n;
+  compute_t<T> eps;
+  bool vec;
+  template <int G>
+  __device__ __forceinline__ void row(int64_t r, int lane) const {
+    using C = compute_t<T>;
+    const T* const in[1] = {x + r * n};
+    with_row<G, T, 1>(in, n, lane, vec, [&](const auto& src) {
+      Welford<C> s{C(0), C(0), C(0)};
+      src.each([&](int64_t, C v) { s = welford_add(s, v); });
+      s = group_reduce<G>(s, WelfordCombine{});
+      const C nan = std::numeric_limits<C>::quiet_NaN();
+      const C mu = n ? s.mean : nan;
+      const C rs = n ? C(1) / sqrt_(s.m2 / C(n) + eps) : nan;
+      if (lane == 0) {
+        mean[r] = convert<T>(mu);
+        rstd[r] = convert<T>(rs);
+      }
+      const T *wp = w, *bp = b;
+      src.store(y + r * n, [&](int64_t i, C v) {
+        C o = (v - mu) * rs;
+        if (wp) o *= convert<C>(wp[i]);
+        if (bp) o += convert<C>(bp[i]);
+        return o;
+      });
+    });
+  }
+};
+
+template <typename T>
+struct RmsNormRow {
+  const T *x, *w;
+  T *y, *rstd;
+  int64_t n;
+  compute_t<T> eps;
+  bool vec;
+  template <int G>
+  __device__ __forceinline__ void row(int64_t r, int lane) const {
+    using C = compute_t<T>;
+    const T* const in[1] = {x + r * n};
+    with_row<G, T, 1>(in, n, lane, vec, [&](const auto& src) {
+      C ss = C(0);
+      src.each([&](int64_t, C v) { ss += v * v; });
+      ss = group_reduce<G>(ss, Add{});
+      const C rs = C(1) / sqrt_(ss / C(n) + eps);  // (n == 0: NaN, a mean of nothing)
+      if (lane == 0) rstd[r] = convert<T>(rs);
+      const T* wp = w;
+      src.store(y + r * n, [&](int64_t i, C v) { return wp ? v * rs * convert<C>(wp[i]) : v * rs; });
+    });
+  }
+};
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) + (dmean - drstd * rstd^2 * xhat) / n, with
+// g = dy * weight and xhat = (x - mean) * rstd; rms_norm (kRms): no mean, no mean(g), no dmean.
+template <typename T, bool kRms>
+struct NormBackwardRow {
+  const T *dy, *x, *w, *mean, *rstd, *dmean, *drstd;
+  T* dx;
+  int64_t n;
+  bool vec;
+  template <int G>
+  __device__ __forceinline__ void row(int64_t r, int lane) const {
+    using C = compute_t<T>;
+    const T* const in[2] = {dy + r * n, x + r * n};
+    const T* wp = w;
+    const C mu = kRms ? C(0) : convert<C>(mean[r]), rs = convert<C>(rstd[r]);
+    with_row<G, T, 2>(in, n, lane, vec, [&](const auto& src) {
+      Sum2<C> s{C(0), C(0)};
+      src.each([&](int64_t i, C d, C v) {
+        const C g = wp ? d * convert<C>(wp[i]) : d;
+        s.a += g;
+        s.b += g * ((v - mu) * rs);
+      });
+      s = group_reduce<G>(s, Sum2Add{});
+      const C inv_n = C(1) / C(n);
+      const C a = kRms ? C(0) : s.a * inv_n, b = s.b * inv_n;
+      const C dm = kRms ? C(0) : convert<C>(dmean[r]), ds = convert<C>(drstd[r]);
+      src.store(dx + r * n, [&](int64_t i, C d, C v) {
+        const C g = wp ? d * convert<C>(wp[i]) : d;
+        const C xh = (v - mu) * rs;
+        return rs * (g - a - xh * b) + (dm - ds * rs * rs * xh) * inv_n;
+      });
+    });
+  }
+};
+
+// ---------------------------------------------------------------------------- general path
+
+struct Sub {
+  template <typename A, typename B>
+  OPFORGE_HD OPFORGE_INLINE auto operator()(A a, B b) const { return a - b; }
+};
+struct Square {
+  template <typename A>
+  OPFORGE_HD OPFORGE_INLINE A operator()(A a) const { return a * a; }
+};
+struct Mul {
+  template <typename A, typename B>
+  OPFORGE_HD OPFORGE_INLINE auto operator()(A a, B b) const { return a * b; }
+  template <typename A, typename B, typename D>
+  OPFORGE_HD OPFORGE_INLINE auto operator()(A a, B b, D c) const { return a * b * c; }
+};
+struct MulAdd {  // a * b (* c) + d
+  template <typename A, typename B, typename D>
+  OPFORGE_HD OPFORGE_INLINE auto operator()(A a, B b, D d) const { return a * b + d; }
+  template <typename A, typename B, typename C, typename D>
+  OPFORGE_HD OPFORGE_INLINE auto operator()(A a, B b, C c, D d) const { return a * b * c + d; }
+};
+struct Same {
+  template <typename A>
+  OPFORGE_HD OPFORGE_INLINE A operator()(A a) const { return a; }
+};
+template <typename C>
+struct RsqrtEps {
+  C eps;
+  OPFORGE_HD OPFORGE_INLINE C operator()(C v) const { return C(1) / sqrt(v + eps); }
+};
+struct SubMul {  // (a - b) * c
+  template <typename A, typename B, typename C>
+  OPFORGE_HD OPFORGE_INLINE auto operator()(A a, B b, C c) const { return (a - b) * c; }
+};
+struct MulSubMul {  // a * ((b - c) * d)
+  template <typename A, typename B, typename C, typename D>
+  OPFORGE_HD OPFORGE_INLINE auto operator()(A a, B b, C c, D d) const { return a * ((b - c) * d); }
+};
+template <typename C>
+struct LayerNormDx {
+  C inv_n;
+  OPFORGE_HD OPFORGE_INLINE C operator()(C r, C g, C a, C xh, C b, C dm, C ds) const {
+    return r * (g - a - xh * b) + (dm - ds * r * r * xh) * inv_n;
+  }
+};
+template <typename C>
+struct RmsNormDx {
+  C inv_n;
+  OPFORGE_HD OPFORGE_INLINE C operator()(C r, C g, C xh, C b, C ds) const {
+    return r * (g - xh * b) - ds * r * r * xh * inv_n;
+  }
+};
+
+// ---------------------------------------------------------------------------- sums to a shape
+
+template <typename P, typename A>
+struct ReadAt {
+  const P* p;
+  int64_t N;
+  __device__ __forceinline__ A operator()(int64_t r, int64_t j) const { return static_cast<A>(convert<compute_t<P>>(p[r * N + j])); }
+};
+
+// out (target's shape, dtype T) = p (contiguous, dtype P) summed down to `target`, which the
+// caller checked broadcasts to p's shape: the column sums when the kept dims are p's trailing
+// block, else the runtime's reduction.
+template <typename T, typename P>
+void sum_to_shape(const char* op, const TensorPtr& p, const Shape& target, const TensorPtr& out) {
+  const Shape& ps = p->shape();
+  const size_t nd = ps.size();
+  const Shape t = padded(target, nd);
+  std::vector<int64_t> axes;
+  size_t first_kept = nd;
+  bool trailing = true;  // every reduced dim lies before every kept one
+  for (size_t d = 0; d < nd; ++d) {
+    if (ps[d] == 1) continue;
+    if (t[d] == ps[d]) {
+      first_kept = std::min(first_kept, d);
+    } else {
+      axes.push_back(static_cast<int64_t>(d));
+      if (first_kept < d) trailing = false;
+    }
+  }
+  if (!trailing) {
+    sum_into(op, p, axes, out);
+    return;
+  }
+  const int64_t R = prod(ps, 0, first_kept), N = prod(ps, first_kept, nd);
+  if (R == 0 || p->numel() == 0) {
+    sum_into(op, p, axes, out);  // (zeros)
+    return;
+  }
+  using A = acc_t<T>;
+  col_sums<T, A>(op, p->device(), R, N, ReadAt<P, A>{p->data<P>(), N}, out->data<T>());
+}
+
+}  // namespace opforge::kernels::cuda::norm

@@ -1,0 +1,71 @@
+// Kernel of op `scatter_add_along_axis` on cuda: a thread per lane (an outer index and an inner
+// position) zeroes its lane, then adds src along the axis in position order, so repeated positions
+// never race and sums run in a fixed order (in float for 16-bit floats, then stored): deterministic,
+// as on the cpu. Indices are checked on the device (row_common.cuh's IndexCheck): a bad index adds
+// nothing and the call raises IndexError naming the op.
+#include "scatter_add_along_axis.h"
+
+#include "kernels/cpu/elem_common.h"
+#include "row_common.cuh"
+
+namespace opforge::kernels::cuda {
+
+namespace {
+
+template <typename T, typename A>
+__global__ void scatter_lanes(int64_t outer, int64_t k, int64_t size, int64_t inner, const int64_t* idx, const T* src,
+                              A* acc, unsigned long long* bad) {
+  const int64_t lanes = outer * inner;
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < lanes; t += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t o = t / inner, j = t % inner;
+    A* lane = acc + o * size * inner + j;
+    for (int64_t i = 0; i < size; ++i) lane[i * inner] = A(0);
+    for (int64_t p = 0; p < k; ++p) {
+      const int64_t e = (o * k + p) * inner + j;
+      const int64_t i = idx[e];
+      if (rows::index_ok(i, size, e, bad)) lane[i * inner] += static_cast<A>(convert<compute_t<T>>(src[e]));
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void scatter_add_along_axis(const TensorPtr& src, const TensorPtr& indices, const TensorPtr& x, const TensorPtr& out,
+                            const ScatterAddAlongAxisAttrs& attrs) {
+  constexpr const char* op = "scatter_add_along_axis";
+  namespace elem = ::opforge::kernels::cpu::elem;
+  const int64_t axis = elem::single_axis(op, attrs.axis, x->dim());
+  const int64_t k = elem::lanes_k(op, x->shape(), indices->shape(), axis, attrs.keepdims);
+  if (src->shape() != indices->shape()) {
+    fail<ValueError>(op, "src of shape ", shape_str(src->shape()), " must have the shape of indices ",
+                     shape_str(indices->shape()));
+  }
+  const elem::AxisView v(x->shape(), axis);
+  const Device dev = out->device();
+  if (indices->device() != dev) fail<ValueError>(op, "indices are on ", indices->device().str(), " but src on ", dev.str());
+  if (out->numel() == 0) return;
+  using A = compute_t<T>;
+  constexpr bool kSame = std::is_same_v<A, T>;
+  const rows::IndexCheck chk(op, dev);
+  {
+    ::opforge::cuda::DeviceGuard guard(op, dev.index);
+    const cudaStream_t stream = ::opforge::cuda::current_stream(op, dev);
+    const TensorPtr acc = kSame ? out : ::opforge::cuda::scratch(dev, static_cast<size_t>(out->numel()) * sizeof(A));
+    A* ap = static_cast<A*>(acc->raw_data());
+    scatter_lanes<T, A><<<::opforge::cuda::detail::blocks_for(v.outer * v.inner), ::opforge::cuda::kThreads, 0, stream>>>(
+        v.outer, k, v.size, v.inner, indices->data<int64_t>(), src->data<T>(), ap, chk.flag());
+    ::opforge::cuda::check(op, cudaGetLastError());
+    if constexpr (!kSame) {
+      rows::store_cols<T, A><<<::opforge::cuda::detail::blocks_for(out->numel()), ::opforge::cuda::kThreads, 0, stream>>>(
+          out->numel(), ap, out->data<T>());
+      ::opforge::cuda::check(op, cudaGetLastError());
+    }
+  }
+  chk.raise_if_bad(indices->data<int64_t>(),
+                   "axis " + std::to_string(attrs.axis) + " of size " + std::to_string(v.size));
+}
+
+}  // namespace opforge::kernels::cuda
+
+OPFORGE_INSTANTIATE_SCATTER_ADD_ALONG_AXIS_CUDA

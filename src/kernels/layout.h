@@ -1,0 +1,160 @@
+// Layout and argument checks that the cpu and cuda kernels share (plain C++: no SIMD, OpenMP or
+// CUDA): which layout takes a fused path (normalized axes = trailing dims, per-row statistics,
+// parameters of the normalized shape), an axis as outer x n x inner, channel axes of formats, and
+// the shape checks of the normalization and cross-entropy ops, with their error messages.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/runtime.h"
+
+namespace opforge::kernels::layout {
+
+// Shape of t read as broadcast against rank nd (leading ones added); t must have rank <= nd.
+inline Shape padded(const Shape& s, size_t nd) {
+  Shape out(nd - std::min(nd, s.size()), 1);
+  out.insert(out.end(), s.end() - static_cast<std::ptrdiff_t>(std::min(nd, s.size())), s.end());
+  return out;
+}
+
+inline int64_t prod(const Shape& s, size_t b, size_t e) {
+  int64_t n = 1;
+  for (size_t i = b; i < e; ++i) n *= s[i];
+  return n;
+}
+
+// k when the (normalized, sorted) axes are exactly the trailing dims [k, nd), else -1.
+inline int64_t trailing_start(const std::vector<int64_t>& ax, int64_t nd) {
+  const int64_t k = nd - static_cast<int64_t>(ax.size());
+  for (size_t i = 0; i < ax.size(); ++i) {
+    if (ax[i] != k + static_cast<int64_t>(i)) return -1;
+  }
+  return k;
+}
+
+// t is absent or holds exactly the normalized block: shape [1]*k + xs[k:] (leading ones optional).
+inline bool row_shaped(const TensorPtr& t, const Shape& xs, int64_t k) {
+  if (!t) return true;
+  if (t->dim() > static_cast<int64_t>(xs.size())) return false;
+  const Shape p = padded(t->shape(), xs.size());
+  for (size_t d = 0; d < xs.size(); ++d) {
+    if (p[d] != (static_cast<int64_t>(d) < k ? 1 : xs[d])) return false;
+  }
+  return true;
+}
+
+// t is absent or holds one value per leading row: shape xs[:k] + [1]*(nd - k).
+inline bool kept_shaped(const TensorPtr& t, const Shape& xs, int64_t k) {
+  if (!t) return true;
+  if (t->dim() > static_cast<int64_t>(xs.size())) return false;
+  const Shape p = padded(t->shape(), xs.size());
+  for (size_t d = 0; d < xs.size(); ++d) {
+    if (p[d] != (static_cast<int64_t>(d) < k ? xs[d] : 1)) return false;
+  }
+  return true;
+}
+
+// Raises ValueError naming op unless t (absent allowed) broadcasts to shape `to`.
+inline void check_broadcasts_to(const char* op, const char* name, const TensorPtr& t, const Shape& to,
+                                const char* to_name) {
+  if (!t) return;
+  bool ok = t->dim() <= static_cast<int64_t>(to.size());
+  if (ok) {
+    const Shape p = padded(t->shape(), to.size());
+    for (size_t d = 0; d < to.size(); ++d) ok = ok && (p[d] == to[d] || p[d] == 1);
+  }
+  if (!ok) {
+    fail<ValueError>(op, name, " of shape ", shape_str(t->shape()), " does not broadcast to ", to_name,
+                     " of shape ", shape_str(to));
+  }
+}
+
+// The same for a tensor target, with the runtime's message when the shapes do not broadcast at all.
+inline void check_broadcasts_to(const char* op, const char* name, const TensorPtr& t, const TensorPtr& x,
+                                const char* x_name) {
+  if (t && broadcast_shapes(op, {x.get(), t.get()}, {x_name, name}) != x->shape()) {
+    fail<ValueError>(op, name, " of shape ", shape_str(t->shape()), " does not broadcast to ", x_name,
+                     " of shape ", shape_str(x->shape()));
+  }
+}
+
+inline void check_shape(const char* op, const char* name, const TensorPtr& t, const Shape& want,
+                        const char* what) {
+  if (t && t->shape() != want) {
+    fail<ValueError>(op, name, " of shape ", shape_str(t->shape()), " must have shape ", shape_str(want), " (",
+                     what, ")");
+  }
+}
+
+// The tensor's shape as outer x n x inner around `axis` (IndexError naming op when out of range;
+// a 0-d tensor is one element, with axis 0 or -1).
+struct AxisView {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+inline AxisView axis_view(const char* op, const Shape& s, int64_t axis) {
+  const int64_t nd = static_cast<int64_t>(s.size());
+  if (axis < -std::max<int64_t>(nd, 1) || axis >= std::max<int64_t>(nd, 1)) {
+    fail<IndexError>(op, "axis ", axis, " is out of range for a tensor of rank ", nd);
+  }
+  AxisView v;
+  if (nd == 0) return v;
+  const int64_t a = axis < 0 ? axis + nd : axis;
+  for (int64_t i = 0; i < nd; ++i) {
+    if (i < a) v.outer *= s[i];
+    else if (i > a) v.inner *= s[i];
+  }
+  v.n = s[a];
+  return v;
+}
+
+// The channel axis of a tensor of shape s in `format` (NCHW | NHWC); ValueError naming op when
+// the rank is below 2.
+inline int64_t channel_axis(const char* op, const char* name, const Shape& s, const std::string& format) {
+  if (s.size() < 2) {
+    fail<ValueError>(op, name, " must have rank >= 2 (a batch axis and a channel axis), got shape ", shape_str(s));
+  }
+  return format == "NHWC" ? static_cast<int64_t>(s.size()) - 1 : 1;
+}
+
+// ValueError naming op when t is tagged with the other layout than `format`.
+inline void check_tag(const char* op, const char* name, const TensorPtr& t, const std::string& format) {
+  if (t && t->format() != Format::Default && format != format_name(t->format())) {
+    fail<ValueError>(op, name, " is tagged ", format_name(t->format()), " but format is ", format,
+                     "; pass format=\"", format_name(t->format()), "\"");
+  }
+}
+
+// Checks that two inputs have the same shape.
+inline void check_same_shape(const char* op, const char* a, const TensorPtr& x, const char* b, const TensorPtr& y) {
+  if (x->shape() != y->shape()) {
+    fail<ValueError>(op, a, " of shape ", shape_str(x->shape()), " and ", b, " of shape ", shape_str(y->shape()),
+                     " must have the same shape");
+  }
+}
+
+// Cross-entropy inputs: logits (N, C), labels (N,) with every label in [0, C).
+inline void check_logits_labels(const char* op, const TensorPtr& logits, const TensorPtr& labels) {
+  if (logits->dim() != 2) {
+    fail<ValueError>(op, "logits must have shape (N, C), got ", shape_str(logits->shape()));
+  }
+  if (labels->dim() != 1 || labels->shape()[0] != logits->shape()[0]) {
+    fail<ValueError>(op, "labels must have shape (N,) = (", logits->shape()[0], ",) to match logits ",
+                     shape_str(logits->shape()), ", got ", shape_str(labels->shape()));
+  }
+}
+// dy of a cross-entropy gradient: shape () or (1,) (one value for all rows) or (N,).
+inline void check_loss_grad(const char* op, const TensorPtr& dy, int64_t rows) {
+  const bool one = dy->dim() == 0 || (dy->dim() == 1 && dy->shape()[0] == 1);
+  if (!one && !(dy->dim() == 1 && dy->shape()[0] == rows)) {
+    fail<ValueError>(op, "dy must have shape () or (N,) = (", rows, ",), got ", shape_str(dy->shape()));
+  }
+}
+// The factor of each row's gradient: 1 / N for reduction mean, else 1.
+inline double reduction_scale(const std::string& reduction, int64_t rows) {
+  return reduction == "mean" ? 1.0 / static_cast<double>(rows) : 1.0;
+}
+
+}  // namespace opforge::kernels::layout

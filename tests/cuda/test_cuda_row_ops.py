@@ -1,0 +1,240 @@
+"""The hand-written CUDA kernels of part 2 beyond the spec cases that test_cuda_ops.py runs for
+every op: row kernels (softmax, log_softmax, the norms, cross_entropy) on short rows (a warp per
+row), long rows (a block per row, longer than shared memory), unaligned rows (no vectorized
+loads) and strided axes; 16-bit inputs accumulating in float; the general (broadcasting) paths of
+the norms; column sums; indices and labels out of range raising IndexError naming the op on the
+device without touching memory through them; the deterministic embedding gradient. Skipped
+without a CUDA device (CI has none; the GPU runs record results in benchmarks/results/cuda-tests.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opforge
+import opforge.cuda
+from opforge import ops
+
+pytestmark = pytest.mark.skipif(not opforge.cuda.is_available(),
+                                reason=f"no CUDA device: {opforge.cuda.unavailable_reason()}")
+
+TOL = {"float64": (1e-11, 1e-12), "float32": (2e-5, 2e-6), "float16": (5e-3, 2e-3), "bfloat16": (3e-2, 1e-2)}
+ROW_LENGTHS = [1, 7, 1024, 1025, 4099, 100_003]  # warp rows, the first block row, odd and > shared memory
+
+
+def cuda(x, dtype=None):  # type: ignore[no-untyped-def]
+    return opforge.tensor(x, device="cuda", dtype=dtype)
+
+
+def host(t) -> np.ndarray:  # type: ignore[no-untyped-def]
+    t = t.detach().cpu()
+    return (t.astype("float32") if t.dtype == "bfloat16" else t).numpy().astype(np.float64)
+
+
+def softmax_ref(x: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def unaligned(x: np.ndarray):  # type: ignore[no-untyped-def]
+    """float32 x on the device at an address 4 bytes past a 16-byte boundary (a contiguous torch
+    view through DLPack)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    flat = torch.zeros(x.size + 1, dtype=torch.float32, device="cuda")
+    flat[1:] = torch.from_numpy(np.ascontiguousarray(x, np.float32).ravel()).cuda()
+    t = opforge.from_dlpack(flat[1:].view(*x.shape))
+    assert t.shape == x.shape
+    return t
+
+
+@pytest.mark.parametrize("n", ROW_LENGTHS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_softmax_and_log_softmax_rows(n: int, dtype: str) -> None:
+    x = np.random.default_rng(n).standard_normal((3, n)) * 4
+    rtol, atol = TOL[dtype]
+    xd = host(cuda(x, dtype).cpu())  # the input as the device holds it (rounded to dtype)
+    np.testing.assert_allclose(host(ops.softmax(cuda(x, dtype))), softmax_ref(xd, -1), rtol=rtol, atol=atol)
+    want = xd - xd.max(axis=-1, keepdims=True)
+    want -= np.log(np.exp(want).sum(axis=-1, keepdims=True))
+    np.testing.assert_allclose(host(ops.log_softmax(cuda(x, dtype))), want, rtol=rtol, atol=atol * max(1, np.log(n)))
+
+
+@pytest.mark.parametrize("shape,axis", [((5, 1025, 3), 1), ((4099, 2), 0), ((2, 3, 4), 0)], ids=str)
+def test_softmax_group_over_strided_axes(shape: tuple[int, ...], axis: int) -> None:
+    rng = np.random.default_rng(1)
+    x, g = rng.standard_normal(shape), rng.standard_normal(shape)
+    y = softmax_ref(x, axis) if x.ndim else np.ones(())
+    np.testing.assert_allclose(host(ops.softmax(cuda(x), axis=axis)), y, rtol=1e-12, atol=1e-14)
+    dx = ops.softmax_backward(cuda(g), cuda(y), axis=axis)
+    np.testing.assert_allclose(host(dx), y * (g - (g * y).sum(axis=axis, keepdims=True)), rtol=1e-11, atol=1e-13)
+    ly = np.log(y)
+    dx = ops.log_softmax_backward(cuda(g), cuda(ly), axis=axis)
+    np.testing.assert_allclose(host(dx), g - y * g.sum(axis=axis, keepdims=True), rtol=1e-11, atol=1e-13)
+
+
+def test_rows_without_vectorized_loads_match_aligned_ones() -> None:
+    x = np.random.default_rng(2).standard_normal((6, 2048)).astype(np.float32)
+    for op in (ops.softmax, ops.log_softmax, lambda t: ops.layer_norm(t)[0], lambda t: ops.rms_norm(t)[0]):
+        # (the two paths split the row among the threads differently: sums differ in rounding)
+        np.testing.assert_allclose(host(op(unaligned(x))), host(op(cuda(x))), rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_infinities_and_nan_as_on_the_cpu() -> None:
+    x = np.array([[-np.inf, -np.inf, -np.inf], [np.inf, 1.0, 2.0], [np.nan, 1.0, 2.0], [-np.inf, 0.0, 0.0]], np.float32)
+    for op in (ops.softmax, ops.log_softmax):  # (NaN where the cpu has NaN, the same values elsewhere)
+        np.testing.assert_allclose(host(op(cuda(x))), host(op(opforge.tensor(x))), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("n", ROW_LENGTHS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_layer_norm_and_rms_norm_rows(n: int, dtype: str) -> None:
+    rng = np.random.default_rng(n)
+    x, w, b = rng.standard_normal((4, n)) * 3 + 1, rng.standard_normal(n), rng.standard_normal(n)
+    xd, wd, bd = (host(cuda(a, dtype).cpu()) for a in (x, w, b))
+    rtol, atol = TOL[dtype]
+    y, mean, rstd = ops.layer_norm(cuda(x, dtype), cuda(w, dtype), cuda(b, dtype))
+    mu = xd.mean(-1, keepdims=True)
+    rs = 1 / np.sqrt(((xd - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(host(mean), mu, rtol=rtol, atol=atol * 10)
+    np.testing.assert_allclose(host(rstd), rs, rtol=rtol * 10, atol=atol)
+    np.testing.assert_allclose(host(y), (xd - mu) * rs * wd + bd, rtol=rtol * 10, atol=atol * 50)
+    y, rstd = ops.rms_norm(cuda(x, dtype), cuda(w, dtype))
+    rs = 1 / np.sqrt((xd * xd).mean(-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(host(rstd), rs, rtol=rtol * 10, atol=atol)
+    np.testing.assert_allclose(host(y), xd * rs * wd, rtol=rtol * 10, atol=atol * 50)
+
+
+def test_half_norm_rows_accumulate_in_float() -> None:
+    x = np.full((2, 60_000), 3.0, np.float16)
+    x[:, ::2] = 5.0  # mean 4, variance 1: float16 sums would overflow (60000 * 25 > 65504)
+    y, mean, rstd = ops.layer_norm(cuda(x))
+    np.testing.assert_allclose(host(mean), 4.0, rtol=1e-3)
+    np.testing.assert_allclose(host(rstd), 1 / np.sqrt(1 + 1e-5), rtol=1e-3)
+    assert np.all(np.isfinite(host(y)))
+
+
+@pytest.mark.parametrize("case", ["axis0", "broadcast_weight", "two_axes"])
+def test_norms_general_paths_and_gradients_match_the_cpu(case: str) -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 5, 6))
+    kw, w = {"axis": [-1]}, rng.standard_normal(6)
+    if case == "axis0":
+        kw, w = {"axis": [0]}, rng.standard_normal((4, 1, 1))
+    elif case == "broadcast_weight":
+        w = rng.standard_normal((5, 1))
+    elif case == "two_axes":
+        kw, w = {"axis": [-2, -1]}, rng.standard_normal((5, 6))
+    for op in (ops.layer_norm, ops.rms_norm):
+        got = {}
+        for device in ("cpu", "cuda"):
+            xt = opforge.tensor(x, device=device, requires_grad=True)
+            wt = opforge.tensor(w, device=device, requires_grad=True)
+            outs = op(xt, wt, **kw)
+            loss = ops.sum(ops.mul(outs[0], opforge.tensor(np.cos(np.arange(x.size)).reshape(x.shape), device=device)))
+            loss = ops.add(loss, ops.sum(outs[-1]))  # rstd's gradient too
+            loss.backward()
+            got[device] = [host(t) for t in outs] + [host(xt.grad), host(wt.grad)]
+        for a, b in zip(got["cpu"], got["cuda"]):
+            np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (70_000, 33), (2, 100_003), (0, 4)], ids=str)
+def test_column_sums_bias_grad_and_sum_to_like(shape: tuple[int, ...]) -> None:
+    dy = np.random.default_rng(4).standard_normal(shape)
+    np.testing.assert_allclose(host(ops.bias_add_grad(cuda(dy), format="NHWC")), dy.sum(0), rtol=1e-10, atol=1e-10)
+    like = np.zeros(shape[-1:])
+    np.testing.assert_allclose(host(ops.sum_to_like(cuda(dy), cuda(like))), dy.sum(0), rtol=1e-10, atol=1e-10)
+    d32 = cuda(dy, "float32")
+    first = host(ops.sum_to_like(d32, cuda(like, "float32")))
+    assert np.array_equal(first, host(ops.sum_to_like(d32, cuda(like, "float32"))))  # deterministic
+
+
+def test_bias_add_and_its_gradient_in_both_formats() -> None:
+    rng = np.random.default_rng(5)
+    x, b = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal(3)
+    np.testing.assert_allclose(host(ops.bias_add(cuda(x), cuda(b))), x + b[:, None, None])
+    np.testing.assert_allclose(host(ops.bias_add_grad(cuda(x))), x.sum((0, 2, 3)), rtol=1e-12)
+    b5 = rng.standard_normal(5)
+    np.testing.assert_allclose(host(ops.bias_add(cuda(x), cuda(b5), format="NHWC")), x + b5)
+    with pytest.raises(ValueError, match=r"\[bias_add\] bias of shape \(5,\) must have shape \(3,\)"):
+        ops.bias_add(cuda(x), cuda(b5))
+
+
+@pytest.mark.parametrize("classes", [5, 1500, 32_000])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_cross_entropy_and_gradient(classes: int, dtype: str) -> None:
+    rng = np.random.default_rng(classes)
+    logits, labels = rng.standard_normal((64, classes)) * 3, rng.integers(0, classes, 64)
+    ld = host(cuda(logits, dtype).cpu())
+    lse = np.log(np.exp(ld - ld.max(1, keepdims=True)).sum(1)) + ld.max(1)
+    rows = lse - ld[np.arange(64), labels]
+    rtol = {"float64": 1e-12, "float32": 1e-5, "bfloat16": 1e-2}[dtype]
+    for reduction, want in (("none", rows), ("sum", rows.sum()), ("mean", rows.mean())):
+        got = ops.cross_entropy(cuda(logits, dtype), cuda(labels), reduction=reduction)
+        np.testing.assert_allclose(host(got), want, rtol=rtol)
+    dy = rng.standard_normal(64)
+    g = ops.cross_entropy_backward(cuda(dy, dtype), cuda(logits, dtype), cuda(labels), reduction="none")
+    want = softmax_ref(ld, 1)
+    want[np.arange(64), labels] -= 1
+    want *= host(cuda(dy, dtype).cpu())[:, None]
+    np.testing.assert_allclose(host(g), want, rtol=rtol * 10, atol={"float64": 1e-14, "float32": 1e-7, "bfloat16": 1e-3}[dtype])
+
+
+@pytest.mark.parametrize("bad", [5, -1, 1 << 40])
+def test_labels_and_indices_out_of_range_raise_on_cuda(bad: int) -> None:
+    logits, labels = cuda(np.zeros((3, 5))), cuda(np.array([0, bad, 4]))
+    msg = rf"\[cross_entropy\] label {bad} is out of range for 5 classes"
+    with pytest.raises(IndexError, match=msg):
+        ops.cross_entropy(logits, labels)
+    with pytest.raises(IndexError, match=msg.replace("cross_entropy", "cross_entropy_backward")):
+        ops.cross_entropy_backward(cuda(np.ones(())), logits, labels)
+    w = cuda(np.ones((5, 4)))
+    with pytest.raises(IndexError, match=rf"\[embedding\] index {bad} is out of range for weight with 5 rows"):
+        ops.embedding(labels, w)
+    with pytest.raises(IndexError, match=rf"\[embedding_backward\] index {bad} is out of range for weight with 5 rows"):
+        ops.embedding_backward(cuda(np.ones((3, 4))), labels, w)
+    x = cuda(np.ones((2, 5)))
+    idx = cuda(np.array([[0, bad], [1, 2]]))
+    with pytest.raises(IndexError, match=rf"\[take_along_axis\] index {bad} is out of range for axis -1 of size 5"):
+        ops.take_along_axis(x, idx)
+    with pytest.raises(IndexError, match=rf"\[scatter_add_along_axis\] index {bad} is out of range for axis -1 of size 5"):
+        ops.scatter_add_along_axis(cuda(np.ones((2, 2))), idx, x)
+    # the device is still usable: nothing was touched out of bounds (compute-sanitizer checks it too)
+    assert host(ops.cross_entropy(logits, cuda(np.array([0, 1, 4])))) == pytest.approx(np.log(5))
+
+
+def test_embedding_gradient_is_deterministic_and_exact() -> None:
+    rng = np.random.default_rng(6)
+    idx = rng.integers(0, 50, (300, 7))  # many repeats per row
+    dout = rng.standard_normal((300, 7, 33)).astype(np.float32)
+    w = np.zeros((60, 33), np.float32)  # rows 50..59 are never picked: zeros
+    want = np.zeros((60, 33))
+    np.add.at(want, idx.ravel(), dout.reshape(-1, 33).astype(np.float64))
+    runs = [host(ops.embedding_backward(cuda(dout), cuda(idx), cuda(w))) for _ in range(3)]
+    assert all(np.array_equal(runs[0], r) for r in runs[1:])
+    np.testing.assert_allclose(runs[0], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(host(ops.embedding(cuda(idx), cuda(runs[0], "float32"))),
+                                  runs[0][idx])
+
+
+def test_take_and_scatter_along_axis_and_transpose() -> None:
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4, 9, 5))
+    idx = rng.integers(0, 9, (4, 6, 5))
+    np.testing.assert_array_equal(host(ops.take_along_axis(cuda(x), cuda(idx), axis=1)),
+                                  np.take_along_axis(x, idx, 1))
+    src = rng.standard_normal((4, 6, 5))
+    want = np.zeros_like(x)
+    for o in range(4):
+        for p in range(6):
+            for j in range(5):
+                want[o, idx[o, p, j], j] += src[o, p, j]
+    got = ops.scatter_add_along_axis(cuda(src), cuda(idx), cuda(x), axis=1)
+    np.testing.assert_allclose(host(got), want, rtol=1e-12)
+    got16 = ops.scatter_add_along_axis(cuda(src, "float16"), cuda(idx), cuda(x, "float16"), axis=1)
+    np.testing.assert_allclose(host(got16), want, rtol=1e-2, atol=1e-2)
+    for shape in [(33, 65), (3, 1, 4099), (2, 0, 5), (70_000, 3)]:
+        a = rng.integers(-100, 100, shape).astype(np.int16)
+        np.testing.assert_array_equal(ops.transpose(cuda(a)).cpu().numpy(), np.swapaxes(a, -1, -2))
