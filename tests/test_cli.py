@@ -177,7 +177,7 @@ def test_new_ops_build_and_pass_their_generated_tests(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("PYTHONPATH", None)
-    r = subprocess.run(["bash", "tools/dev.sh", "pytest", "-q", "tests/ops", "-k", "scaffold_"],
+    r = subprocess.run(["bash", "tools/dev.sh", "pytest", "-q", "-n", "0", "tests/ops", "-k", "scaffold_"],
                        capture_output=True, text=True, cwd=project, env=env, timeout=1800)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     passed = int(r.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])

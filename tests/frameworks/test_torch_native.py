@@ -184,7 +184,7 @@ def test_the_python_kernels_when_switched_off() -> None:
     r = _run(_CHECK, {"OPFORGE_TORCH_NATIVE": "0"})
     assert r.returncode == 0 and r.stdout.startswith("0 "), r.stdout + r.stderr
     assert "torch_native.cpp" not in r.stdout
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-n", "0",
                         str(HERE / "test_torch_adapter.py")], capture_output=True, text=True,
                        env={**os.environ, "OPFORGE_TORCH_NATIVE": "0"}, timeout=600, cwd=HERE.parent.parent)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
