@@ -285,6 +285,7 @@ class OpSpec:
     autocast: Optional[str] = None  # policy under a framework's autocast: lower, float32, promote
     batch_inputs: tuple[str, ...] = ()  # inputs whose leading dims are independent rows (vmap)
     inplace: Optional[str] = None  # the in-place variant's name (add_): writes the output into inputs[0]
+    foreach: bool = False  # opforge.foreach runs it over lists of tensors in one call (opforge.optim's steps)
 
     @property
     def class_name(self) -> str:
@@ -434,6 +435,8 @@ def _yaml_body(op: OpSpec) -> dict[str, Any]:
         body["batch_inputs"] = list(op.batch_inputs)
     if op.inplace is not None:
         body["inplace"] = op.inplace
+    if op.foreach:
+        body["foreach"] = True
     if op.jvp is not None and not op.jvp.derived:
         jvp: dict[str, Any] = ({"let": {", ".join(ns): f.text for ns, f in op.jvp.lets}} if op.jvp.lets else {})
         jvp.update({n: f.text for n, f in op.jvp.tangents})
@@ -603,7 +606,7 @@ class _Builder:
         return OpSpec(self.name, self.path, self.doc.key_locs[self.name], b["doc"].strip(), tuple(inputs),
                       tuple(outputs), tuple(attrs), typevars, targets, impl, bprop, tests,
                       targets_derived="targets" not in b, jvp=jvp, checks=checks, autocast=b.get("autocast"),
-                      batch_inputs=self.batch_inputs(inputs), inplace=inplace)
+                      batch_inputs=self.batch_inputs(inputs), inplace=inplace, foreach=bool(b.get("foreach", False)))
 
     def attr(self, n: str, spec: LocMap) -> Attr:
         keys = ("attrs", n)

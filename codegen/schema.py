@@ -123,6 +123,7 @@ OP: dict[str, Any] = {
     # the name of the op's in-place variant (PyTorch's: add_, mul_, clamp_): writes its one output
     # into its first input
     "inplace": {"type": "string", "regex": INPLACE},
+    "foreach": {"type": "boolean"},
     # under a framework's autocast: lower (the autocast dtype), float32, promote (the widest input's)
     "autocast": {"type": "string", "allowed": ["lower", "float32", "promote"]},  # the same shape: lets, then one formula per differentiable output
     "tests": {"type": "dict", "schema": TESTS},

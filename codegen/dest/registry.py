@@ -42,6 +42,7 @@ def context(op: OpSpec, build: Build) -> dict[str, Any]:
                        f"{_cpp_str(api.py_default(a))}}}" for a in op.attrs],
         "info_targets": info_targets,
         "inplace": _cpp_str(op.inplace or ""),
+        "foreach": "true" if op.foreach else "false",
     }
 
 

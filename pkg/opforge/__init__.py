@@ -65,7 +65,7 @@ __version__: str = _VERSION
 __all__ = [
     "Tensor", "tensor", "from_numpy", "from_dlpack", "ops", "op_info", "list_ops", "spec", "backend",
     "no_grad", "enable_grad", "grad", "value_and_grad", "gradients", "jvp", "jacfwd", "is_grad_enabled",
-    "set_grad_enabled",
+    "set_grad_enabled", "foreach",
     "DTYPES", "load", "LIBRARY", "cuda", "optim",
 ]
 
@@ -110,6 +110,18 @@ def tensor(data: Any, dtype: Optional[Any] = None, requires_grad: bool = False,
     if requires_grad:
         out.requires_grad = True
     return out
+
+
+def foreach(op: Any, *inputs: Any, out: Any = None, **attrs: Any) -> list[Any]:
+    """Run ``op`` (an ``opforge.ops`` function whose spec declares ``foreach: true``) over lists of
+    tensors in one call, PyTorch's ``_foreach`` idea: each input is a list of N values, or one
+    value that every position shares; attrs are one value each; ``out=`` is a list of N tensors
+    (one output) or a tuple of such lists, one per output, written in place (``opforge.optim``
+    updates all of a model's parameters so). Position i is the op's own call on the i-th values,
+    with its checks and ``out=`` rules; the lists' lengths are checked before anything runs.
+    Returns the N results (with ``out=``: the tensors written)."""
+    result: list[Any] = _C._foreach(op, inputs, {**attrs, "out": out})
+    return result
 
 
 def op_info(name: str) -> list[dict[str, Any]]:

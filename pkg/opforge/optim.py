@@ -3,9 +3,12 @@
     opt = opforge.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
     loss.backward(); opt.step(); opt.zero_grad()
 
-Each step calls one generated elementwise op per parameter (``ops.sgd_step``, ``ops.adam_step``,
-declared in op_specs/ like any op) with ``out=`` naming the parameter and its state, so the kernel
-reads every element and writes it back in one pass: no temporaries, no extra op calls. The
+Each step is one call of ``opforge.foreach`` over every parameter with a gradient (one per group
+of parameters whose per-parameter constants differ, as an Adam step count does after a parameter
+went without a gradient): the generated elementwise ops ``ops.sgd_step`` and ``ops.adam_step``,
+declared in op_specs/ like any op with ``foreach: true``, run on each parameter with ``out=``
+naming the parameter and its state, so each kernel reads every element and writes it back in one
+pass: no temporaries, no extra op calls. The
 arithmetic is torch.optim's, in its order (results agree with it to float32 rounding); the state
 (momentum buffers, moments) is opforge tensors in ``opt.state[i]``. Parameters are updated under
 ``no_grad()``, which the in-place rules require of leaves that require grad.
@@ -48,13 +51,17 @@ class Optimizer:
 
     def step(self) -> None:
         with no_grad():
-            for i, p in enumerate(self.params):
-                g = p.grad
-                if g is not None:
-                    self._update(i, p, g)
+            items = [(i, p, p.grad) for i, p in enumerate(self.params) if p.grad is not None]
+            if items:
+                self._update(items)
 
-    def _update(self, i: int, p: Tensor, g: Tensor) -> None:
+    def _update(self, items: list[tuple[int, Tensor, Tensor]]) -> None:
+        """Updates the parameters in items ((index, parameter, gradient)) in place."""
         raise NotImplementedError
+
+
+def _foreach(op: Any, *inputs: Any, **attrs: Any) -> None:
+    _C._foreach(op, inputs, attrs)  # (opforge.foreach; opforge/__init__.py imports this module)
 
 
 def _zeros_like(p: Tensor) -> Tensor:
@@ -79,17 +86,20 @@ class SGD(Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov))
 
-    def _update(self, i: int, p: Tensor, g: Tensor) -> None:
+    def _update(self, items: list[tuple[int, Tensor, Tensor]]) -> None:
         d = self.defaults
-        state = self.state[i]
-        buf: Optional[Tensor] = state.get("momentum_buffer")
-        first = buf is None
-        if first:
-            # (without momentum the buffer is d itself each step: a scratch tensor reused)
-            buf = state["momentum_buffer"] = _zeros_like(p)
-        ops.sgd_step(p, g, buf, lr=d["lr"], momentum=d["momentum"], dampening=d["dampening"],
-                     weight_decay=d["weight_decay"], nesterov=d["nesterov"], first=first or d["momentum"] == 0,
-                     out=(p, buf))
+        groups: dict[bool, list[tuple[Tensor, Tensor, Tensor]]] = {}
+        for i, p, g in items:
+            state = self.state[i]
+            first = "momentum_buffer" not in state
+            if first:
+                # (without momentum the buffer is d itself each step: a scratch tensor reused)
+                state["momentum_buffer"] = _zeros_like(p)
+            groups.setdefault(first or d["momentum"] == 0, []).append((p, g, state["momentum_buffer"]))
+        for first, group in groups.items():
+            ps, gs, bufs = (list(t) for t in zip(*group))
+            _foreach(ops.sgd_step, ps, gs, bufs, lr=d["lr"], momentum=d["momentum"], dampening=d["dampening"],
+                     weight_decay=d["weight_decay"], nesterov=d["nesterov"], first=first, out=(ps, bufs))
 
 
 class Adam(Optimizer):
@@ -107,21 +117,24 @@ class Adam(Optimizer):
         super().__init__(params, dict(lr=lr, betas=(float(betas[0]), float(betas[1])), eps=eps,
                                       weight_decay=weight_decay))
 
-    def _update(self, i: int, p: Tensor, g: Tensor) -> None:
+    def _update(self, items: list[tuple[int, Tensor, Tensor]]) -> None:
         d = self.defaults
-        state = self.state[i]
-        if not state:
-            state.update(step=0, exp_avg=_zeros_like(p), exp_avg_sq=_zeros_like(p))
-        state["step"] += 1
+        groups: dict[int, list[tuple[Tensor, Tensor, Tensor, Tensor]]] = {}  # by step count
+        for i, p, g in items:
+            state = self.state[i]
+            if not state:
+                state.update(step=0, exp_avg=_zeros_like(p), exp_avg_sq=_zeros_like(p))
+            state["step"] += 1
+            groups.setdefault(state["step"], []).append((p, g, state["exp_avg"], state["exp_avg_sq"]))
         beta1, beta2 = d["betas"]
-        step = state["step"]
         wd = d["weight_decay"]
-        ops.adam_step(p, g, state["exp_avg"], state["exp_avg_sq"],
-                      step_size=d["lr"] / (1 - beta1 ** step), bias_correction2_sqrt=math.sqrt(1 - beta2 ** step),
-                      exp_avg_weight=1 - beta1, beta2=beta2, exp_avg_sq_weight=1 - beta2, eps=d["eps"],
-                      weight_decay=0.0 if self._decoupled else wd,
-                      param_scale=1 - d["lr"] * wd if self._decoupled else 1.0,
-                      out=(p, state["exp_avg"], state["exp_avg_sq"]))
+        for step, group in groups.items():
+            ps, gs, m1, m2 = (list(t) for t in zip(*group))
+            _foreach(ops.adam_step, ps, gs, m1, m2,
+                     step_size=d["lr"] / (1 - beta1 ** step), bias_correction2_sqrt=math.sqrt(1 - beta2 ** step),
+                     exp_avg_weight=1 - beta1, beta2=beta2, exp_avg_sq_weight=1 - beta2, eps=d["eps"],
+                     weight_decay=0.0 if self._decoupled else wd,
+                     param_scale=1 - d["lr"] * wd if self._decoupled else 1.0, out=(ps, m1, m2))
 
 
 class AdamW(Adam):

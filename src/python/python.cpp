@@ -874,7 +874,7 @@ void check_out(const OpInfo& info, const char* name, size_t j, const Tensor& out
   if (out.device() != m.device) {
     fail<TypeError>(name, what, " is on ", out.device().str(), ", but the result is on ", m.device.str());
   }
-  for (size_t d = 0; d < out.shape().size(); ++d) {
+  for (size_t d = 0; d < out.shape().size() && out.numel() > 0; ++d) {  // (an empty tensor has no elements to share)
     if (out.strides()[d] == 0 && out.shape()[d] > 1) {
       fail<ValueError>(name, what, " has elements that share memory (a broadcast view): writing it is ambiguous");
     }
@@ -1060,6 +1060,135 @@ PyObject* call_op(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObj
     set_python_error();
     return nullptr;
   }
+}
+
+// ---- foreach: one call running an op over lists of tensors
+//
+// opforge.foreach(op, *inputs, out=..., **attrs) for an op whose spec says `foreach: true`: each
+// input is a list (or tuple) of L values, or one value that every position shares; attrs are one
+// value each; out= is a list of L tensors (one output) or one such list per output. Position i runs
+// the op's own call path (its checks, out= rules and kernel) on the i-th values; the lists are
+// checked against each other before anything runs, so a mismatch writes nothing.
+py::object foreach_call(py::handle fn, py::tuple args, py::dict kwargs) {
+  const OpCaller* caller = nullptr;
+  if (PyCFunction_Check(fn.ptr()) && PyCFunction_GET_FUNCTION(fn.ptr()) ==
+      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op))) {
+    PyObject* self = PyCFunction_GET_SELF(fn.ptr());
+    if (self != nullptr && PyCapsule_IsValid(self, "opforge.OpCaller")) {
+      caller = static_cast<const OpCaller*>(PyCapsule_GetPointer(self, "opforge.OpCaller"));
+    }
+  }
+  if (caller == nullptr || caller->meta || caller->inplace >= 0) {
+    fail<TypeError>("foreach", "takes an op function (opforge.ops.<op>), got ", type_name(fn));
+  }
+  const OpInfo& info = *caller->entry->info;
+  if (!info.foreach) {
+    fail<TypeError>(info.name, "has no foreach form: its spec does not declare `foreach: true`");
+  }
+  const size_t n_in = info.inputs.size(), n = n_in + info.attrs.size(), n_out = info.outputs.size();
+  if (args.size() > n) fail<TypeError>(info.name, "takes at most ", n, " arguments ", signature(info), ", got ", args.size());
+  py::handle bound[kMaxParams];
+  for (size_t i = 0; i < args.size(); ++i) bound[i] = args[i];
+  py::handle out;
+  for (const auto& item : kwargs) {
+    const std::string key = py::str(item.first);
+    size_t i = 0;
+    while (i < n && key != param_name(info, i)) ++i;
+    if (i == n && key == "out") {
+      if (!item.second.is_none()) out = item.second;
+      continue;
+    }
+    if (i == n) fail<TypeError>(info.name, "unexpected keyword '", key, "'; signature: ", signature(info));
+    if (bound[i]) fail<TypeError>(info.name, "got multiple values for '", key, "'");
+    bound[i] = item.second;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (bound[i]) continue;
+    if (!caller->defaults[i]) {
+      fail<TypeError>(info.name, "missing required ", i < n_in ? "input" : "attr", " '", param_name(info, i),
+                      "'; signature: ", signature(info));
+    }
+    bound[i] = caller->defaults[i];
+  }
+  // the lists' common length, and which inputs are lists
+  const auto is_seq = [](py::handle h) { return PyList_Check(h.ptr()) || PyTuple_Check(h.ptr()); };
+  bool listed[kMaxInputs] = {};
+  size_t length = 0;
+  const char* first = nullptr;
+  for (size_t k = 0; k < n_in; ++k) {
+    if (!is_seq(bound[k])) continue;
+    listed[k] = true;
+    const size_t len = static_cast<size_t>(PySequence_Size(bound[k].ptr()));
+    if (first == nullptr) {
+      length = len;
+      first = info.inputs[k].name;
+    } else if (len != length) {
+      fail<ValueError>(info.name, "foreach: input '", info.inputs[k].name, "' has ", len, " values, '", first, "' has ",
+                       length);
+    }
+  }
+  if (first == nullptr) fail<TypeError>(info.name, "foreach: give at least one input as a list of tensors");
+  std::vector<py::object> outs;  // one list of `length` tensors per output
+  if (out) {
+    if (!is_seq(out)) fail<TypeError>(info.name, "foreach: out= must be a list of tensors", n_out > 1 ? " per output" : "");
+    if (n_out > 1) {
+      if (static_cast<size_t>(PySequence_Size(out.ptr())) != n_out) {
+        fail<TypeError>(info.name, "foreach: out= needs ", n_out, " lists, one per output; got ", PySequence_Size(out.ptr()));
+      }
+      for (size_t j = 0; j < n_out; ++j) outs.push_back(py::reinterpret_borrow<py::sequence>(out)[j]);
+    } else {
+      outs.push_back(py::reinterpret_borrow<py::object>(out));
+    }
+    for (size_t j = 0; j < n_out; ++j) {
+      if (!is_seq(outs[j]) || static_cast<size_t>(PySequence_Size(outs[j].ptr())) != length) {
+        fail<ValueError>(info.name, "foreach: out list ", j, " must hold ", length, " tensors, like input '", first, "'");
+      }
+    }
+  }
+  std::vector<py::object> held(n_in);  // (the i-th items, kept alive for the call)
+  py::handle params[kMaxParams];
+  const auto position = [&](size_t i) {
+    for (size_t k = 0; k < n; ++k) params[k] = bound[k];
+    for (size_t k = 0; k < n_in; ++k) {
+      if (!listed[k]) continue;
+      held[k] = py::reinterpret_borrow<py::sequence>(bound[k])[i];
+      params[k] = held[k];
+    }
+  };
+  const auto out_at = [&](size_t i, size_t j) { return py::reinterpret_borrow<py::sequence>(outs[j])[i]; };
+  // every position's inputs and attrs through the op's meta rule, and its out tensors against the
+  // results, before any position runs: a bad position leaves every tensor as it was
+  const binding::OpEntry& e = *caller->entry;
+  for (size_t i = 0; i < length; ++i) {
+    position(i);
+    InputConverter in(info);
+    for (size_t k = 0; k < n_in; ++k) in.add(params[k]);
+    in.finish();
+    Slots<AttrValue, kMaxParams> attrs;
+    for (size_t k = 0; k < info.attrs.size(); ++k) attrs.push(convert_attr(info, *caller, k, params[n_in + k]));
+    const std::vector<TensorMeta> metas = e.meta(&in[0], attrs.data());
+    for (size_t j = 0; j < outs.size(); ++j) {
+      const py::object t = out_at(i, j);
+      if (!py::isinstance<Tensor>(t)) fail<TypeError>(info.name, "foreach: out list ", j, " holds a ", type_name(t), " at ", i);
+      check_out(info, info.name, j, *holder_of(t.ptr(), info.name, "out"), metas[j], "out");
+    }
+  }
+  py::list results;
+  for (size_t i = 0; i < length; ++i) {
+    position(i);
+    py::object out_i;
+    if (out) {
+      if (n_out == 1) {
+        out_i = out_at(i, 0);
+      } else {
+        py::tuple t(n_out);
+        for (size_t j = 0; j < n_out; ++j) t[j] = out_at(i, j);
+        out_i = std::move(t);
+      }
+    }
+    results.append(run(*caller, params, out_i));
+  }
+  return std::move(results);
 }
 
 // Adds caller's function to m (the caller lives as long as the process: module functions are
@@ -1408,6 +1537,8 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     throw py::error_already_set();
   }
   PyType_Modified(tensor_type);
+  m.def("_foreach", [](py::handle fn, py::tuple args, py::dict kwargs) { return foreach_call(fn, args, kwargs); },
+        "opforge.foreach's work: op over lists of tensors (the op's spec says foreach: true).");
   m.def("from_numpy", [](py::handle a) { return to_tensor(a, "from_numpy", "array"); }, py::arg("array"),
         "Wrap a NumPy array (or any buffer-protocol object) without copying.");
   m.def("from_dlpack", [](py::handle a) {

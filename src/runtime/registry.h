@@ -50,6 +50,7 @@ struct OpInfo {
   std::vector<AttrInfo> attrs;
   std::vector<TargetInfo> targets;
   const char* inplace = "";  // the in-place variant's name (add_), or ""
+  bool foreach = false;      // opforge.foreach runs it over lists of tensors (spec key foreach)
   // per device type, the target whose rows a call on that device is checked against and whose
   // kernels run it (null: this build cannot run the op there); set by register_op
   std::array<const TargetInfo*, kDeviceTypes> by_device{};

@@ -115,6 +115,8 @@ CASES = [
              "    out: {dtype: T, shape: same(x)}", "    out: {dtype: T, shape: same(x)}\n    mask: {dtype: T, shape: same(x)}").replace(
              "    expr: where(x > 0, x, alpha * x)", "    expr: {out: 'where(x > 0, x, alpha * x)', mask: 'x'}"),
          "specs/leaky.yaml:14:12: inplace: an in-place variant needs exactly one output, 'leaky' has 2"),
+    case("foreach-not-a-boolean", "leaky", leaky("  impl:", "  foreach: yes please\n  impl:"),
+         "specs/leaky.yaml:13:12: foreach: must be true or false, got a string"),
     case("input-named-out", "leaky", leaky("    x: T\n", "    out: T\n").replace(
              "    out: {dtype: T, shape: same(x)}", "    y: {dtype: T, shape: same(out)}").replace(
              "where(x > 0, x, alpha * x)", "where(out > 0, out, alpha * out)").replace(

@@ -133,12 +133,12 @@ def test_the_cuda_build_generates_device_kernels_of_expr_ops(tmp_path: Path) -> 
     assert "elementwise<float, float>" in kernel and "double" not in kernel  # (only the cuda rows)
     # Forward dispatches on the call's device first; the cuda row runs in this build
     assert "if (call.device.type == DeviceType::CUDA) {\n      kernels::cuda::halve(call, expr_args(attrs), v_out, v_x);" in cuda["halve.cpp"]
-    assert 'TargetInfo{"cuda", "GPU", {' in cuda["halve.cpp"] and '}, true},\n    },\n    "",\n};' in cuda["halve.cpp"]
+    assert 'TargetInfo{"cuda", "GPU", {' in cuda["halve.cpp"] and '}, true},\n    },\n    "",\n    false,\n};' in cuda["halve.cpp"]
     assert device_files(ops, BUILDS["cuda"]) == ["halve.cu"] and "halve.cu" in output_names(["halve"], ["halve.cu"])
     # the cpu build: no device TU, no device branch, the cuda row registered but not run
     cpu = {r.name: r.text for r in render_all(ops, {"halve": "halve.yaml"}, BUILDS["cpu"])}
     assert "halve.cu" not in cpu and "DeviceType::CUDA" not in cpu["halve.cpp"] and device_files(ops, BUILDS["cpu"]) == []
-    assert 'TargetInfo{"cuda", "GPU", {' in cpu["halve.cpp"] and '}, false},\n    },\n    "",\n};' in cpu["halve.cpp"]
+    assert 'TargetInfo{"cuda", "GPU", {' in cpu["halve.cpp"] and '}, false},\n    },\n    "",\n    false,\n};' in cpu["halve.cpp"]
     # op modules compile host code only (for now): no device TU in the cuda wheel either
     from codegen.gen import render_module
     module = {r.name for r in render_module(ops, {"halve": "halve.yaml"}, "m", build=BUILDS["cuda"])}
