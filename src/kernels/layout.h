@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/runtime.h"
@@ -155,6 +156,34 @@ inline void check_loss_grad(const char* op, const TensorPtr& dy, int64_t rows) {
 // The factor of each row's gradient: 1 / N for reduction mean, else 1.
 inline double reduction_scale(const std::string& reduction, int64_t rows) {
   return reduction == "mean" ? 1.0 / static_cast<double>(rows) : 1.0;
+}
+
+// The shapes a norm's backward op takes (layer_norm_backward, rms_norm_backward): dy shaped like x,
+// each statistic (mean, rstd and their gradients) x reduced over axes with kept dims, weight
+// (absent allowed) broadcasting to x. Returns the kept shape; ValueError naming op otherwise.
+inline Shape check_norm_backward(const char* op, const TensorPtr& dy, const TensorPtr& x,
+                                 std::initializer_list<std::pair<const char*, const TensorPtr*>> stats,
+                                 const TensorPtr& weight, const Axes& axes) {
+  const Shape kept = reduce_shape(op, x->shape(), axes, true);
+  check_shape(op, "dy", dy, x->shape(), "the shape of x");
+  for (const auto& [name, t] : stats) check_shape(op, name, *t, kept, "x reduced over axis, kept dims");
+  check_broadcasts_to(op, "weight", weight, x, "x");
+  return kept;
+}
+
+// embedding_backward's inputs: weight 2-D, dout shaped indices.shape + (embedding_dim,).
+inline void check_embedding_grad(const char* op, const TensorPtr& dout, const TensorPtr& indices,
+                                 const TensorPtr& weight) {
+  if (weight->dim() != 2) {
+    fail<ValueError>(op, "weight must be 2-D (num_embeddings, embedding_dim), got shape ", shape_str(weight->shape()));
+  }
+  Shape expect = indices->shape();
+  expect.push_back(weight->shape()[1]);
+  if (dout->shape() != expect) {
+    fail<ValueError>(op, "dout of shape ", shape_str(dout->shape()), " does not match indices of shape ",
+                     shape_str(indices->shape()), " and embedding_dim ", weight->shape()[1], ": expected ",
+                     shape_str(expect));
+  }
 }
 
 }  // namespace opforge::kernels::layout

@@ -4,6 +4,7 @@
 #include "embedding_backward.h"
 
 #include "elem_common.h"
+#include "kernels/layout.h"
 
 namespace opforge::kernels::cpu {
 
@@ -11,16 +12,8 @@ template <typename T>
 void embedding_backward(const TensorPtr& dout, const TensorPtr& indices, const TensorPtr& weight,
                         const TensorPtr& grad_weight, const EmbeddingBackwardAttrs& /*attrs*/) {
   constexpr const char* op = "embedding_backward";
-  if (weight->dim() != 2) {
-    fail<ValueError>(op, "weight must be 2-D (num_embeddings, embedding_dim), got shape ", shape_str(weight->shape()));
-  }
+  layout::check_embedding_grad(op, dout, indices, weight);
   const int64_t rows = weight->shape()[0], dim = weight->shape()[1];
-  Shape expect = indices->shape();
-  expect.push_back(dim);
-  if (dout->shape() != expect) {
-    fail<ValueError>(op, "dout of shape ", shape_str(dout->shape()), " does not match indices of shape ",
-                     shape_str(indices->shape()), " and embedding_dim ", dim, ": expected ", shape_str(expect));
-  }
   const int64_t n = indices->numel();
   const std::vector<int64_t> owned = elem::checked_indices(op, indices, rows, "weight with " + std::to_string(rows) + " rows");
   const int64_t* idx = owned.data();

@@ -18,14 +18,8 @@ void layer_norm_backward(const TensorPtr& dy, const TensorPtr& x, const TensorPt
   const Shape& xs = x->shape();
   norm::hint_huge_pages(dx);
   const Axes axes(attrs.axis);
-  const Shape kept = reduce_shape(op, xs, axes, true);
-  const char* kept_doc = "x reduced over axis, kept dims";
-  norm::check_shape(op, "dy", dy, xs, "the shape of x");
-  norm::check_shape(op, "mean", mean, kept, kept_doc);
-  norm::check_shape(op, "rstd", rstd, kept, kept_doc);
-  norm::check_shape(op, "dmean", dmean, kept, kept_doc);
-  norm::check_shape(op, "drstd", drstd, kept, kept_doc);
-  norm::check_broadcasts_to(op, "weight", weight, x, "x");
+  const Shape kept = layout::check_norm_backward(op, dy, x, {{"mean", &mean}, {"rstd", &rstd}, {"dmean", &dmean},
+                                                             {"drstd", &drstd}}, weight, axes);
   const auto ax = normalize_axes(op, axes, x->dim());
   const int64_t k = norm::trailing_start(ax, x->dim());
   if (k >= 0 && norm::row_shaped(weight, xs, k)) {

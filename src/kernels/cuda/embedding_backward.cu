@@ -8,6 +8,7 @@
 
 #include <cub/device/device_radix_sort.cuh>
 
+#include "kernels/layout.h"
 #include "row_common.cuh"
 
 namespace opforge::kernels::cuda {
@@ -56,16 +57,8 @@ template <typename T>
 void embedding_backward(const TensorPtr& dout, const TensorPtr& indices, const TensorPtr& weight,
                         const TensorPtr& grad_weight, const EmbeddingBackwardAttrs& /*attrs*/) {
   constexpr const char* op = "embedding_backward";
-  if (weight->dim() != 2) {
-    fail<ValueError>(op, "weight must be 2-D (num_embeddings, embedding_dim), got shape ", shape_str(weight->shape()));
-  }
+  layout::check_embedding_grad(op, dout, indices, weight);
   const int64_t rows = weight->shape()[0], dim = weight->shape()[1];
-  Shape expect = indices->shape();
-  expect.push_back(dim);
-  if (dout->shape() != expect) {
-    fail<ValueError>(op, "dout of shape ", shape_str(dout->shape()), " does not match indices of shape ",
-                     shape_str(indices->shape()), " and embedding_dim ", dim, ": expected ", shape_str(expect));
-  }
   const Device dev = dout->device();
   if (indices->device() != dev) {
     fail<ValueError>(op, "indices are on ", indices->device().str(), " but dout on ", dev.str());
