@@ -50,6 +50,7 @@ ln -s "$root/src/runtime" "$pkg/include/runtime"
 ln -s "$root/src/aot" "$pkg/include/aot"
 ln -s "$root/src/python" "$pkg/include/python"
 ln -s "$root/src/torch_native" "$pkg/include/torch_native"
+ln -s "$root/src/jax_native" "$pkg/include/jax_native"
 ln -s "$build/op_specs" "$pkg/include/ops"
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
 

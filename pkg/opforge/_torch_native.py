@@ -20,23 +20,20 @@ Python kernels without trying.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-from opforge import _build_info, _native, jit
+from opforge import _native
+from opforge._native_ext import Extension
 
 __all__ = ["load", "SOURCE", "MODULE"]
 
 MODULE = "opforge_torch_native"
 SOURCE = _native.PACKAGE_DIR / "include" / "torch_native" / "torch_native.cpp"
-_FILES = [MODULE + _native.extension_suffix()]
+_EXTENSION = Extension(MODULE, SOURCE, ".torch_native", "opforge.torch's native kernels")
 _module: Optional[ModuleType] = None
 _tried = False
 
@@ -56,77 +53,13 @@ def _torch_flags() -> tuple[list[str], list[str]]:
     return cflags, ldflags
 
 
-def _key(cxx: tuple[str, ...], cflags: list[str], ldflags: list[str]) -> str:
-    import torch
-
-    h = hashlib.sha256()
-    for part in ("1", torch.__version__, str(Path(torch.__file__).parent), sys.version, _build_info.VERSION,
-                 jit._library_id(), " ".join(cxx), _native.compiler_version(cxx), "\0".join(cflags),
-                 "\0".join(ldflags)):
-        h.update(part.encode() + b"\0\0")
-    h.update(SOURCE.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def _build(cxx: tuple[str, ...], cflags: list[str], ldflags: list[str], home: Path, entry: Path) -> None:
-    build = jit._private_dir(home / "build")
-    out = build / _FILES[0]
-    r = subprocess.run([*cxx, *cflags, str(SOURCE), "-o", str(out), *ldflags], capture_output=True, text=True,
-                       check=False)
-    if r.returncode != 0:
-        log = build / "build.log"
-        log.write_text(r.stdout + r.stderr)
-        raise _native.BuildError(f"compiling {SOURCE.name} failed (the compiler's output: {log})")
-    jit._write_entry(entry, {_FILES[0]: out})
-
-
-def _import(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(MODULE, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _load() -> ModuleType:
     import torch
 
     if int(torch._C._GLIBCXX_USE_CXX11_ABI) != 1:
         raise _native.BuildError("this torch uses the pre-C++11 string ABI; opforge's library uses the C++11 one")
-    cxx = tuple(_native.compiler())
-    _native.check_toolchain(cxx)
     cflags, ldflags = _torch_flags()
-    root = jit.default_cache_dir()
-    jit._private_dir(root)
-    home = jit._private_dir(root / ".torch_native")
-    key = _key(cxx, cflags, ldflags)
-    entry, failed = home / key, home / f"{key}.failed"
-    target = entry / _FILES[0]
-    if failed.exists():  # (this torch, compiler and source failed before: not tried again in every process)
-        raise _native.BuildError(f"{failed.read_text().strip()} (remove {failed} to try again)")
-    built = False
-    if jit._entry_problem(entry, target) is not None:
-        with jit._locked(home / ".lock", "opforge.torch's native kernels", False):
-            problem = jit._manifest_problem(entry / jit._MANIFEST, _FILES) if entry.exists() else jit._MISSING
-            if problem is not None:
-                jit._clean(home)
-                if entry.exists():
-                    jit._remove(home, entry)
-                try:
-                    _build(cxx, cflags, ldflags, home, entry)
-                except _native.BuildError as exc:
-                    jit._replace_text(failed, str(exc) + "\n")
-                    raise
-                built = True
-    try:
-        return _import(target)
-    except ImportError as exc:
-        with jit._locked(home / ".lock", "opforge.torch's native kernels", False):
-            if entry.exists():
-                jit._remove(home, entry)
-            if built:  # (a cached one that does not import is built again by the next process)
-                jit._replace_text(failed, f"the module built does not import: {exc}\n")
-        raise
+    return _EXTENSION.load(cflags, ldflags, (torch.__version__, str(Path(torch.__file__).parent)))
 
 
 def load() -> Optional[ModuleType]:

@@ -1,0 +1,555 @@
+"""opforge's ops as JAX operations: XLA FFI custom calls, with autodiff, jit and vmap from the spec.
+
+::
+
+    import jax, jax.numpy as jnp
+    import opforge.jax as oj
+
+    x = jnp.linspace(-1.0, 1.0, 8)
+    y = oj.ops.leaky_relu(oj.ops.mul(x, x), alpha=0.2)         # jax.Array in, jax.Array out
+    g = jax.jit(jax.grad(lambda x: oj.ops.sum(oj.ops.tanh(x))))(x)
+
+- ``ops.<name>(*inputs, **attrs)`` is the op on ``jax.Array``s (NumPy arrays and Python scalars
+  are taken as JAX takes them). Inputs are positional or by name, attrs by name or after the
+  inputs; attrs are static (a new value compiles the call again, a repeated one does not).
+- Each op is a JAX primitive whose lowering is a custom call of the XLA FFI target ``opforge``
+  (one handler for every op, ``include/jax_native/jax_native.cpp``): XLA hands it its buffers and
+  the handler runs the op's opforge kernel on them, the results written straight into XLA's
+  result buffers (no copies). The handler is compiled on first use against the installed
+  jaxlib's FFI headers and cached (``opforge/_jax_native.py``); it is a C ABI and links no part of
+  jaxlib.
+- Shapes and dtypes come from the op's own meta rule at trace time, so a bad call raises the
+  same TypeError/ValueError as an eager opforge call, naming the op, before anything runs;
+  errors only the kernel can see (an index out of range) raise ``JaxRuntimeError`` with the op's
+  message when the computation runs.
+- Reverse mode (``jax.grad``, ``jax.vjp``, ``jax.value_and_grad``, and gradients of gradients)
+  runs the spec's ``bprop``; forward mode (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``) runs the
+  spec's ``jvp``. Both formulas are evaluated with these same ops. The mechanism is a primitive
+  per op plus a second primitive for its tangent map, linear in the tangents: the tangent map's
+  evaluation is the ``jvp`` formula and its transpose (what reverse mode runs) is the ``bprop``
+  formula. ``jax.custom_vjp`` would rule out forward mode, and ``jax.custom_jvp`` needs tangent
+  rules JAX can transpose, which a custom call is not. An op whose spec has a bprop but no jvp
+  works in reverse mode and raises NotImplementedError naming it in forward mode.
+- ``jax.vmap`` batches in one call where the shape rule allows it: elementwise ops (batch axes
+  moved first and padded so broadcasting lines up), ops whose axis attrs index the batched inputs
+  (axes shifted past the batch axis), matmul-like batch broadcasting, and an op's spec'd
+  ``batch_inputs``; any other op runs once per batch element (``jax.lax.map``) and the results are
+  stacked.
+- ``register_module(m)`` does the same for an op module (``opforge.load``'s result, a package's
+  ``<pkg>._ops``).
+
+With 64-bit types off (JAX's default) JAX gives float32 and int32 where NumPy would give float64
+and int64; ``jax.config.update("jax_enable_x64", True)`` gives the 64-bit rows. JAX arrays are
+immutable: ops have no in-place variants or ``out=`` here (XLA reuses buffers itself).
+
+JAX 0.10 needs NumPy 2 and MindSpore 2.10 NumPy 1, so the two live in separate environments:
+``pip install "opforge[jax]"``.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax.extend.core import Primitive
+    from jax.interpreters import ad, batching, mlir, xla
+except ImportError as e:  # pragma: no cover - exercised in a subprocess
+    raise ImportError(
+        'opforge.jax needs JAX: pip install "opforge[jax]" (jax==0.10.2, which needs numpy>=2; MindSpore 2.10 '
+        f"needs numpy<2, so keep them in separate environments) (import failed: {e})") from e
+
+import opforge._C as _C
+from opforge import _formulas, _jax_native
+from opforge._opdef import AttrDef, OpDef
+
+__all__ = ["ops", "register_module", "OpSet", "TARGET", "H"]
+
+#: The XLA FFI target every op lowers to (the handler of include/jax_native/jax_native.cpp).
+TARGET = "opforge"
+
+_DTYPES = {name: np.dtype(name) for name in (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64")}
+_DTYPES["bfloat16"] = np.dtype(jnp.bfloat16)
+_NAMES = {d: name for name, d in _DTYPES.items()}
+
+_handler = _jax_native.load()
+jax.ffi.register_ffi_target(TARGET, _handler.handler("cpu"), platform="cpu")
+_PLATFORMS = ["cpu"]
+if "cuda" in _formulas.BUILT_TARGETS:  # (the cu130 wheel: XLA's CUDA buffers and stream; needs jax's CUDA plugin)
+    jax.ffi.register_ffi_target(TARGET, _handler.handler("cuda"), platform="CUDA")
+    _PLATFORMS.append("cuda")
+_lower = jax.ffi.ffi_lowering(TARGET)
+
+
+# ---------------------------------------------------------------------------- helpers of formulas
+
+
+def _axes(value: Any, rank: int) -> list[int]:
+    if value is None or rank == 0:
+        return list(range(rank))
+    axes = [value] if isinstance(value, int) else list(value)
+    return sorted({a + rank if a < 0 else a for a in axes})
+
+
+class _Helpers:
+    """The tensor helpers generated formulas call (see opforge/_opdef.py), in jax.numpy."""
+
+    @staticmethod
+    def scalar_like(value: Any, like: Any) -> Any:
+        return jnp.asarray(value, dtype=like.dtype)
+
+    zeros_like = staticmethod(jnp.zeros_like)
+    ones_like = staticmethod(jnp.ones_like)
+
+    @staticmethod
+    def numel(t: Any) -> int:
+        return int(np.prod(t.shape, dtype=np.int64))
+
+    @staticmethod
+    def expand_reduced(g: Any, like: Any, axes: Any, keepdims: bool) -> Any:
+        if not keepdims:
+            g = jnp.expand_dims(g, _axes(axes, like.ndim))
+        return jnp.broadcast_to(g, like.shape)
+
+    @staticmethod
+    def reduce_grad(g: Any, meta: tuple[tuple[int, ...], Any]) -> Any:
+        shape, dtype = meta
+        if g.shape != shape:  # (summed over the axes broadcasting added or stretched)
+            lead = g.ndim - len(shape)
+            stretched = tuple(lead + k for k, n in enumerate(shape) if n == 1 and g.shape[lead + k] != 1)
+            g = jnp.sum(g, axis=tuple(range(lead)) + stretched, keepdims=False)
+            g = g.reshape(shape)
+        return g if g.dtype == dtype else g.astype(dtype)
+
+    @staticmethod
+    def dim(op: str, name: str, shape: Sequence[Any], i: int) -> Any:
+        if not -len(shape) <= i < len(shape):
+            raise ValueError(f"[{op}] dimension {i} of {name} is out of range for its shape {_Helpers.shape_str(shape)}")
+        return shape[i]
+
+    @staticmethod
+    def shape_str(shape: Sequence[Any]) -> str:
+        return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+    @staticmethod
+    def check(op: str, test: Any, message: Callable[[], str]) -> None:
+        if not test:
+            raise ValueError(f"[{op}] {message()}")
+
+
+H = _Helpers()
+
+
+# ---------------------------------------------------------------------------- attrs
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _canonical(op: OpDef, attr: AttrDef, value: Any) -> Any:
+    """An attr's value in its one Python form (bool, int, float, str, tuple): what the primitive
+    binds, compares and hashes (jit caches by equality, and True == 1 == 1.0), so a value of the
+    wrong type is refused here rather than taken for an equal one; ranges and choices are the meta
+    rule's to check."""
+    if value is None:
+        return None
+    t = attr.type
+    if t == "bool" and isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if t == "int" and _is_int(value):
+        return int(value)
+    if t == "float" and (_is_int(value) or isinstance(value, (float, np.floating))):
+        return float(value)
+    if t == "str" and isinstance(value, str):
+        return value
+    if t == "list[int]" and _is_int(value):  # (one int for a list of ints, as opforge's functions take it)
+        return (int(value),)
+    if t.startswith("list[") and isinstance(value, (list, tuple, np.ndarray)):
+        items = list(np.asarray(value).tolist()) if isinstance(value, np.ndarray) else list(value)
+        if t == "list[int]" and all(_is_int(v) for v in items):
+            return tuple(int(v) for v in items)
+        if t == "list[float]" and all(_is_int(v) or isinstance(v, (float, np.floating)) for v in items):
+            return tuple(float(v) for v in items)
+    raise TypeError(f"[{op.name}] attr '{attr.name}' must be {'an' if t == 'int' else 'a'} {t}"
+                    f"{' or None' if not attr.required and attr.default is None else ''}, got {type(value).__name__}")
+
+
+def _ffi_attr(attr: AttrDef, value: Any) -> Any:
+    """A canonical attr value as the FFI attribute the handler decodes (int64, double, bool,
+    string, dense int64/double arrays)."""
+    if attr.type == "list[int]":
+        return np.asarray(value, np.int64)
+    if attr.type == "list[float]":
+        return np.asarray(value, np.float64)
+    return value
+
+
+def _meta_value(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+_UNSET = object()
+
+
+def _bind_args(op: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], tuple[Any, ...]]:
+    """A call's inputs (None for absent optional ones) and canonical attrs (defaults filled in)."""
+    names = [i.name for i in op.inputs] + [a.name for a in op.attrs]
+    if len(args) > len(names):
+        raise TypeError(f"[{op.name}] takes {len(op.inputs)} inputs and {len(op.attrs)} attrs, got {len(args)} "
+                        "positional arguments")
+    values = list(args) + [_UNSET] * (len(names) - len(args))
+    for key, v in kwargs.items():
+        if key not in names:
+            raise TypeError(f"[{op.name}] got an unexpected keyword argument '{key}'; its parameters are "
+                            f"{', '.join(names)}")
+        k = names.index(key)
+        if values[k] is not _UNSET:
+            raise TypeError(f"[{op.name}] got multiple values for '{key}'")
+        values[k] = v
+    inputs: list[Any] = []
+    for inp, v in zip(op.inputs, values):
+        if v is _UNSET:
+            if not inp.optional:
+                raise TypeError(f"[{op.name}] missing input '{inp.name}'")
+            v = None
+        inputs.append(v)
+    attrs = []
+    for attr, v in zip(op.attrs, values[len(op.inputs):]):
+        if v is _UNSET:
+            if attr.required:
+                raise TypeError(f"[{op.name}] missing required attr '{attr.name}'")
+            v = attr.default
+        attrs.append(_canonical(op, attr, v))
+    return inputs, tuple(attrs)
+
+
+# ---------------------------------------------------------------------------- one op's primitives
+
+
+def _expand(present: tuple[bool, ...], given: Sequence[Any]) -> list[Any]:
+    """The present inputs' values spread over every input slot (None where absent)."""
+    it = iter(given)
+    return [next(it) if p else None for p in present]
+
+
+class _Op:
+    """An op's primitive (its kernel through the FFI target) and, for an op with a bprop, the
+    primitive of its tangent map (forward mode: the spec's jvp; its transpose: the spec's bprop)."""
+
+    def __init__(self, op: OpDef, kernel: Any, meta: Callable[..., Any], prefix: str, F: Any) -> None:
+        self.op = op
+        self.meta = meta
+        self.F = F
+        self.number = _handler.register(kernel)
+        self.n_in, self.n_out = len(op.inputs), len(op.outputs)
+        self.diff_out = [k for k, o in enumerate(op.outputs) if o.differentiable]
+        self.prim = Primitive(f"{prefix}.{op.name}")
+        self.prim.multiple_results = True
+        self.prim.def_impl(functools.partial(xla.apply_primitive, self.prim))
+        self.prim.def_abstract_eval(self.abstract)
+        for platform in _PLATFORMS:
+            if platform == "cpu" or platform in op.runs:
+                mlir.register_lowering(self.prim, self.lowering, platform=platform)
+        batching.primitive_batchers[self.prim] = self.batch
+        ad.primitive_jvps[self.prim] = self.jvp
+        self.tangent_prim: Optional[Primitive] = None
+        if op.bprop is not None:
+            t = Primitive(f"{prefix}.{op.name}.jvp")
+            t.multiple_results = True
+            t.def_impl(self.tangent)
+            t.def_abstract_eval(self.tangent_abstract)
+            mlir.register_lowering(t, mlir.lower_fun(self.tangent, multiple_results=True))
+            batching.primitive_batchers[t] = self.tangent_batch
+            ad.primitive_jvps[t] = self.tangent_jvp
+            ad.primitive_transposes[t] = self.transpose
+            self.tangent_prim = t
+
+        def call(*operands: Any, attrs: tuple[Any, ...], present: tuple[bool, ...]) -> Any:
+            return self.prim.bind(*operands, attrs=attrs, present=present)
+
+        # (behind jax.jit: a repeated call reuses the compiled executable, ~10 us, as a jnp op's)
+        self.call = jax.jit(call, static_argnames=("attrs", "present"))
+
+    # ---- the op
+
+    def abstract(self, *avals: Any, attrs: tuple[Any, ...], present: tuple[bool, ...]) -> list[Any]:
+        op = self.op
+        stand_ins = []
+        for inp, a in zip(op.inputs, _expand(present, avals)):
+            if a is None:
+                stand_ins.append(None)
+                continue
+            name = _NAMES.get(np.dtype(a.dtype))
+            if name is None:
+                raise TypeError(f"[{op.name}] input '{inp.name}' has dtype {a.dtype}, which opforge does not have; "
+                                f"supported dtypes: {', '.join(_DTYPES)}")
+            stand_ins.append(_C._meta_tensor(list(a.shape), name))
+        metas = self.meta(*stand_ins, *(_meta_value(v) for v in attrs))  # raises what an eager call would
+        return [jax.core.ShapedArray(tuple(shape), _DTYPES[dtype]) for shape, dtype in metas]
+
+    def lowering(self, ctx: Any, *args: Any, attrs: tuple[Any, ...], present: tuple[bool, ...]) -> Any:
+        params: dict[str, Any] = {"opforge.op": self.number,
+                                  "opforge.inputs": sum(1 << k for k, p in enumerate(present) if p)}
+        for attr, v in zip(self.op.attrs, attrs):
+            if v is not None:
+                params[attr.name] = _ffi_attr(attr, v)
+        return _lower(ctx, *args, **params)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        inputs, attrs = _bind_args(self.op, args, kwargs)
+        return self.apply(inputs, attrs)
+
+    def apply(self, inputs: Sequence[Any], attrs: tuple[Any, ...]) -> Any:
+        present = tuple(x is not None for x in inputs)
+        outs = self.call(*(x for x in inputs if x is not None), attrs=attrs, present=present)
+        return outs[0] if self.n_out == 1 else tuple(outs)
+
+    # ---- vmap
+
+    def batch(self, args: Sequence[Any], dims: Sequence[Any], *, attrs: tuple[Any, ...],
+              present: tuple[bool, ...]) -> tuple[list[Any], list[int]]:
+        op = self.op
+        ins = _expand(present, args)
+        in_dims = _expand(present, dims)  # (None: not batched)
+        size = next(x.shape[d] for x, d in zip(ins, in_dims) if x is not None and d is not None)
+        out_dims = [0] * self.n_out
+        names = [i.name for i in op.inputs]
+        batched = [k for k, (x, d) in enumerate(zip(ins, in_dims)) if x is not None and d is not None]
+        rows = {names.index(n) for n in op.batch_inputs}
+        if len(batched) == 1 and batched[0] in rows:  # its leading dims are independent rows
+            k = batched[0]
+            moved = list(ins)
+            moved[k] = jnp.moveaxis(ins[k], in_dims[k], 0)
+            return self._bind(moved, attrs), out_dims
+        axis_attrs = [k for k, a in enumerate(op.attrs) if a.axis_of]
+        if axis_attrs:
+            out = self._batch_axes(ins, in_dims, attrs, axis_attrs, size)
+            if out is not None:
+                return out, out_dims
+        matmul = self.n_out == 1 and op.outputs[0].shape == "matmul"
+        if op.impl == "expr" or matmul and all(d is None or x.ndim >= 3 for x, d in zip(ins, in_dims) if x is not None):
+            # (batch axes first, padded to the others' rank: broadcasting lines them up)
+            rank = max(x.ndim - (d is not None) for x, d in zip(ins, in_dims) if x is not None)
+            moved = []
+            for x, d in zip(ins, in_dims):
+                if x is not None and d is not None:
+                    x = jnp.moveaxis(x, d, 0)
+                    x = x.reshape(x.shape[:1] + (1,) * (rank - (x.ndim - 1)) + x.shape[1:])
+                moved.append(x)
+            return self._bind(moved, attrs), out_dims
+        # any other op: once per batch element (the per-example loop, as jax.lax.map runs it)
+        mapped = [k for k in batched]
+        xs = [jnp.moveaxis(ins[k], in_dims[k], 0) for k in mapped]
+
+        def one(slices: list[Any]) -> list[Any]:
+            row = list(ins)
+            for k, s in zip(mapped, slices):
+                row[k] = s
+            return self._bind(row, attrs)
+
+        return list(jax.lax.map(one, xs)), out_dims
+
+    def _batch_axes(self, ins: list[Any], dims: list[Any], attrs: tuple[Any, ...], axis_attrs: list[int],
+                    size: int) -> Optional[list[Any]]:
+        """An op whose axis attrs index the batched inputs: those inputs with the batch axis first
+        (the unbatched ones broadcast to it), the axes shifted past it; None when the rule does not
+        apply (a batched input no axis indexes, a 0-d input, an axis out of range)."""
+        op = self.op
+        names = [i.name for i in op.inputs]
+        indexed = {names.index(n) for k in axis_attrs for n in op.attrs[k].axis_of}
+        if any(x is not None and d is not None and k not in indexed for k, (x, d) in enumerate(zip(ins, dims))):
+            return None
+        reference = names.index(op.attrs[axis_attrs[0]].axis_of[0])
+        ref = ins[reference]
+        if ref is None:
+            return None
+        rank = ref.ndim - (dims[reference] is not None)
+        if rank == 0:
+            return None
+        new_attrs = list(attrs)
+        for k in axis_attrs:
+            value = attrs[k]
+            axes = list(range(rank)) if value is None or value == () else [value] if isinstance(value, int) else value
+            if any(not -rank <= a < rank for a in axes):
+                return None
+            moved = [a % rank + 1 for a in axes]
+            new_attrs[k] = moved[0] if isinstance(value, int) else tuple(moved)
+        new_ins = []
+        for k, (x, d) in enumerate(zip(ins, dims)):
+            if x is not None and k in indexed:
+                x = jnp.moveaxis(x, d, 0) if d is not None else jnp.broadcast_to(x[None], (size, *x.shape))
+            new_ins.append(x)
+        return self._bind(new_ins, tuple(new_attrs))
+
+    def _bind(self, ins: Sequence[Any], attrs: tuple[Any, ...]) -> list[Any]:
+        present = tuple(x is not None for x in ins)
+        return list(self.prim.bind(*(x for x in ins if x is not None), attrs=attrs, present=present))
+
+    # ---- autodiff
+
+    def _live(self, present: tuple[bool, ...], tangents: Sequence[Any]) -> tuple[int, ...]:
+        """The operand positions whose tangent is not zero, among differentiable inputs."""
+        slots = [k for k, p in enumerate(present) if p]
+        live = []
+        for j, (k, t) in enumerate(zip(slots, tangents)):
+            if type(t) is ad.Zero or not self.op.inputs[k].differentiable:
+                continue
+            if np.dtype(t.dtype) == jax.dtypes.float0:
+                continue
+            live.append(j)
+        return tuple(live)
+
+    def jvp(self, primals: Sequence[Any], tangents: Sequence[Any], *, attrs: tuple[Any, ...],
+            present: tuple[bool, ...]) -> tuple[list[Any], list[Any]]:
+        outs = self.prim.bind(*primals, attrs=attrs, present=present)
+        zeros = [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
+        live = self._live(present, tangents)
+        if not live:
+            return outs, zeros
+        if self.tangent_prim is None:
+            if not self.diff_out:  # (comparisons, indices: outputs without derivatives)
+                return outs, zeros
+            raise NotImplementedError(f"[{self.op.name}] has no derivative: its spec has no bprop")
+        touts = self.tangent_prim.bind(*primals, *outs, *(tangents[j] for j in live), attrs=attrs, present=present,
+                                       live=live)
+        result = list(zeros)
+        for k, t in zip(self.diff_out, touts):
+            result[k] = t
+        return outs, result
+
+    def _split(self, operands: Sequence[Any], present: tuple[bool, ...]) -> tuple[list[Any], list[Any], list[Any]]:
+        n_p = sum(present)
+        return (list(operands[:n_p]), list(operands[n_p:n_p + self.n_out]), list(operands[n_p + self.n_out:]))
+
+    def tangent(self, *operands: Any, attrs: tuple[Any, ...], present: tuple[bool, ...],
+                live: tuple[int, ...]) -> list[Any]:
+        """The tangent map: the spec's jvp formula at the primals and outputs, on the live tangents."""
+        op = self.op
+        if op.jvp is None:
+            raise NotImplementedError(
+                f"[{op.name}] has no forward-mode derivative (its spec has no jvp formula): use reverse mode "
+                "(jax.grad, jax.vjp, jax.jacrev)")
+        primals, outs, tangents = self._split(operands, present)
+        slots = [k for k, p in enumerate(present) if p]
+        t: list[Any] = [None] * self.n_in
+        for j, tan in zip(live, tangents):
+            t[slots[j]] = tan
+        res = op.jvp(self.F, H, t, *_expand(present, primals), *outs, *(_meta_value(v) for v in attrs))
+        return [jnp.zeros_like(outs[k]) if res[k] is None else res[k] for k in self.diff_out]
+
+    def tangent_abstract(self, *avals: Any, attrs: tuple[Any, ...], present: tuple[bool, ...],
+                         live: tuple[int, ...]) -> list[Any]:
+        _, outs, _ = self._split(avals, present)
+        return [outs[k] for k in self.diff_out]
+
+    def tangent_batch(self, args: Sequence[Any], dims: Sequence[Any], **params: Any) -> tuple[list[Any], list[int]]:
+        out = jax.vmap(functools.partial(self.tangent, **params), in_axes=list(dims))(*args)
+        return list(out), [0] * len(out)
+
+    def tangent_jvp(self, primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tuple[Any, Any]:
+        """Second order: the jvp formula differentiated (it is made of these same ops)."""
+        tangents = [ad.instantiate_zeros(t) for t in tangents]
+        return jax.jvp(functools.partial(self.tangent, **params), list(primals), tangents)  # type: ignore[no-any-return]
+
+    def transpose(self, cts: Sequence[Any], *operands: Any, attrs: tuple[Any, ...], present: tuple[bool, ...],
+                  live: tuple[int, ...]) -> list[Any]:
+        """Reverse mode: the spec's bprop at the primals and outputs, with the cotangents of the
+        differentiable outputs, gives the cotangents of the live tangents."""
+        op = self.op
+        primals, outs, tangents = self._split(operands, present)
+        if any(ad.is_undefined_primal(x) for x in primals + outs):
+            raise NotImplementedError(f"[{op.name}] its tangent map is linear in the tangents only")
+        none: list[Any] = [None] * (len(primals) + len(outs))
+        if all(type(c) is ad.Zero for c in cts):
+            return none + [ad.Zero(t.aval) for t in tangents]
+        douts = [ad.instantiate_zeros(c) for c in cts]
+        slots = [k for k, p in enumerate(present) if p]
+        need = [False] * self.n_in
+        for j in live:
+            need[slots[j]] = True
+        inputs = _expand(present, primals)
+        meta = [None if x is None else (tuple(x.shape), x.dtype) for x in inputs]
+        grads = op.bprop(self.F, H, need, meta, *inputs, *outs, *douts,  # type: ignore[misc]
+                         *(_meta_value(v) for v in attrs))
+        result = []
+        for j, t in zip(live, tangents):
+            g = grads[slots[j]]
+            result.append(ad.Zero(t.aval) if g is None else g)
+        return none + result
+
+
+# ---------------------------------------------------------------------------- op sets
+
+
+class OpSet:
+    """The ops of a table as JAX functions: ``.ops.<name>`` (and ``.primitives``, the primitive of
+    each op that has a kernel)."""
+
+    def __init__(self, table: dict[str, OpDef], kernels: Any, metas: Any, prefix: str,
+                 extern: Optional[dict[str, Any]] = None) -> None:
+        fns: dict[str, Callable[..., Any]] = dict(extern or {})
+        self.F = SimpleNamespace()
+        self.primitives: dict[str, Primitive] = {}
+        for op in table.values():
+            if op.composite is not None and op.bprop is None:  # (a formula over the other ops)
+                fns[op.name] = _composite(op, self.F)
+            else:
+                o = _Op(op, getattr(kernels, op.name), getattr(metas, op.name), prefix, self.F)
+                self.primitives[op.name] = o.prim
+                fns[op.name] = _public(o)
+        self.F.__dict__.update(fns)
+        self.ops = SimpleNamespace(**{name: fns[name] for name in table})
+
+
+def _public(o: _Op) -> Callable[..., Any]:
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        return o(*args, **kwargs)
+
+    fn.__name__ = fn.__qualname__ = o.op.name
+    fn.__doc__ = o.op.doc
+    return fn
+
+
+def _composite(op: OpDef, F: Any) -> Callable[..., Any]:
+    formula = op.composite
+    assert formula is not None
+
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        inputs, attrs = _bind_args(op, args, kwargs)
+        return formula(F, H, *inputs, *(_meta_value(v) for v in attrs))
+
+    fn.__name__ = fn.__qualname__ = op.name
+    fn.__doc__ = op.doc
+    return fn
+
+
+_OWN = OpSet(_formulas.OPS, _C.ops, _C._meta, "opforge")
+
+#: opforge's ops as JAX functions: ``ops.<name>(*inputs, **attrs)``.
+ops = _OWN.ops
+
+_MODULES: dict[str, tuple[Any, OpSet]] = {}
+
+
+def register_module(module: Any) -> OpSet:
+    """The ops of an op module (``opforge.load``'s result, a package's ``<pkg>._ops``) as JAX
+    functions, as opforge's own are (formulas may call opforge's ops too): ``.ops.<name>``.
+    Registering the same module again returns the same OpSet."""
+    table = getattr(module, "__opforge_formulas__", None)
+    if table is None:
+        raise TypeError(f"[opforge.jax] {module!r} is not an opforge op module (no __opforge_formulas__): "
+                        "pass what opforge.load returns or a package's <pkg>._ops")
+    known = _MODULES.get(module.__name__)
+    if known is not None and known[0] is module:
+        return known[1]
+    base = {name: getattr(ops, name) for name in _formulas.OPS}
+    opset = OpSet(table, module, module._meta, f"{module.__name__}#{len(_MODULES)}", extern=base)
+    _MODULES[module.__name__] = (module, opset)
+    return opset

@@ -1,0 +1,318 @@
+// opforge's ops as XLA FFI custom calls: the one handler behind every op of opforge.jax.
+//
+// opforge.jax builds this file on first use against the installed jaxlib's FFI headers
+// (jax.ffi.include_dir(), never a copy of them: the typed FFI is a versioned C ABI, and the
+// library links no part of jaxlib) and registers its handler as the custom-call target
+// "opforge" through jax.ffi.register_ffi_target (see opforge/jax.py and opforge/_jax_native.py).
+//
+// Every op's JAX primitive lowers to a call of that target with
+// - the op's present inputs as operands, in spec order;
+// - one result per output, of the shape and dtype the op's meta rule gave at trace time;
+// - attributes: "opforge.op", the op's number (register() hands it out for an op function of
+//   opforge._C.ops or of an op module), "opforge.inputs", the mask of present inputs, and each
+//   of the op's attrs that has a value under its own name (bool, int64, double, string, or a
+//   dense int64/double array for list attrs).
+//
+// The handler sees XLA's buffers as opforge tensors (zero copy; inputs read-only), offers the
+// result buffers to the op's allocations (runtime/tensor.h's BufferOffer: the op writes its
+// results in place), runs the op's entry and copies a result that was not written in place.
+// opforge's exceptions become FFI errors carrying the op's message (JAX raises them as
+// JaxRuntimeError: INVALID_ARGUMENT / OUT_OF_RANGE / INTERNAL). Nothing may escape the handler.
+//
+// With OPFORGE_JAX_CUDA (the cu130 wheel), a second handler takes XLA's CUDA stream and runs the
+// op on the device its buffers are on, ordered on that stream (registered for platform CUDA).
+#include <Python.h>
+
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/binding.h"
+#include "runtime/device.h"
+#include "runtime/errors.h"
+#include "runtime/tensor.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace {
+
+namespace ffi = xla::ffi;
+using opforge::AttrValue;
+using opforge::DType;
+using opforge::TensorPtr;
+
+constexpr size_t kMaxParams = 16;  // inputs + attrs, and outputs, of one op (as the Python face)
+
+// The ops register() numbered: read by the handler on XLA's threads, appended to under the GIL.
+std::mutex g_lock;
+std::deque<const opforge::binding::OpEntry*> g_ops;
+
+const opforge::binding::OpEntry* op_by_number(int64_t n) {
+  std::lock_guard<std::mutex> guard(g_lock);
+  if (n < 0 || static_cast<uint64_t>(n) >= g_ops.size()) return nullptr;
+  return g_ops[static_cast<size_t>(n)];
+}
+
+bool to_opforge_dtype(ffi::DataType t, DType* out) {
+  switch (t) {
+    case ffi::DataType::PRED: *out = DType::Bool; return true;
+    case ffi::DataType::U8: *out = DType::UInt8; return true;
+    case ffi::DataType::S8: *out = DType::Int8; return true;
+    case ffi::DataType::S16: *out = DType::Int16; return true;
+    case ffi::DataType::S32: *out = DType::Int32; return true;
+    case ffi::DataType::S64: *out = DType::Int64; return true;
+    case ffi::DataType::F16: *out = DType::Float16; return true;
+    case ffi::DataType::BF16: *out = DType::BFloat16; return true;
+    case ffi::DataType::F32: *out = DType::Float32; return true;
+    case ffi::DataType::F64: *out = DType::Float64; return true;
+    default: return false;
+  }
+}
+
+// An error the op's Python function would raise, as an FFI error with the same message.
+ffi::Error error(ffi::ErrorCode code, const std::string& op, const std::string& message) {
+  return ffi::Error(code, "[" + op + "] " + message);
+}
+
+// XLA's buffer as an opforge tensor (no copy; the buffer outlives the call).
+TensorPtr wrap(ffi::AnyBuffer b, DType dtype, opforge::Device device, bool readonly) {
+  auto storage = std::make_shared<opforge::Storage>();
+  const auto dims = b.dimensions();
+  opforge::Shape shape(dims.begin(), dims.end());
+  storage->nbytes = b.size_bytes();
+  storage->data = storage->nbytes ? b.untyped_data() : nullptr;
+  storage->external = true;
+  storage->readonly = readonly;
+  storage->device = device;
+  opforge::Shape strides = opforge::contiguous_strides(shape);
+  return std::make_shared<opforge::Tensor>(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
+}
+
+// One attr of the op from the call's attributes, by the type its spec declares; monostate when
+// the call has none under that name (an optional attr without a value).
+template <typename T>
+bool get(const ffi::Dictionary& attrs, const char* name, T* out) {
+  auto v = attrs.get<T>(name);
+  if (v.has_error()) return false;
+  *out = *v;
+  return true;
+}
+
+bool to_attr(const ffi::Dictionary& attrs, const opforge::AttrInfo& a, AttrValue* out) {
+  const std::string_view type = a.type;
+  if (!attrs.contains(a.name)) {
+    *out = std::monostate{};
+    return true;
+  }
+  if (type == "bool") {
+    bool v;
+    if (!get(attrs, a.name, &v)) return false;
+    *out = v;
+  } else if (type == "int") {
+    int64_t v;
+    if (!get(attrs, a.name, &v)) return false;
+    *out = v;
+  } else if (type == "float") {
+    double v;
+    if (!get(attrs, a.name, &v)) return false;
+    *out = v;
+  } else if (type == "str") {
+    std::string_view v;
+    if (!get(attrs, a.name, &v)) return false;
+    *out = std::string(v);
+  } else if (type == "list[int]") {
+    ffi::Span<const int64_t> v;
+    if (!get(attrs, a.name, &v)) return false;
+    *out = std::vector<int64_t>(v.begin(), v.end());
+  } else if (type == "list[float]") {
+    ffi::Span<const double> v;
+    if (!get(attrs, a.name, &v)) return false;
+    *out = std::vector<double>(v.begin(), v.end());
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Runs the call on device (the host, or the device XLA's buffers are on, ordered on stream).
+ffi::Error run(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs, bool on_device,
+               void* stream) noexcept {
+  std::string name = "opforge";
+  try {
+    int64_t number = -1, mask = 0;
+    if (!get(attrs, "opforge.op", &number) || !get(attrs, "opforge.inputs", &mask)) {
+      return ffi::Error::InvalidArgument("opforge: a call without its opforge.op and opforge.inputs attributes");
+    }
+    const opforge::binding::OpEntry* entry = op_by_number(number);
+    if (entry == nullptr) return ffi::Error::InvalidArgument("opforge: no op numbered " + std::to_string(number));
+    const opforge::OpInfo& info = *entry->info;
+    name = info.name;
+    const size_t n_in = info.inputs.size(), n_out = info.outputs.size();
+    if (n_in + info.attrs.size() > kMaxParams || n_out > kMaxParams || n_out != rets.size()) {
+      return error(ffi::ErrorCode::kInvalidArgument, name,
+                   "the call has " + std::to_string(rets.size()) + " results; the op has " + std::to_string(n_out));
+    }
+    // where the buffers are: the host, or the device a device call's first buffer is on
+    opforge::Device device;
+    if (on_device) {
+      for (size_t k = 0; k < args.size() && device.type == opforge::DeviceType::CPU; ++k) {
+        auto b = args.get<ffi::AnyBuffer>(k);
+        if (b.has_value() && b->size_bytes() > 0) device = opforge::locate_pointer(b->untyped_data());
+      }
+      for (size_t j = 0; j < rets.size() && device.type == opforge::DeviceType::CPU; ++j) {
+        auto r = rets.get<ffi::AnyBuffer>(j);
+        if (r.has_value() && (*r)->size_bytes() > 0) device = opforge::locate_pointer((*r)->untyped_data());
+      }
+    }
+
+    TensorPtr inputs[kMaxParams];
+    size_t given = 0;
+    for (size_t k = 0; k < n_in; ++k) {
+      if (!(mask & (int64_t{1} << k))) continue;
+      auto b = args.get<ffi::AnyBuffer>(given++);
+      if (b.has_error()) return error(ffi::ErrorCode::kInvalidArgument, name, "fewer operands than inputs present");
+      DType dtype;
+      if (!to_opforge_dtype(b->element_type(), &dtype)) {
+        return error(ffi::ErrorCode::kInvalidArgument, name,
+                     std::string("input '") + info.inputs[k].name + "' has a dtype opforge does not have; supported "
+                     "dtypes: bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64");
+      }
+      inputs[k] = wrap(*b, dtype, device, true);
+    }
+    if (given != args.size()) {
+      return error(ffi::ErrorCode::kInvalidArgument, name,
+                   std::to_string(args.size()) + " operands for " + std::to_string(given) + " inputs present");
+    }
+    AttrValue values[kMaxParams];
+    for (size_t a = 0; a < info.attrs.size(); ++a) {
+      if (!to_attr(attrs, info.attrs[a], &values[a])) {
+        return error(ffi::ErrorCode::kInvalidArgument, name,
+                     std::string("attr '") + info.attrs[a].name + "' is not a " + info.attrs[a].type);
+      }
+      if (std::holds_alternative<std::monostate>(values[a]) && info.attrs[a].required) {
+        return error(ffi::ErrorCode::kInvalidArgument, name, std::string("attr '") + info.attrs[a].name + "' is required");
+      }
+    }
+    TensorPtr results[kMaxParams];
+    std::vector<opforge::BufferOffer> offers;
+    offers.reserve(n_out);
+    for (size_t j = 0; j < n_out; ++j) {
+      auto r = rets.get<ffi::AnyBuffer>(j);
+      if (r.has_error()) return r.error();
+      DType dtype;
+      if (!to_opforge_dtype((*r)->element_type(), &dtype)) {
+        return error(ffi::ErrorCode::kInternal, name, "a result of a dtype opforge does not have");
+      }
+      results[j] = wrap(**r, dtype, device, false);
+      if ((*r)->size_bytes() > 0) {
+        offers.push_back(opforge::BufferOffer{(*r)->untyped_data(), dtype, results[j]->shape(), device});
+      }
+    }
+    TensorPtr outputs[kMaxParams];
+    {
+      opforge::StreamScope on_stream(info.name, device, stream);
+      opforge::BufferOfferScope scope(&offers);
+      entry->call(inputs, values, outputs);
+      for (size_t j = 0; j < n_out; ++j) {
+        const opforge::Tensor& got = *outputs[j];
+        const opforge::Tensor& want = *results[j];
+        if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
+          return error(ffi::ErrorCode::kInternal, name,
+                       "output " + std::to_string(j) + " is " + opforge::shape_str(got.shape()) +
+                           ", not the shape and dtype its meta rule gave at trace time " + opforge::shape_str(want.shape()));
+        }
+        if (got.numel() > 0 && got.raw_data() != want.raw_data()) opforge::copy_into(results[j], outputs[j]);
+      }
+    }
+    return ffi::Error::Success();
+  } catch (const opforge::TypeError& e) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
+  } catch (const opforge::ValueError& e) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
+  } catch (const opforge::IndexError& e) {
+    return ffi::Error(ffi::ErrorCode::kOutOfRange, e.what());
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, e.what());
+  } catch (...) {
+    return error(ffi::ErrorCode::kInternal, name, "an unknown exception");
+  }
+}
+
+ffi::Error call_host(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs) {
+  return run(args, rets, attrs, false, nullptr);
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    OpforgeXlaCall, call_host, ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs());
+
+#ifdef OPFORGE_JAX_CUDA
+struct CUstream_st;  // (CUDA's stream type, declared as cuda_runtime.h does: no CUDA headers needed)
+using cudaStream_t = CUstream_st*;
+namespace {
+
+ffi::Error call_cuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs) {
+  return run(args, rets, attrs, true, stream);
+}
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    OpforgeXlaCallCuda, call_cuda,
+    ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().RemainingArgs().RemainingRets().Attrs());
+#endif
+
+// ---------------------------------------------------------------------------- the Python module
+
+namespace {
+
+// register(fn) -> the op's number: fn a function of opforge._C.ops or of an op module.
+PyObject* register_op(PyObject*, PyObject* fn) {
+  const opforge::binding::OpEntry* entry = opforge_op_entry(fn);
+  if (entry == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "opforge.jax: not an opforge op function");
+    return nullptr;
+  }
+  if (entry->info->inputs.size() + entry->info->attrs.size() > kMaxParams || entry->info->outputs.size() > kMaxParams) {
+    PyErr_Format(PyExc_ValueError, "[%s] has more parameters than opforge.jax's handler takes", entry->info->name);
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> guard(g_lock);
+  for (size_t n = 0; n < g_ops.size(); ++n) {
+    if (g_ops[n] == entry) return PyLong_FromSize_t(n);
+  }
+  g_ops.push_back(entry);
+  return PyLong_FromSize_t(g_ops.size() - 1);
+}
+
+// handler(platform) -> a PyCapsule of the handler for "cpu" or "cuda" (jax.ffi.register_ffi_target's).
+PyObject* handler(PyObject*, PyObject* arg) {
+  const char* platform = PyUnicode_AsUTF8(arg);
+  if (platform == nullptr) return nullptr;
+  if (std::strcmp(platform, "cpu") == 0) return PyCapsule_New(reinterpret_cast<void*>(&OpforgeXlaCall), nullptr, nullptr);
+#ifdef OPFORGE_JAX_CUDA
+  if (std::strcmp(platform, "cuda") == 0) {
+    return PyCapsule_New(reinterpret_cast<void*>(&OpforgeXlaCallCuda), nullptr, nullptr);
+  }
+#endif
+  PyErr_Format(PyExc_ValueError, "opforge.jax: no handler for platform '%s' in this build", platform);
+  return nullptr;
+}
+
+PyMethodDef methods[] = {
+    {"register", register_op, METH_O,
+     "register(fn) -> int: the number of fn's op (a function of opforge._C.ops or of an op module) in the "
+     "handler's table, its opforge.op attribute"},
+    {"handler", handler, METH_O, "handler(platform) -> PyCapsule: the FFI handler for 'cpu' or 'cuda'"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "opforge_jax_native",
+                          "opforge's ops as XLA FFI custom calls (built by opforge.jax on first use)", -1, methods,
+                          nullptr, nullptr, nullptr, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit_opforge_jax_native() { return PyModule_Create(&module_def); }
