@@ -279,10 +279,14 @@ class _Op:
 
     # ---- the op
 
-    def abstract(self, *avals: Any, attrs: tuple[Any, ...], present: tuple[bool, ...]) -> list[Any]:
+    def _metas(self, avals: Sequence[Any], attrs: tuple[Any, ...], present: tuple[bool, ...]) -> tuple[Any, int]:
+        """The op's meta rule on the avals: [(shape, opforge dtype)] per output, and the mask of
+        inputs JAX gives as int32 where the op takes int64 (without 64-bit types JAX has no int64:
+        the handler widens them)."""
         op = self.op
         stand_ins = []
-        for inp, a in zip(op.inputs, _expand(present, avals)):
+        widen = 0
+        for k, (inp, a) in enumerate(zip(op.inputs, _expand(present, avals))):
             if a is None:
                 stand_ins.append(None)
                 continue
@@ -290,13 +294,26 @@ class _Op:
             if name is None:
                 raise TypeError(f"[{op.name}] input '{inp.name}' has dtype {a.dtype}, which opforge does not have; "
                                 f"supported dtypes: {', '.join(_DTYPES)}")
+            if name == "int32" and inp.dtype == "int64" and not jax.config.jax_enable_x64:
+                name = "int64"
+                widen |= 1 << k
             stand_ins.append(_C._meta_tensor(list(a.shape), name))
         metas = self.meta(*stand_ins, *(_meta_value(v) for v in attrs))  # raises what an eager call would
-        return [jax.core.ShapedArray(tuple(shape), _DTYPES[dtype]) for shape, dtype in metas]
+        return metas, widen
+
+    def abstract(self, *avals: Any, attrs: tuple[Any, ...], present: tuple[bool, ...]) -> list[Any]:
+        metas, _ = self._metas(avals, attrs, present)
+        # (JAX without 64-bit types holds an int64 result as int32: the handler narrows it)
+        return [jax.core.ShapedArray(tuple(shape), jax.dtypes.canonicalize_dtype(_DTYPES[dtype]))
+                for shape, dtype in metas]
 
     def lowering(self, ctx: Any, *args: Any, attrs: tuple[Any, ...], present: tuple[bool, ...]) -> Any:
+        metas, widen = self._metas(ctx.avals_in, attrs, present)
+        narrow = sum(1 << j for j, ((_, dtype), a) in enumerate(zip(metas, ctx.avals_out))
+                     if _DTYPES[dtype] != np.dtype(a.dtype))
         params: dict[str, Any] = {"opforge.op": self.number,
-                                  "opforge.inputs": sum(1 << k for k, p in enumerate(present) if p)}
+                                  "opforge.inputs": sum(1 << k for k, p in enumerate(present) if p),
+                                  "opforge.widen": widen, "opforge.narrow": narrow}
         for attr, v in zip(self.op.attrs, attrs):
             if v is not None:
                 params[attr.name] = _ffi_attr(attr, v)
@@ -497,12 +514,14 @@ class OpSet:
         fns: dict[str, Callable[..., Any]] = dict(extern or {})
         self.F = SimpleNamespace()
         self.primitives: dict[str, Primitive] = {}
+        self._ops: dict[str, _Op] = {}
         for op in table.values():
             if op.composite is not None and op.bprop is None:  # (a formula over the other ops)
                 fns[op.name] = _composite(op, self.F)
             else:
                 o = _Op(op, getattr(kernels, op.name), getattr(metas, op.name), prefix, self.F)
                 self.primitives[op.name] = o.prim
+                self._ops[op.name] = o
                 fns[op.name] = _public(o)
         self.F.__dict__.update(fns)
         self.ops = SimpleNamespace(**{name: fns[name] for name in table})

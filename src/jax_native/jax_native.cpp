@@ -9,9 +9,11 @@
 // - the op's present inputs as operands, in spec order;
 // - one result per output, of the shape and dtype the op's meta rule gave at trace time;
 // - attributes: "opforge.op", the op's number (register() hands it out for an op function of
-//   opforge._C.ops or of an op module), "opforge.inputs", the mask of present inputs, and each
-//   of the op's attrs that has a value under its own name (bool, int64, double, string, or a
-//   dense int64/double array for list attrs).
+//   opforge._C.ops or of an op module), "opforge.inputs", the mask of present inputs,
+//   "opforge.widen" and "opforge.narrow", the masks of inputs given as int32 where the op takes
+//   int64 and of 64-bit outputs JAX holds in 32 bits (JAX without 64-bit types: they are
+//   converted here), and each of the op's attrs that has a value under its own name (bool, int64, double,
+//   string, or a dense int64/double array for list attrs).
 //
 // The handler sees XLA's buffers as opforge tensors (zero copy; inputs read-only), offers the
 // result buffers to the op's allocations (runtime/tensor.h's BufferOffer: the op writes its
@@ -142,9 +144,10 @@ ffi::Error run(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary
                void* stream) noexcept {
   std::string name = "opforge";
   try {
-    int64_t number = -1, mask = 0;
-    if (!get(attrs, "opforge.op", &number) || !get(attrs, "opforge.inputs", &mask)) {
-      return ffi::Error::InvalidArgument("opforge: a call without its opforge.op and opforge.inputs attributes");
+    int64_t number = -1, mask = 0, widen = 0, narrow = 0;
+    if (!get(attrs, "opforge.op", &number) || !get(attrs, "opforge.inputs", &mask) ||
+        !get(attrs, "opforge.widen", &widen) || !get(attrs, "opforge.narrow", &narrow)) {
+      return ffi::Error::InvalidArgument("opforge: a call without its opforge.* attributes");
     }
     const opforge::binding::OpEntry* entry = op_by_number(number);
     if (entry == nullptr) return ffi::Error::InvalidArgument("opforge: no op numbered " + std::to_string(number));
@@ -181,6 +184,11 @@ ffi::Error run(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary
                      "dtypes: bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64");
       }
       inputs[k] = wrap(*b, dtype, device, true);
+      if (widen & (int64_t{1} << k)) {  // (an int32 array where the op takes int64: JAX without x64)
+        TensorPtr wide = opforge::empty(DType::Int64, inputs[k]->shape(), opforge::Format::Default, device);
+        opforge::copy_into(wide, inputs[k]);
+        inputs[k] = std::move(wide);
+      }
     }
     if (given != args.size()) {
       return error(ffi::ErrorCode::kInvalidArgument, name,
@@ -207,7 +215,7 @@ ffi::Error run(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary
         return error(ffi::ErrorCode::kInternal, name, "a result of a dtype opforge does not have");
       }
       results[j] = wrap(**r, dtype, device, false);
-      if ((*r)->size_bytes() > 0) {
+      if ((*r)->size_bytes() > 0 && !(narrow & (int64_t{1} << j))) {
         offers.push_back(opforge::BufferOffer{(*r)->untyped_data(), dtype, results[j]->shape(), device});
       }
     }
@@ -219,7 +227,10 @@ ffi::Error run(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary
       for (size_t j = 0; j < n_out; ++j) {
         const opforge::Tensor& got = *outputs[j];
         const opforge::Tensor& want = *results[j];
-        if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
+        // (a narrowed result: the op's int64 or float64 written into JAX's 32-bit array, as JAX
+        // without 64-bit types holds it; copy_into converts)
+        const bool narrowed = (narrow & (int64_t{1} << j)) != 0;
+        if (got.shape() != want.shape() || (got.dtype() != want.dtype() && !narrowed)) {
           return error(ffi::ErrorCode::kInternal, name,
                        "output " + std::to_string(j) + " is " + opforge::shape_str(got.shape()) +
                            ", not the shape and dtype its meta rule gave at trace time " + opforge::shape_str(want.shape()));

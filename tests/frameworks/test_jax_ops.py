@@ -1,0 +1,334 @@
+"""opforge.jax: every op as a JAX operation, checked with JAX's own tools on inputs from its spec.
+
+For each spec'd op and each of its test cases: the op under ``jax.jit`` matches the spec's NumPy
+reference in every dtype it has; ``jax.test_util.check_grads`` passes in reverse mode (and forward
+mode: every shipped op has a jvp) to order 2 for ops with differentiable inputs; ``jax.vmap``
+equals a loop over the batch. Then the seeds' examples, bad input, op modules.
+
+JAX 0.10 needs NumPy 2 (MindSpore NumPy 1): these tests run in their own environment, ``nox -s
+jax`` (noxfile.py), and skip elsewhere, saying so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason='JAX is not installed (pip install "opforge[jax]"; `nox -s jax` runs these)')
+jax.config.update("jax_enable_x64", True)  # (the float64 and int64 rows; the example runs without)
+
+import jax.numpy as jnp  # noqa: E402
+from jax.test_util import check_grads  # noqa: E402
+
+import opforge  # noqa: E402
+from opforge import _formulas  # noqa: E402
+import opforge.jax as oj  # noqa: E402
+from cases import Case, cases, make_data, reference, tolerance, widest_cases  # noqa: E402
+
+CASES = cases()
+WIDEST = widest_cases()
+GRAD_CASES = [c for c in WIDEST if c.dtype == "float64" and any(i.differentiable for i in c.op.inputs)]
+VMAP_CASES = [c for c in WIDEST if any(s for s in c.shapes if s is not None)]
+
+
+def jax_inputs(case: Case, data: list[Any]) -> list[Any]:
+    out = []
+    for inp, a in zip(case.op.inputs, data):
+        if a is None:
+            out.append(None)
+            continue
+        dtype = case.dtype if inp.dtype in dict(case.op.typevars) else inp.dtype
+        out.append(jnp.asarray(np.asarray(a).astype(jnp.bfloat16 if dtype == "bfloat16" else dtype)))
+    return out
+
+
+def as_tuple(x: Any) -> tuple[Any, ...]:
+    return x if isinstance(x, tuple) else (x,)
+
+
+def test_every_op_is_a_jax_function() -> None:
+    assert set(vars(oj.ops)) == set(_formulas.OPS)
+    # ops with kernels are primitives lowering to the one FFI target; square is a formula over them
+    assert set(oj._OWN.primitives) == {n for n, o in _formulas.OPS.items() if not (o.composite and o.bprop is None)}
+    jaxpr = jax.make_jaxpr(lambda x: oj.ops.tanh(oj.ops.mul(x, x)))(jnp.ones(3))
+    assert [e.primitive.name for e in jaxpr.eqns] == ["jit", "jit"]  # (each op call: a cached jit)
+    assert "opforge.mul" in str(jaxpr) and "opforge.tanh" in str(jaxpr)
+    text = jax.jit(lambda x: oj.ops.tanh(x)).lower(jnp.ones(3)).as_text()
+    assert "stablehlo.custom_call @opforge" in text and "opforge.op" in text
+
+
+def test_cases_cover_every_op() -> None:
+    assert {c.op.name for c in CASES} == set(_formulas.OPS)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_jit_matches_reference(case: Case, rng) -> None:
+    data = make_data(case.op, case.dtype, case.shapes, rng)
+    op = getattr(oj.ops, case.op.name)
+    outs = as_tuple(jax.jit(lambda *xs: op(*xs, **case.attrs))(*jax_inputs(case, data)))
+    refs = reference(case.op, data, case.attrs)
+    rtol, atol = tolerance(case.op, case.dtype)
+    assert len(outs) == len(refs)
+    for o, r, spec in zip(outs, refs, case.op.outputs):
+        assert isinstance(o, jax.Array)
+        expected = case.dtype if spec.dtype in dict(case.op.typevars) else spec.dtype
+        assert str(o.dtype) == expected, spec.name
+        r = np.asarray(r)
+        assert o.shape == r.shape, spec.name
+        if jnp.issubdtype(o.dtype, jnp.floating):
+            np.testing.assert_allclose(np.asarray(o, np.float64), r, rtol=rtol, atol=atol, err_msg=spec.name)
+        else:
+            np.testing.assert_array_equal(np.asarray(o), r.astype(np.asarray(o).dtype), err_msg=spec.name)
+
+
+def differentiable_fn(case: Case, args: list[Any]) -> tuple[Any, tuple[Any, ...]]:
+    """The op as a function of its present differentiable inputs (the others fixed), returning its
+    floating outputs only (integer outputs, indices, have no derivative)."""
+    slots = [k for k, (inp, a) in enumerate(zip(case.op.inputs, args)) if inp.differentiable and a is not None]
+    op = getattr(oj.ops, case.op.name)
+
+    def fn(*diff: Any) -> Any:
+        full = list(args)
+        for k, t in zip(slots, diff):
+            full[k] = t
+        outs = tuple(o for o in as_tuple(op(*full, **case.attrs)) if jnp.issubdtype(o.dtype, jnp.floating))
+        return outs[0] if len(outs) == 1 else outs
+
+    return fn, tuple(args[k] for k in slots)
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: c.id)
+def test_check_grads_to_order_two(case: Case, rng) -> None:
+    """Reverse mode (the spec's bprop) and forward mode (its jvp), and each differentiated again,
+    against finite differences."""
+    data = make_data(case.op, case.dtype, case.shapes, rng)
+    fn, inputs = differentiable_fn(case, jax_inputs(case, data))
+    rtol, atol = case.op.tests.grad_tolerance or (1e-3, 1e-5)
+    modes = ("rev", "fwd") if case.op.jvp is not None else ("rev",)
+    check_grads(fn, inputs, order=2, modes=modes, atol=max(atol, 1e-5), rtol=max(rtol, 1e-3), eps=1e-5)
+
+
+@pytest.mark.parametrize("in_dim", [0, 1])
+@pytest.mark.parametrize("case", VMAP_CASES, ids=lambda c: c.id)
+def test_vmap_equals_the_loop(case: Case, in_dim: int) -> None:
+    samples = [jax_inputs(case, make_data(case.op, case.dtype, case.shapes, np.random.default_rng(s)))
+               for s in range(3)]
+    dims = [None if t is None else min(in_dim, t.ndim) for t in samples[0]]
+    batched = [None if d is None else jnp.stack([s[k] for s in samples], axis=d) for k, d in enumerate(dims)]
+    op = getattr(oj.ops, case.op.name)
+    present = [k for k, t in enumerate(batched) if t is not None]
+
+    def call(*xs: Any) -> Any:
+        full: list[Any] = [None] * len(batched)
+        for k, x in zip(present, xs):
+            full[k] = x
+        return op(*full, **case.attrs)
+
+    got = jax.vmap(call, in_axes=tuple(dims[k] for k in present))(*(batched[k] for k in present))
+    expected = [as_tuple(call(*(s[k] for k in present))) for s in samples]
+    for j, g in enumerate(as_tuple(got)):
+        np.testing.assert_allclose(np.asarray(g, np.float64), np.stack([np.asarray(e[j], np.float64) for e in expected]),
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_vmap_of_an_elementwise_op_is_one_call() -> None:
+    """Elementwise ops batch in one call (the batch axes moved first and padded); others too where
+    their axis attrs allow; the rest loop (jax.lax.map)."""
+    x, y = jnp.ones((5, 3)), jnp.ones((3, 1))
+    jaxpr = jax.make_jaxpr(jax.vmap(lambda a: oj.ops.mul(a, y)))(x)
+    assert "opforge.mul" in str(jaxpr) and "scan" not in str(jaxpr)
+    assert jax.vmap(lambda a: oj.ops.mul(a, y))(x).shape == (5, 3, 3)
+    jaxpr = jax.make_jaxpr(jax.vmap(lambda a: oj.ops.softmax(a, axis=0)))(jnp.ones((5, 3, 4)))
+    assert "scan" not in str(jaxpr)
+
+
+def test_jit_compiles_once_per_shape_and_attrs() -> None:
+    op = oj._OWN.ops.leaky_relu
+    traced = []
+    real = oj._OWN._ops["leaky_relu"].meta
+    oj._OWN._ops["leaky_relu"].meta = lambda *a: traced.append(a) or real(*a)
+    try:
+        x = jnp.arange(4.0)
+        for _ in range(3):
+            op(x, alpha=0.5)
+        assert len(traced) == 2  # (the trace's abstract eval and the lowering: once)
+        op(x + 1, alpha=0.5)
+        assert len(traced) == 2
+        op(x, alpha=0.25)  # a new attr value: a new compile
+        assert len(traced) == 4
+        op(jnp.arange(5.0), alpha=0.25)  # a new shape
+        assert len(traced) == 6
+    finally:
+        oj._OWN._ops["leaky_relu"].meta = real
+
+
+# ---------------------------------------------------------------------------- the seeds
+
+
+def test_seed_000_network_value_and_grad_in_jax() -> None:
+    """MyNet: z = mul(x, y); out = mul(z, p) with weight p = 2.0, x = 2, y = 3: gradients with
+    respect to the inputs and the parameter."""
+    def net(x: Any, y: Any, p: Any) -> Any:
+        return oj.ops.mul(oj.ops.mul(x, y), p)
+
+    out, grads = jax.value_and_grad(net, argnums=(0, 1, 2))(jnp.float32(2.0), jnp.float32(3.0), jnp.float32(2.0))
+    assert out.dtype == jnp.float32 and out.shape == () and float(out) == 12.0
+    assert [float(g) for g in grads] == [6.0, 4.0, 6.0]
+
+
+def test_seed_002_square_grad_in_jax() -> None:
+    x = jnp.array([1.0, 4.0, 9.0], jnp.float32)
+    np.testing.assert_array_equal(jax.grad(lambda t: oj.ops.sum(oj.ops.square(t)))(x), [2.0, 8.0, 18.0])
+    np.testing.assert_array_equal(jax.jit(jax.grad(lambda t: oj.ops.sum(oj.ops.square(t))))(x), [2.0, 8.0, 18.0])
+
+
+def test_seed_000_broadcast_gradient_reduced_to_the_input_shape() -> None:
+    gx, gy = jax.grad(lambda x, y: oj.ops.sum(oj.ops.mul(x, y)), argnums=(0, 1))(
+        jnp.ones((2, 3), jnp.float32), jnp.array([1.0, 2.0, 3.0], jnp.float32))
+    assert gx.shape == (2, 3) and gy.shape == (3,)
+    np.testing.assert_array_equal(gy, [2.0, 2.0, 2.0])
+
+
+def test_hessian_jacfwd_jacrev_and_linearize_agree_with_jnp() -> None:
+    x = jnp.linspace(-1.0, 1.0, 5)
+
+    def f(a: Any) -> Any:
+        return oj.ops.sum(oj.ops.mul(oj.ops.tanh(a), oj.ops.exp(a)))
+
+    def g(a: Any) -> Any:
+        return jnp.sum(jnp.tanh(a) * jnp.exp(a))
+
+    for transform in (jax.grad, jax.hessian, jax.jacfwd, jax.jacrev, lambda h: jax.jacrev(jax.jacfwd(h))):
+        np.testing.assert_allclose(transform(f)(x), transform(g)(x), rtol=1e-12, atol=1e-12)
+    xs = jnp.stack([x, 2 * x])
+    np.testing.assert_allclose(jax.jit(jax.vmap(jax.hessian(f)))(xs), jax.vmap(jax.hessian(g))(xs), rtol=1e-12,
+                               atol=1e-12)
+    _, lin = jax.linearize(f, x)
+    _, lin_ref = jax.linearize(g, x)
+    np.testing.assert_allclose(lin(jnp.ones(5)), lin_ref(jnp.ones(5)), rtol=1e-12)
+
+
+def test_multi_output_op_gradients_flow_through_every_output() -> None:
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 4)))
+
+    def f(a: Any) -> Any:
+        y, mean, rstd = oj.ops.layer_norm(a)
+        return oj.ops.sum(y * y) + oj.ops.sum(mean) + oj.ops.sum(rstd)
+
+    def g(a: Any) -> Any:
+        mean = a.mean(-1, keepdims=True)
+        var = ((a - mean) ** 2).mean(-1, keepdims=True)
+        rstd = 1 / jnp.sqrt(var + 1e-5)
+        return jnp.sum(((a - mean) * rstd) ** 2) + jnp.sum(mean) + jnp.sum(rstd)
+
+    np.testing.assert_allclose(jax.grad(f)(x), jax.grad(g)(x), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(jax.jvp(f, (x,), (x,))[1], jax.jvp(g, (x,), (x,))[1], rtol=1e-10)
+
+
+def test_int32_indices_without_x64() -> None:
+    """JAX without 64-bit types has no int64: int64 inputs take its int32 arrays (widened in the
+    handler) and int64 results come back as int32."""
+    script = """
+import jax, jax.numpy as jnp, numpy as np
+import opforge.jax as oj
+logits = jnp.asarray(np.random.default_rng(0).standard_normal((4, 3)), jnp.float32)
+labels = jnp.array([0, 2, 1, 2])
+assert labels.dtype == jnp.int32
+loss = oj.ops.cross_entropy(logits, labels)
+ref = -jax.nn.log_softmax(logits)[jnp.arange(4), labels].mean()
+np.testing.assert_allclose(loss, ref, rtol=1e-6)
+g = jax.grad(lambda l: oj.ops.cross_entropy(l, labels))(logits)
+np.testing.assert_allclose(g, jax.grad(lambda l: -jax.nn.log_softmax(l)[jnp.arange(4), labels].mean())(logits), atol=1e-6)
+v, i = oj.ops.max(logits, axis=1)
+assert i.dtype == jnp.int32 and (np.asarray(i) == np.asarray(logits).argmax(1)).all(), i
+e = oj.ops.embedding(i, logits)
+np.testing.assert_array_equal(e, np.asarray(logits)[np.asarray(i)])
+print("ok")
+"""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+def test_bad_calls_raise_naming_the_op_at_trace_time() -> None:
+    x = jnp.ones((2, 3))
+    with pytest.raises(TypeError, match=r"\[mul\] input 'x' has dtype complex64, which opforge does not have; "
+                                        r"supported dtypes: bool, uint8"):
+        oj.ops.mul(jnp.ones(3, jnp.complex64), jnp.ones(3, jnp.complex64))
+    with pytest.raises(TypeError, match=r"\[tanh\]"):  # (a dtype the op's rows do not list)
+        oj.ops.tanh(jnp.ones(3, jnp.int32))
+    with pytest.raises(ValueError, match=r"\[mul\]"):
+        jax.jit(oj.ops.mul)(x, jnp.ones(4))
+    with pytest.raises(TypeError, match=r"\[leaky_relu\] attr 'alpha' must be a float, got str"):
+        oj.ops.leaky_relu(x, alpha="0.1")
+    with pytest.raises(TypeError, match=r"\[leaky_relu\] attr 'alpha' must be a float, got bool"):
+        oj.ops.leaky_relu(x, alpha=True)  # (not taken for 1.0: jit would cache it as equal)
+    with pytest.raises(ValueError, match=r"\[cross_entropy\]"):
+        oj.ops.cross_entropy(x, jnp.array([0, 1]), reduction="average")
+    with pytest.raises(TypeError, match=r"\[mul\] got an unexpected keyword argument 'z'"):
+        oj.ops.mul(x, x, z=1)
+    with pytest.raises(TypeError, match=r"\[mul\] missing input 'y'"):
+        oj.ops.mul(x)
+
+
+def test_indices_out_of_range_raise_naming_the_op_without_reading_out_of_bounds() -> None:
+    table = jnp.ones((4, 2))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"OUT_OF_RANGE: \[embedding\]"):
+        jax.block_until_ready(oj.ops.embedding(jnp.array([0, 4]), table))
+    logits = jnp.ones((2, 3))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"\[cross_entropy\]"):
+        jax.block_until_ready(jax.jit(oj.ops.cross_entropy)(logits, jnp.array([0, -1])))
+    # the process goes on
+    np.testing.assert_array_equal(oj.ops.embedding(jnp.array([3]), table), [[1.0, 1.0]])
+
+
+def test_register_module_ops_with_gradients_and_no_forward_mode(tmp_path: Any) -> None:
+    (tmp_path / "jx_softplus.yaml").write_text("""
+jx_softplus:
+  doc: Softplus log(1 + exp(beta * x)) / beta.
+  inputs:
+    x: T
+  attrs:
+    beta: {type: float, default: 1.0}
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float32, float64]
+  impl:
+    expr: log1p(exp(beta * x)) / beta
+  bprop:
+    x: dout * sigmoid(beta * x)
+""")
+    (tmp_path / "jx_rowscale.yaml").write_text("""
+jx_rowscale:
+  doc: x times the sum of x (a non-elementwise op without a jvp).
+  inputs:
+    x: float64
+  outputs:
+    out: {dtype: float64, shape: same(x)}
+  impl:
+    composite: x * sum(x, keepdims=True)
+  bprop:
+    x: dout * sum(x, keepdims=True) + sum(dout * x, keepdims=True)
+""")
+    m = opforge.load("jx_mod", sorted(tmp_path.glob("*.yaml")), build_dir=tmp_path / "cache")
+    s = oj.register_module(m)
+    assert oj.register_module(m) is s
+    x = jnp.array([[-2.0, 0.5, 3.0], [1.0, -1.0, 0.0]])
+    sp = np.log1p(np.exp(2.0 * np.asarray(x))) / 2.0
+    np.testing.assert_allclose(jax.jit(lambda a: s.ops.jx_softplus(a, beta=2.0))(x), sp, rtol=1e-12)
+    # its bprop calls opforge's sigmoid; check_grads differentiates that again
+    check_grads(lambda a: s.ops.jx_softplus(a, beta=2.0), (x,), order=2, modes=("rev", "fwd"))
+    ones = jnp.ones(3)
+    np.testing.assert_allclose(jax.grad(lambda a: oj.ops.sum(s.ops.jx_rowscale(a)))(ones), np.full(3, 6.0))
+    with pytest.raises(NotImplementedError, match=r"\[jx_rowscale\] has no forward-mode derivative"):
+        jax.jvp(s.ops.jx_rowscale, (ones,), (ones,))
+    with pytest.raises(TypeError, match=r"is not an opforge op module"):
+        oj.register_module(np)
