@@ -382,5 +382,56 @@ def mindspore_ops() -> list[dict]:
     return rows
 
 
+def jax_ops() -> list[dict]:
+    """opforge.jax ops vs a hand-written jax.ffi op calling the same kernel (benchmarks/jax_peers.py)
+    vs jax.numpy, under jax.jit, one process; and examples/jax_mlp.py's training step (784 -> 512
+    -> 10) with opforge ops vs the same model in jax.numpy."""
+    import jax
+    import jax.numpy as jnp
+    import jax_peers as peer
+
+    import opforge.jax as oj
+
+    sys_path_examples()
+    from jax_mlp import init, jnp_loss, loss_fn, sgd_step
+
+    rows = []
+
+    def add(name: str, ours: float, hand: Optional[float], builtin: float, target: str, met: bool) -> None:
+        rows.append({"group": "jax", "table": "jax", "name": name, "opforge": ours, "custom_op": hand,
+                     "builtin": builtin, "target": target, "met": met})
+
+    for n in (8, 65536):
+        x = jnp.asarray(np.random.default_rng(0).standard_normal(n).astype(np.float32))
+        y = jnp.asarray(np.random.default_rng(1).standard_normal(n).astype(np.float32))
+        ours, hand, builtin = jax.jit(oj.ops.mul), jax.jit(peer.mul), jax.jit(jnp.multiply)
+        t = paired([lambda: ours(x, y).block_until_ready(), lambda: hand(x, y).block_until_ready(),
+                    lambda: builtin(x, y).block_until_ready()], 0.2)
+        add(f"mul under jax.jit, {n} elements", t[0], t[1], t[2], "≤ 1.0× jax.ffi by hand", t[0] <= t[1])
+    x8 = jnp.ones(8, jnp.float32)
+    t = paired([lambda: oj.ops.mul(x8, x8).block_until_ready(), lambda: jnp.multiply(x8, x8).block_until_ready()], 0.2)
+    add("mul called eagerly (opforge.jax.ops.mul, jnp.multiply), 8 elements", t[0], None, t[1], "", None)
+    for batch in (64, 1024):
+        rng = np.random.default_rng(0)
+        xb = jnp.asarray(rng.standard_normal((batch, 784)).astype(np.float32))
+        labels = jnp.asarray(rng.integers(0, 10, batch).astype(np.int32))
+        p_of, p_ref = init(784, 512, 10), init(784, 512, 10)
+        ours, builtin = sgd_step(loss_fn, 0.1), sgd_step(jnp_loss, 0.1)
+        t = paired([lambda: jax.block_until_ready(ours(p_of, xb, labels)),
+                    lambda: jax.block_until_ready(builtin(p_ref, xb, labels))], 0.5, 7)
+        add(f"MLP training step (examples/jax_mlp.py, 784-512-10, SGD in jax.jit), batch {batch}", t[0], None, t[1],
+            "≤ 1.2× jax.numpy", t[0] <= 1.2 * t[1])
+    return rows
+
+
+def sys_path_examples() -> None:
+    import sys
+    from pathlib import Path
+
+    examples = str(Path(__file__).resolve().parent.parent / "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+
+
 def run(name: str) -> list[dict]:
     return globals()[name]()

@@ -23,6 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 GROUPS = ["call", "autograd", "mul", "vector_math", "norms", "matmul", "mlp", "torch_ops", "mindspore_ops"]
+# (needs JAX, so NumPy 2, not MindSpore: run alone, --groups jax_ops --out benchmarks/results/cpu-jax.md)
+OTHER_GROUPS = ["jax_ops"]
 
 
 def machine() -> str:
@@ -39,8 +41,14 @@ def machine() -> str:
 
     import opforge
 
+    try:  # (in a NumPy 2 environment)
+        import jax
+
+        jax_version = f", JAX {jax.__version__}"
+    except ImportError:
+        jax_version = ""
     return (f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; Python "
-            f"{platform.python_version()}, NumPy {numpy.__version__}, torch {torch.__version__}, "
+            f"{platform.python_version()}, NumPy {numpy.__version__}, torch {torch.__version__}{jax_version}, "
             f"opforge {getattr(opforge, '__version__', '?')} ({opforge.backend})")
 
 
@@ -74,7 +82,8 @@ def _framework_table(rows: list[dict], title: str, intro: str, heads: tuple[str,
     for r in rows:
         o, c, b = r["opforge"], r["custom_op"], r["builtin"]
         met = "" if r.get("met") is None else ("yes" if r["met"] else "**no**")
-        lines.append(f"| {r['name']} | {fmt_time(o)} | {fmt_time(c)} | {fmt_time(b)} | {o / c:.2f} | "
+        vs_peer = f"{o / c:.2f}" if c else ""
+        lines.append(f"| {r['name']} | {fmt_time(o)} | {fmt_time(c) if c else ''} | {fmt_time(b)} | {vs_peer} | "
                      f"{o / b:.2f} | {r['target']} | {met} |")
     return lines
 
@@ -88,7 +97,8 @@ def render(rows: list[dict], threads: int) -> str:
     notes = []
     torch_rows = [r for r in rows if r.get("table") == "torch"]
     ms_rows = [r for r in rows if r.get("table") == "mindspore"]
-    rows = [r for r in rows if r.get("table") not in ("torch", "mindspore")]
+    jax_rows = [r for r in rows if r.get("table") == "jax"]
+    rows = [r for r in rows if r.get("table") not in ("torch", "mindspore", "jax")]
     for r in rows:
         if "opforge" not in r:
             lines.append(f"| {r['group']} | {r['name']} | n/a | | | | | | |")
@@ -122,12 +132,20 @@ def render(rows: list[dict], threads: int) -> str:
         "bprop and float32-only kernel (`benchmarks/ms_peers.py`), and against MindSpore's built-in "
         "op; PyNative mode with `ms.runtime.launch_blocking()`, same process.",
         ("opforge.mindspore", "aot Custom by hand", "MindSpore built-in", "aot Custom"))
+    lines += _framework_table(
+        jax_rows, "## opforge ops inside JAX (opforge.jax)",
+        "opforge.jax's ops (a primitive per op lowering to the generic `opforge` XLA FFI target) "
+        "against a hand-written typed `jax.ffi` handler for float32 mul calling the same opforge "
+        "kernel (`benchmarks/jax_peers.py`), and against jax.numpy; each call under `jax.jit` and "
+        "waited for (`block_until_ready`); the training step is examples/jax_mlp.py's against the "
+        "same model in jax.numpy (`jnp_loss`), same process.",
+        ("opforge.jax", "jax.ffi by hand", "jax.numpy", "jax.ffi"))
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated, of {', '.join(GROUPS)}")
+    p.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated, of {', '.join(GROUPS + OTHER_GROUPS)}")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--out", type=Path, default=ROOT / "results" / "cpu.md")
     args = p.parse_args()

@@ -284,7 +284,7 @@ class _Op:
         inputs JAX gives as int32 where the op takes int64 (without 64-bit types JAX has no int64:
         the handler widens them)."""
         op = self.op
-        stand_ins = []
+        stand_ins: list[Any] = []
         widen = 0
         for k, (inp, a) in enumerate(zip(op.inputs, _expand(present, avals))):
             if a is None:

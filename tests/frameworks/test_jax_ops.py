@@ -332,3 +332,20 @@ jx_rowscale:
         jax.jvp(s.ops.jx_rowscale, (ones,), (ones,))
     with pytest.raises(TypeError, match=r"is not an opforge op module"):
         oj.register_module(np)
+
+
+def test_a_pyfunc_op_runs_on_xlas_thread_and_takes_the_gil(tmp_path: Any, monkeypatch: Any) -> None:
+    """A pyfunc op's kernel is a Python function: the handler, on XLA's thread, takes the GIL for
+    it (JAX releases it while the computation runs), eagerly and under jit and grad."""
+    import shutil
+
+    from conftest import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests"))  # (pyfunc_helpers, the module the spec names)
+    shutil.copy(ROOT / "tests" / "codegen" / "fixtures" / "np_softplus.yaml", tmp_path)
+    m = opforge.load("jx_pyfunc", [tmp_path / "np_softplus.yaml"], build_dir=tmp_path / "cache")
+    s = oj.register_module(m)
+    x = jnp.linspace(-1.0, 1.0, 5, dtype=jnp.float32)
+    np.testing.assert_allclose(s.ops.np_softplus(x), np.log1p(np.exp(np.asarray(x))), rtol=1e-6)
+    g = jax.jit(jax.grad(lambda a: oj.ops.sum(s.ops.np_softplus(a))))(x)
+    np.testing.assert_allclose(g, 1 / (1 + np.exp(-np.asarray(x))), rtol=1e-6)
