@@ -48,4 +48,5 @@ def tests(session: nox.Session) -> None:
 def jax(session: nox.Session) -> None:
     """opforge.jax's tests, with JAX (NumPy 2)."""
     session.install(f"{wheel(session)}[jax]", "pytest>=8", "pytest-xdist")
-    session.run("python", "-m", "pytest", *glob.glob(JAX_TESTS), *session.posargs)
+    # (test by test over the workers: two files, most of the time in one)
+    session.run("python", "-m", "pytest", "--dist", "load", *sorted(glob.glob(JAX_TESTS)), *session.posargs)

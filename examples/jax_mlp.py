@@ -78,7 +78,7 @@ def spirals(n_per_class: int, classes: int = 3, seed: int = 0, dtype: Any = np.f
     for c in range(classes):
         theta = 4.0 * r + 2 * math.pi * c / classes + 0.2 * rng.standard_normal(n_per_class)
         xs.append(np.stack([r * np.sin(theta), r * np.cos(theta)], axis=1))
-        ys.append(np.full(n_per_class, c, np.int32))
+        ys.append(np.full(n_per_class, c, np.int64))  # (int32 in JAX without x64)
     return jnp.asarray(np.concatenate(xs), dtype), jnp.asarray(np.concatenate(ys))
 
 
