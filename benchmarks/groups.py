@@ -263,7 +263,8 @@ def mlp() -> list[dict]:
             topt.step()
             topt.zero_grad()
 
-        # opforge: the same model, with opforge.optim.SGD (a fused in-place step per parameter)
+        # opforge: the same model, with opforge.optim.SGD (its fused in-place step, one foreach call
+        # over every parameter)
         oparams = [opforge.tensor(a, requires_grad=True) for w, b in init for a in (w, b)]
         ox, oy = opforge.from_numpy(x_np), opforge.from_numpy(y_np)
         oopt = opforge.optim.SGD(oparams, lr=lr)

@@ -41,7 +41,9 @@ def _flags() -> tuple[list[str], list[str]]:
 
 def load() -> ModuleType:
     """The handler's module (built on first use); BuildError or ImportError when it cannot be."""
+    import importlib.metadata
+
     import jaxlib
 
     cflags, ldflags = _flags()
-    return _EXTENSION.load(cflags, ldflags, (jaxlib.__version__, str(Path(jaxlib.__file__).parent)))
+    return _EXTENSION.load(cflags, ldflags, (importlib.metadata.version("jaxlib"), str(Path(jaxlib.__file__).parent)))

@@ -294,7 +294,7 @@ class _Op:
             if name is None:
                 raise TypeError(f"[{op.name}] input '{inp.name}' has dtype {a.dtype}, which opforge does not have; "
                                 f"supported dtypes: {', '.join(_DTYPES)}")
-            if name == "int32" and inp.dtype == "int64" and not jax.config.jax_enable_x64:
+            if name == "int32" and inp.dtype == "int64" and not getattr(jax.config, "jax_enable_x64"):
                 name = "int64"
                 widen |= 1 << k
             stand_ins.append(_C._meta_tensor(list(a.shape), name))
@@ -473,7 +473,8 @@ class _Op:
     def tangent_jvp(self, primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tuple[Any, Any]:
         """Second order: the jvp formula differentiated (it is made of these same ops)."""
         tangents = [ad.instantiate_zeros(t) for t in tangents]
-        return jax.jvp(functools.partial(self.tangent, **params), list(primals), tangents)  # type: ignore[no-any-return]
+        out, tangent_out = jax.jvp(functools.partial(self.tangent, **params), list(primals), tangents)
+        return out, tangent_out
 
     def transpose(self, cts: Sequence[Any], *operands: Any, attrs: tuple[Any, ...], present: tuple[bool, ...],
                   live: tuple[int, ...]) -> list[Any]:
