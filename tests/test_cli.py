@@ -137,7 +137,9 @@ def test_docs_pages_and_their_examples_run(tmp_path: Path) -> None:
 
 def _project_copy(dst: Path) -> Path:
     """A copy of this source tree (no build directory, no git metadata) to add ops to."""
-    ignore = shutil.ignore_patterns("build", ".git", "__pycache__", "rank_0", "*.egg-info", ".pytest_cache")
+    # (nor nox's session environments, gigabytes of frameworks, when the test command runs in them)
+    ignore = shutil.ignore_patterns("build", ".git", ".nox", "__pycache__", "rank_0", "*.egg-info", ".pytest_cache",
+                                    ".mypy_cache")
     shutil.copytree(SPEC_DIR.parent, dst, ignore=ignore)
     return dst
 
