@@ -58,6 +58,9 @@ def test_fast_suite_is_clean_under_asan_and_ubsan(tmp_path_factory: pytest.TempP
         LD_PRELOAD=f"{library('libasan.so')} {library('libstdc++.so')}",
         ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:detect_odr_violation=0",
         UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
+        # (tests/ops/test_ops.py: the gradient tests run the backward kernels, not the central
+        # differences that would only call the same kernels again, hundreds of times per case)
+        OPFORGE_SANITIZED="1",
     )
     env.pop("PYTHONPATH", None)
     # two workers when pytest-xdist is there (the test extra installs it): the instrumented run is
