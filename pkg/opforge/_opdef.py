@@ -17,7 +17,7 @@ namespaces the adapter passes in: ``F``, the framework's own registered opforge 
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 
 class TargetDef(NamedTuple):
@@ -95,3 +95,32 @@ class OpDef(NamedTuple):
 
     def input_index(self, name: str) -> int:
         return next(k for k, i in enumerate(self.inputs) if i.name == name)
+
+
+def axes(value: Any, rank: int) -> list[int]:
+    """An axis attr's value (an int, a list, or None: every axis) as sorted non-negative axes of a
+    rank-``rank`` shape (a 0-d tensor's axis 0 or -1 is no axis, as in the runtime)."""
+    if value is None or rank == 0:
+        return list(range(rank))
+    given = [value] if isinstance(value, int) else list(value)
+    return sorted({a + rank if a < 0 else a for a in given})
+
+
+class ShapeHelpers:
+    """The framework-independent part of an adapter's ``H``: the helpers of shape rules."""
+
+    @staticmethod
+    def dim(op: str, name: str, shape: Sequence[Any], i: int) -> Any:
+        if not -len(shape) <= i < len(shape):
+            raise ValueError(f"[{op}] dimension {i} of {name} is out of range for its shape "
+                             f"{ShapeHelpers.shape_str(shape)}")
+        return shape[i]
+
+    @staticmethod
+    def shape_str(shape: Sequence[Any]) -> str:
+        return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+    @staticmethod
+    def check(op: str, test: Any, message: Callable[[], str]) -> None:
+        if not test:
+            raise ValueError(f"[{op}] {message()}")

@@ -66,7 +66,8 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess
 
 import opforge._C as _C
 from opforge import _formulas, _jax_native
-from opforge._opdef import AttrDef, OpDef
+from opforge._opdef import AttrDef, OpDef, ShapeHelpers
+from opforge._opdef import axes as axes_of
 
 __all__ = ["ops", "register_module", "OpSet", "TARGET", "H"]
 
@@ -90,14 +91,7 @@ _lower = jax.ffi.ffi_lowering(TARGET)
 # ---------------------------------------------------------------------------- helpers of formulas
 
 
-def _axes(value: Any, rank: int) -> list[int]:
-    if value is None or rank == 0:
-        return list(range(rank))
-    axes = [value] if isinstance(value, int) else list(value)
-    return sorted({a + rank if a < 0 else a for a in axes})
-
-
-class _Helpers:
+class _Helpers(ShapeHelpers):
     """The tensor helpers generated formulas call (see opforge/_opdef.py), in jax.numpy."""
 
     @staticmethod
@@ -114,7 +108,7 @@ class _Helpers:
     @staticmethod
     def expand_reduced(g: Any, like: Any, axes: Any, keepdims: bool) -> Any:
         if not keepdims:
-            g = jnp.expand_dims(g, _axes(axes, like.ndim))
+            g = jnp.expand_dims(g, axes_of(axes, like.ndim))
         return jnp.broadcast_to(g, like.shape)
 
     @staticmethod
@@ -126,21 +120,6 @@ class _Helpers:
             g = jnp.sum(g, axis=tuple(range(lead)) + stretched, keepdims=False)
             g = g.reshape(shape)
         return g if g.dtype == dtype else g.astype(dtype)
-
-    @staticmethod
-    def dim(op: str, name: str, shape: Sequence[Any], i: int) -> Any:
-        if not -len(shape) <= i < len(shape):
-            raise ValueError(f"[{op}] dimension {i} of {name} is out of range for its shape {_Helpers.shape_str(shape)}")
-        return shape[i]
-
-    @staticmethod
-    def shape_str(shape: Sequence[Any]) -> str:
-        return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
-
-    @staticmethod
-    def check(op: str, test: Any, message: Callable[[], str]) -> None:
-        if not test:
-            raise ValueError(f"[{op}] {message()}")
 
 
 H = _Helpers()

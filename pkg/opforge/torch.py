@@ -62,7 +62,8 @@ from torch._C import _from_dlpack, _to_dlpack
 import opforge._C as _C
 import opforge._formulas as _formulas
 from opforge import _torch_native
-from opforge._opdef import OpDef
+from opforge._opdef import OpDef, ShapeHelpers
+from opforge._opdef import axes as _axes
 
 __all__ = ["ops", "NAMESPACE", "schema", "scalar_slots", "register_ops", "register_module", "TORCH_DTYPES"]
 
@@ -315,13 +316,6 @@ def _hint(s: Any) -> int:
     return int(s)
 
 
-def _axes(value: Any, rank: int) -> list[int]:
-    if value is None or rank == 0:  # (a 0-d tensor's axis 0 or -1 is no axis, as in the runtime)
-        return list(range(rank))
-    axes = [value] if isinstance(value, int) else list(value)
-    return sorted({a + rank if a < 0 else a for a in axes})
-
-
 def _symbolic_shape(out: Any, ins: dict[str, Any], attrs: dict[str, Any]) -> Any:
     """Output shape of a same/broadcast/reduce/matmul rule, SymInts kept symbolic."""
     a = out.shape_args
@@ -396,7 +390,7 @@ def _fake_kernel(op: OpDef, meta: Callable[..., Any]) -> Callable[..., Any]:
 # ---------------------------------------------------------------------------- autograd
 
 
-class _Helpers:
+class _Helpers(ShapeHelpers):
     """The tensor helpers generated formulas call (see opforge/_opdef.py), in torch."""
 
     @staticmethod
@@ -416,16 +410,6 @@ class _Helpers:
             for a in _axes(axes, like.dim()):
                 g = g.unsqueeze(a)
         return g.expand(like.shape)
-
-    @staticmethod
-    def dim(op: str, name: str, shape: Sequence[Any], i: int) -> Any:
-        if not -len(shape) <= i < len(shape):
-            raise ValueError(f"[{op}] dimension {i} of {name} is out of range for its shape {_Helpers.shape_str(shape)}")
-        return shape[i]
-
-    @staticmethod
-    def shape_str(shape: Sequence[Any]) -> str:
-        return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
     @staticmethod
     def check(op: str, test: Any, message: Callable[[], str]) -> None:
