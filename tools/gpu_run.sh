@@ -8,7 +8,10 @@
 #           see docs/notes/cuda-backend-research.md §3.2 for the download command) into /tmp/site;
 # build:    meson build of the cuda backend with the machine's nvcc (tools/dev.sh, OPFORGE_BACKEND=cuda);
 # test:     the fast test suite against that build (GPU tests included), junit and log to $OUT;
-# bench:    benchmarks/cuda.py, to $OUT/cuda.md;
+# bench:    benchmarks/cuda.py $BENCH_ARGS, to $OUT/cuda.md;
+# jax:      opforge.jax on XLA's CUDA devices (the JAX tests with JAX's CUDA plugin, no preallocation);
+# rows:     the row kernels' tests alone (softmax, norms, cross_entropy: tests/cuda/test_cuda_row_ops.py
+#           and those ops' cases in test_cuda_ops.py), for a change to them only;
 # sanitize: compute-sanitizer's memcheck over the CUDA op tests of every reduction path and edge shape,
 #           the row kernels (warp and block rows), out-of-range indices and labels, gathers and scatters.
 # Logs go to $OUT (default /tmp/opforge-gpu-out); each step's seconds to $OUT/steps.txt. The whole run
@@ -65,15 +68,33 @@ step_test() {
   return 0  # later steps still run; the counts are in pytest.log and junit.xml
 }
 step_bench() {
-  run_py timeout "$(cap 150)" python3 benchmarks/cuda.py --out "$OUT/cuda.md" > "$OUT/bench.log" 2>&1
+  # shellcheck disable=SC2086
+  run_py timeout "$(cap 200)" python3 benchmarks/cuda.py ${BENCH_ARGS:-} --out "$OUT/cuda.md" > "$OUT/bench.log" 2>&1
   cat "$OUT/cuda.md" 2>/dev/null || tail -30 "$OUT/bench.log"
+  return 0
+}
+step_jax() {
+  run_py env XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$(cap 200)" python3 -m pytest -q -p no:cacheprovider -p no:benchmark -n 8 \
+    tests/frameworks/test_jax_ops.py tests/frameworks/test_jax_models.py -rfE -W ignore::DeprecationWarning \
+    --junitxml="$OUT/junit-jax.xml" > "$OUT/jax.log" 2>&1
+  run_py python3 -c 'import jax; print(jax.__version__, jax.devices())' >> "$OUT/jax.log" 2>&1
+  grep -E '^(FAILED|ERROR)' "$OUT/jax.log" | head -30
+  tail -3 "$OUT/jax.log"
+  return 0
+}
+step_rows() {
+  run_py timeout "$(cap 150)" python3 -m pytest -q -p no:cacheprovider -n 12 -m 'not slow' -rfE \
+    tests/cuda/test_cuda_row_ops.py tests/cuda/test_cuda_ops.py -k 'softmax or norm or cross_entropy or rows' \
+    > "$OUT/rows.log" 2>&1
+  grep -E '^(FAILED|ERROR)' "$OUT/rows.log" | head -30
+  tail -3 "$OUT/rows.log"
   return 0
 }
 # (one line: pytest refuses a -k expression with a newline in it)
 SANITIZE_K='edge_shapes or every_layout or max_min or logsumexp or strided or double_backward or out_of_range or embedding or take_and_scatter or column_sums or bias_add or (rows and (1025 or 7) and float32)'
 step_sanitize() {
-  run_py timeout "$(cap 150)" compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
-    python3 -m pytest tests/cuda/test_cuda_ops.py tests/cuda/test_cuda_row_ops.py -q -p no:cacheprovider -x \
+  run_py timeout "$(cap 150)" compute-sanitizer --tool memcheck --target-processes all --leak-check no --error-exitcode 9 \
+    python3 -m pytest -p no:benchmark tests/cuda/test_cuda_ops.py tests/cuda/test_cuda_row_ops.py -q -p no:cacheprovider -x \
     -k "$SANITIZE_K" \
     > "$OUT/sanitize.log" 2>&1
   echo "compute-sanitizer rc $?"; grep -m 20 -E '=========|passed|failed' "$OUT/sanitize.log"

@@ -8,7 +8,7 @@
 Importing this module registers every op of the package through ``torch.library``, with no
 per-op code: each op's schema comes from its spec (inputs as ``Tensor``/``Tensor?``, then its
 attrs with their defaults), and three kernels come from the generated op table
-(``opforge._formulas``) and the runtime. The CPU and Autograd kernels are C++ when opforge's
+(``opforge._formulas``) and the runtime. The CPU, CUDA and Autograd kernels are C++ when opforge's
 native kernels build against the installed torch (``opforge/_torch_native.py``: compiled on first
 use, cached; ``OPFORGE_TORCH_NATIVE=0`` or a failed build: the Python kernels below, after one
 warning), with the same behaviour as the Python ones described here:
@@ -662,8 +662,9 @@ def _register_autocast(lib: Any, op: OpDef, overload: Any) -> None:
 
 
 def _register_native(native: Any, namespace: str, op: OpDef, fn: Any, overload: Any, F: Any) -> None:
-    """The op's CPU and Autograd kernels in C++ (opforge/_torch_native.py): the CPU kernel runs the
-    op's opforge entry on the torch tensors' memory; the Autograd kernel records a C++ node whose
+    """The op's CPU, CUDA (when this build runs it there) and Autograd kernels in C++
+    (opforge/_torch_native.py): the CPU kernel runs the op's opforge entry on the torch tensors'
+    memory, the CUDA kernel does what ``_device_kernel`` does, in C++; the Autograd kernel records a C++ node whose
     backward calls the spec's bprop formula, given here, and hands calls with forward-mode tangents,
     tensor subclasses or symbolic sizes to the op's autograd.Function (the Python path)."""
     names = [i.name for i in op.inputs]
@@ -681,7 +682,7 @@ def _register_native(native: Any, namespace: str, op: OpDef, fn: Any, overload: 
 
         fallback = _autograd_function(op, overload, F).apply
     native.register(namespace, fn, op.impl == "expr", -1 if (k := _format_attr(op)) is None else k, same_input,
-                    [o.differentiable for o in op.outputs], saved, backward, fallback)
+                    [o.differentiable for o in op.outputs], saved, backward, fallback, "cuda" in op.runs)
 
 
 
@@ -719,8 +720,8 @@ def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: s
             _register_native(native, namespace, op, getattr(kernels, op.name), overload, F)
         else:
             lib.impl(op.name, _cpu_kernel(op, getattr(kernels, op.name)), _formulas.TARGETS["cpu"].torch_dispatch_key)
-        for target in op.runs:  # the device targets this build runs the op on (cuda)
-            if target != "cpu":
+        for target in op.runs:  # the device targets this build runs the op on (cuda; native: C++ above)
+            if target != "cpu" and native is None:
                 row = _formulas.TARGETS[target]
                 lib.impl(op.name, _device_kernel(op, getattr(kernels, op.name), getattr(metas, op.name),
                                                  row.device_type),

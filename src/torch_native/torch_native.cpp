@@ -10,6 +10,12 @@
 //   alive as long as the opforge tensor), the op's entry runs, and its results become torch
 //   tensors owning the opforge tensors. Elementwise ops keep channels_last, and ops with a layout
 //   attr run NHWC on channels_last inputs, as the Python kernel does.
+// - CUDA kernel (the cu130 wheel, ops with a cuda row): the same view of the inputs; the results
+//   are torch tensors from torch's caching allocator (shapes and dtypes from the op's meta rule),
+//   offered to the op's allocations so that its kernels write them directly (inside
+//   torch.cuda.graph capture they live in the graph's pool), and the op runs on torch's current
+//   stream of the inputs' device (opforge's current stream for the call: ordered with torch's work,
+//   no synchronization). No CUDA header is needed: the stream is c10's opaque handle.
 // - Autograd kernel: without gradients to record, the op is redispatched below autograd. Otherwise
 //   the forward runs below autograd too and a C++ node records the graph (next edges, the saved
 //   tensors the spec's bprop reads, under torch's version counters); its apply() evaluates the
@@ -23,8 +29,11 @@
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/function.h>
@@ -43,6 +52,7 @@
 #include <vector>
 
 #include "runtime/binding.h"
+#include "runtime/device.h"
 #include "runtime/errors.h"
 #include "runtime/tensor.h"
 
@@ -156,7 +166,7 @@ struct TorchStorage final : opforge::Storage {
   c10::Storage torch_storage;
 };
 
-// A host torch tensor as an opforge tensor (zero copy; the opforge tensor keeps torch's storage).
+// A torch tensor (host or CUDA memory) as an opforge tensor (zero copy; the opforge tensor keeps torch's storage).
 TensorPtr to_opforge(const OpData& d, size_t i, const at::Tensor& t) {
   DType dtype;
   if (!to_opforge_dtype(t.scalar_type(), &dtype)) {
@@ -170,6 +180,7 @@ TensorPtr to_opforge(const OpData& d, size_t i, const at::Tensor& t) {
   storage->data = t.numel() > 0 ? t.data_ptr() : nullptr;
   storage->nbytes = static_cast<size_t>(t.numel()) * t.element_size();
   storage->external = true;
+  if (t.is_cuda()) storage->device = opforge::Device{opforge::DeviceType::CUDA, t.device().index()};
   const auto sizes = t.sizes();
   const auto strides = t.strides();
   return std::make_shared<opforge::Tensor>(std::move(storage), dtype, opforge::Shape(sizes.begin(), sizes.end()),
@@ -219,10 +230,10 @@ bool channels_last_only(const at::Tensor& t) {
   return !t.is_contiguous() && t.is_contiguous(at::MemoryFormat::ChannelsLast);
 }
 
-// ---------------------------------------------------------------------------- the CPU kernel
+// ---------------------------------------------------------------------------- the CPU and CUDA kernels
 
-struct CpuKernel final : c10::OperatorKernel {
-  explicit CpuKernel(std::shared_ptr<OpData> data) : d(std::move(data)) {}
+struct OpKernel final : c10::OperatorKernel {
+  OpKernel(std::shared_ptr<OpData> data, bool on_device) : d(std::move(data)), device(on_device) {}
 
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t n_attrs = d->kinds.size();
@@ -245,17 +256,61 @@ struct CpuKernel final : c10::OperatorKernel {
     std::array<AttrValue, kMaxParams> attrs;
     for (size_t k = 0; k < n_attrs; ++k) attrs[k] = to_attr(d->kinds[k], args[d->n_in + k]);
     if (run_nhwc && d->format_attr >= 0) attrs[static_cast<size_t>(d->format_attr)] = nhwc_attr;
-    std::array<TensorPtr, kMaxParams> outputs;
+    std::array<at::Tensor, kMaxParams> results;
     try {
-      d->entry->call(inputs.data(), attrs.data(), outputs.data());
+      if (device) {
+        run_on_device(args, inputs, attrs, &results);
+      } else {
+        std::array<TensorPtr, kMaxParams> outputs;
+        d->entry->call(inputs.data(), attrs.data(), outputs.data());
+        for (size_t j = 0; j < d->n_out; ++j) results[j] = to_torch(std::move(outputs[j]));
+      }
     } catch (const opforge::Error&) {
       rethrow_as_torch();
     }
     torch::jit::drop(*stack, n_args);
     for (size_t j = 0; j < d->n_out; ++j) {
-      at::Tensor out = to_torch(std::move(outputs[j]));
-      if (run_nhwc && back[j]) out = out.permute({0, 3, 1, 2});
-      stack->emplace_back(std::move(out));
+      if (run_nhwc && back[j]) results[j] = results[j].permute({0, 3, 1, 2});
+      stack->emplace_back(std::move(results[j]));
+    }
+  }
+
+  // The op on the inputs' device, into results from torch's allocator, on torch's current stream.
+  void run_on_device(c10::ArrayRef<c10::IValue> args, std::array<TensorPtr, kMaxParams>& inputs,
+                     std::array<AttrValue, kMaxParams>& attrs, std::array<at::Tensor, kMaxParams>* results) const {
+    const size_t n_attrs = d->kinds.size();
+    std::array<AttrValue, kMaxParams> meta_attrs;  // (the meta rule and the call each take them by move)
+    for (size_t k = 0; k < n_attrs; ++k) meta_attrs[k] = attrs[k];
+    // shapes and dtypes, and the call's argument errors, before anything is allocated
+    const std::vector<opforge::TensorMeta> metas = d->entry->meta(inputs.data(), meta_attrs.data());
+    c10::Device where(c10::kCUDA);
+    for (size_t i = 0; i < d->n_in; ++i) {
+      if (present(args[i]) && args[i].toTensor().is_cuda()) {
+        where = args[i].toTensor().device();
+        break;
+      }
+    }
+    const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(where);
+    std::array<TensorPtr, kMaxParams> given;
+    std::vector<opforge::BufferOffer> offers;
+    for (size_t j = 0; j < d->n_out; ++j) {
+      const opforge::TensorMeta& m = metas[j];
+      const auto options = at::TensorOptions().dtype(to_torch_dtype(m.dtype));
+      (*results)[j] = m.device.type == opforge::DeviceType::CUDA
+                          ? at::empty(m.shape, options.device(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(m.device.index))))
+                          : at::empty(m.shape, options);
+      given[j] = to_opforge(*d, 0, (*results)[j]);
+      offers.push_back(opforge::BufferOffer{given[j]->raw_data(), m.dtype, m.shape, m.device});
+    }
+    opforge::Device on{opforge::DeviceType::CUDA, where.index()};
+    opforge::StreamScope scope(d->name.c_str(), on, stream.native_handle());
+    std::array<TensorPtr, kMaxParams> outputs;
+    {
+      opforge::BufferOfferScope offered(&offers);
+      d->entry->call(inputs.data(), attrs.data(), outputs.data());
+    }
+    for (size_t j = 0; j < d->n_out; ++j) {  // (an intermediate took the offer, or the op returned a view)
+      if (outputs[j]->numel() > 0 && outputs[j]->raw_data() != given[j]->raw_data()) opforge::copy_into(given[j], outputs[j]);
     }
   }
 
@@ -300,6 +355,7 @@ struct CpuKernel final : c10::OperatorKernel {
   }
 
   std::shared_ptr<OpData> d;
+  bool device;  // the CUDA kernel
 };
 
 // ---------------------------------------------------------------------------- Python values
@@ -575,13 +631,13 @@ bool kind_of(const char* type, Kind* kind) {
   return false;
 }
 
-// register(namespace, fn, elementwise, format_attr, same_input, differentiable, saved, backward, fallback)
+// register(namespace, fn, elementwise, format_attr, same_input, differentiable, saved, backward, fallback, cuda)
 PyObject* register_op(PyObject*, PyObject* args) {
   const char* ns;
   PyObject *fn, *same_input, *differentiable, *saved, *backward, *fallback;
-  int elementwise, format_attr;
-  if (!PyArg_ParseTuple(args, "sOpiOOOOO", &ns, &fn, &elementwise, &format_attr, &same_input, &differentiable,
-                        &saved, &backward, &fallback)) {
+  int elementwise, format_attr, cuda;
+  if (!PyArg_ParseTuple(args, "sOpiOOOOOp", &ns, &fn, &elementwise, &format_attr, &same_input, &differentiable,
+                        &saved, &backward, &fallback, &cuda)) {
     return nullptr;
   }
   const opforge::binding::OpEntry* entry = opforge_op_entry(fn);
@@ -644,7 +700,11 @@ PyObject* register_op(PyObject*, PyObject* args) {
       Py_INCREF(fallback);
       d->fallback = fallback;
     }
-    library(ns, c10::DispatchKey::CPU).impl(info.name, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<CpuKernel>(d)));
+    library(ns, c10::DispatchKey::CPU).impl(info.name, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>(d, false)));
+    if (cuda) {
+      library(ns, c10::DispatchKey::CUDA)
+          .impl(info.name, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>(d, true)));
+    }
     library(ns, c10::DispatchKey::Autograd)
         .impl(info.name, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AutogradKernel>(d)));
   } catch (const ::python_error& e) {
@@ -659,9 +719,9 @@ PyObject* register_op(PyObject*, PyObject* args) {
 
 PyMethodDef methods[] = {
     {"register", register_op, METH_VARARGS,
-     "register(namespace, fn, elementwise, format_attr, same_input, differentiable, saved, backward, fallback): "
-     "the op of fn (a function of opforge._C.ops or of an op module) as the native CPU and Autograd kernels of "
-     "torch.ops.<namespace>.<op>"},
+     "register(namespace, fn, elementwise, format_attr, same_input, differentiable, saved, backward, fallback, "
+     "cuda): the op of fn (a function of opforge._C.ops or of an op module) as the native CPU and Autograd "
+     "kernels of torch.ops.<namespace>.<op>, and its CUDA kernel when cuda is true"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "opforge_torch_native",
