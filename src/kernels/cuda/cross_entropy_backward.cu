@@ -28,11 +28,22 @@ struct GradRow {
     const C w = static_cast<C>(convert<double>(dy[one ? 0 : r]) * scale);
     const int64_t l = labels[r];
     if (lane == 0) rows::index_ok(l, classes, r, bad);
-    rows::with_row<G, T, 1>(in, classes, lane, vec, [&](const auto& src) {
-      rows::Lse<C> p{rows::neg_inf<C>(), C(0)};
-      src.each([&](int64_t, C v) { p = rows::lse_add(p, v); });
-      p = rows::lse_final(rows::group_reduce<G>(p, rows::LseCombine{}));
-      const C m = p.m, f = w / p.s;
+    rows::with_row<G, T, 1>(in, classes, lane, vec, [&](auto& src) {
+      C m, f;
+      if constexpr (std::decay_t<decltype(src)>::kHeld) {  // held: the max, then independent exponentials
+        m = rows::neg_inf<C>();
+        src.each([&](int64_t, C v) { m = rows::max_nan(m, v); });
+        m = rows::group_reduce<G>(m, rows::MaxNan{});
+        C s = C(0);
+        src.each([&](int64_t, C v) { s += rows::exp_(v - m); });
+        f = w / rows::group_reduce<G>(s, rows::Add{});
+      } else {
+        rows::Lse<C> p{rows::neg_inf<C>(), C(0)};
+        src.each([&](int64_t, C v) { p = rows::lse_add(p, v); });
+        p = rows::lse_final(rows::group_reduce<G>(p, rows::LseCombine{}));
+        m = p.m;
+        f = w / p.s;
+      }
       src.store(dx + r * classes, [&](int64_t i, C v) {
         const C o = rows::exp_(v - m) * f;
         return i == l ? o - w : o;  // (a bad label matches no i)

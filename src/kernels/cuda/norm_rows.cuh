@@ -31,13 +31,25 @@ struct LayerNormRow {
   __device__ __forceinline__ void row(int64_t r, int lane) const {
     using C = compute_t<T>;
     const T* const in[1] = {x + r * n};
-    with_row<G, T, 1>(in, n, lane, vec, [&](const auto& src) {
-      Welford<C> s{C(0), C(0), C(0)};
-      src.each([&](int64_t, C v) { s = welford_add(s, v); });
-      s = group_reduce<G>(s, WelfordCombine{});
+    with_row<G, T, 1>(in, n, lane, vec, [&](auto& src) {
       const C nan = std::numeric_limits<C>::quiet_NaN();
-      const C mu = n ? s.mean : nan;
-      const C rs = n ? C(1) / sqrt_(s.m2 / C(n) + eps) : nan;
+      C mu, var;
+      if constexpr (std::decay_t<decltype(src)>::kHeld) {  // held: the mean, then the squared deviations
+        C sum = C(0);
+        src.each([&](int64_t, C v) { sum += v; });
+        mu = group_reduce<G>(sum, Add{}) / C(n);
+        C dev = C(0);
+        src.each([&](int64_t, C v) { dev += (v - mu) * (v - mu); });
+        var = group_reduce<G>(dev, Add{}) / C(n);
+      } else {  // streamed: Welford's one pass
+        Welford<C> s{C(0), C(0), C(0)};
+        src.each([&](int64_t, C v) { s = welford_add(s, v); });
+        s = group_reduce<G>(s, WelfordCombine{});
+        mu = s.mean;
+        var = s.m2 / C(n);
+      }
+      if (!n) mu = nan;
+      const C rs = n ? C(1) / sqrt_(var + eps) : nan;
       if (lane == 0) {
         mean[r] = convert<T>(mu);
         rstd[r] = convert<T>(rs);
@@ -64,7 +76,7 @@ struct RmsNormRow {
   __device__ __forceinline__ void row(int64_t r, int lane) const {
     using C = compute_t<T>;
     const T* const in[1] = {x + r * n};
-    with_row<G, T, 1>(in, n, lane, vec, [&](const auto& src) {
+    with_row<G, T, 1>(in, n, lane, vec, [&](auto& src) {
       C ss = C(0);
       src.each([&](int64_t, C v) { ss += v * v; });
       ss = group_reduce<G>(ss, Add{});
@@ -90,7 +102,7 @@ struct NormBackwardRow {
     const T* const in[2] = {dy + r * n, x + r * n};
     const T* wp = w;
     const C mu = kRms ? C(0) : convert<C>(mean[r]), rs = convert<C>(rstd[r]);
-    with_row<G, T, 2>(in, n, lane, vec, [&](const auto& src) {
+    with_row<G, T, 2>(in, n, lane, vec, [&](auto& src) {
       Sum2<C> s{C(0), C(0)};
       src.each([&](int64_t i, C d, C v) {
         const C g = wp ? d * convert<C>(wp[i]) : d;

@@ -98,6 +98,13 @@ struct Add {
   template <typename C>
   __device__ __forceinline__ C operator()(C x, C y) const { return x + y; }
 };
+// The larger, NaN winning (the cpu's max_nan).
+template <typename C>
+__device__ __forceinline__ C max_nan(C a, C b) { return (b > a || b != b) ? b : a; }
+struct MaxNan {
+  template <typename C>
+  __device__ __forceinline__ C operator()(C x, C y) const { return max_nan(x, y); }
+};
 
 // Welford's running count, mean and sum of squared deviations; merged as Chan et al.
 template <typename C>
@@ -137,7 +144,7 @@ __device__ __forceinline__ Welford<C> shfl_xor(Welford<C> v, int o) {
 // ---------------------------------------------------------------------------- groups
 
 constexpr int kWarp = 32;
-constexpr int kLongThreads = 512;   // threads of a block that owns one long row
+constexpr int kLongThreads = 256;   // threads of a block that owns one long row (two blocks per SM)
 constexpr int kShortRows = 4;       // rows (warps) per block of short rows
 constexpr int64_t kShortRow = 1024; // rows up to this length get a warp
 
@@ -218,13 +225,18 @@ __device__ __forceinline__ void map(T* y, int64_t n, int lane, bool vec, F&& f, 
 // Held, when every thread's share fits kHeld registers per input (rows of up to G * kHeld
 // elements: the row is read from memory once), else Streamed (each pass reads the row again,
 // mostly from L2). Both offer each(f) (f(i, x_0[i], ...) on this thread's elements, values in
-// compute types) and store(y, f) (y[i] = f(i, x_0[i], ...)), with 16-byte accesses when vec.
+// compute types) and store(y, f) (y[i] = f(i, x_0[i], ...)), with 16-byte accesses when vec;
+// Held also update(f) (its values replaced in place). View::kHeld tells them apart: on held rows
+// the bodies make independent passes over the registers (the max, then the exponentials; the
+// mean, then the squared deviations), where a streamed row takes one online pass (each pass
+// over it is a pass over memory).
 
 template <typename T>
 constexpr int kHeld = sizeof(compute_t<T>) == 8 ? 16 : 32;  // elements per thread and input (a multiple of kPack)
 
 template <int G, typename T, int N>
 struct Streamed {
+  static constexpr bool kHeld = false;
   const T* x[N];
   int64_t n;
   int lane;
@@ -246,7 +258,8 @@ struct Streamed {
 template <int G, typename T, int N>
 struct Held {
   using C = compute_t<T>;
-  static constexpr int K = kPack<T>, S = kHeld<T>;
+  static constexpr bool kHeld = true;
+  static constexpr int K = kPack<T>, S = ::opforge::kernels::cuda::rows::kHeld<T>;
   C v[N][S];
   int64_t n;
   int lane;
@@ -283,6 +296,12 @@ struct Held {
   __device__ __forceinline__ void each(F&& f) const { each_(f, std::make_index_sequence<N>{}); }
   template <typename F>
   __device__ __forceinline__ void store(T* y, F&& f) const { store_(y, f, std::make_index_sequence<N>{}); }
+  // the first input's held values replaced by f(value) (each slot independent: no chain)
+  template <typename F>
+  __device__ __forceinline__ void update(F&& f) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) v[0][s] = f(v[0][s]);
+  }
 
  private:
   template <typename F, size_t... I>
@@ -320,7 +339,7 @@ struct Held {
 template <int G, typename T, int N, typename Body>
 __device__ __forceinline__ void with_row(const T* const (&x)[N], int64_t n, int lane, bool vec, Body&& body) {
   if (n <= int64_t(G) * kHeld<T>) {
-    const Held<G, T, N> held(x, n, lane, vec);
+    Held<G, T, N> held(x, n, lane, vec);
     body(held);
   } else {
     Streamed<G, T, N> streamed{{}, n, lane, vec};
@@ -343,7 +362,8 @@ inline bool vec_ok(int64_t n, std::initializer_list<const void*> ptrs) {
 
 // Runs op.template row<G>(r, lane) for every row r, a group of G threads to a row.
 template <int G, typename Op>
-__global__ void __launch_bounds__(G == kWarp ? kWarp * kShortRows : G) row_kernel(int64_t rows, Op op) {
+__global__ void __launch_bounds__(G == kWarp ? kWarp * kShortRows : G, G == kWarp ? 1 : 2)
+    row_kernel(int64_t rows, Op op) {
   constexpr int kPerBlock = G == kWarp ? kShortRows : 1;
   const int lane = static_cast<int>(threadIdx.x % G);
   for (int64_t r = int64_t(blockIdx.x) * kPerBlock + threadIdx.x / G; r < rows;

@@ -34,17 +34,36 @@ struct ForwardRow {
     using C = compute_t<T>;
     const T* const in[1] = {x + r * n};
     T* yr = y + r * n;
-    with_row<G, T, 1>(in, n, lane, vec, [&](const auto& src) {
-      Lse<C> p{neg_inf<C>(), C(0)};
-      src.each([&](int64_t, C v) { p = lse_add(p, v); });
-      p = lse_final(group_reduce<G>(p, LseCombine{}));
-      const C m = p.m;
-      if constexpr (K == Kind::Softmax) {
-        const C inv = C(1) / p.s;
-        src.store(yr, [&](int64_t, C v) { return exp_(v - m) * inv; });
+    with_row<G, T, 1>(in, n, lane, vec, [&](auto& src) {
+      if constexpr (std::decay_t<decltype(src)>::kHeld) {
+        // held: the max, then independent exponentials (a +inf or NaN max makes every term NaN,
+        // and an all -inf row a NaN max - max: the cpu's results)
+        C m = neg_inf<C>();
+        src.each([&](int64_t, C v) { m = max_nan(m, v); });
+        m = group_reduce<G>(m, MaxNan{});
+        C s = C(0);
+        if constexpr (K == Kind::Softmax) {
+          src.update([&](C v) { return exp_(v - m); });
+          src.each([&](int64_t, C e) { s += e; });
+          const C inv = C(1) / group_reduce<G>(s, Add{});
+          src.store(yr, [&](int64_t, C e) { return e * inv; });
+        } else {
+          src.each([&](int64_t, C v) { s += exp_(v - m); });
+          const C l = log_(group_reduce<G>(s, Add{}));
+          src.store(yr, [&](int64_t, C v) { return (v - m) - l; });
+        }
       } else {
-        const C l = log_(p.s);
-        src.store(yr, [&](int64_t, C v) { return (v - m) - l; });
+        Lse<C> p{neg_inf<C>(), C(0)};
+        src.each([&](int64_t, C v) { p = lse_add(p, v); });
+        p = lse_final(group_reduce<G>(p, LseCombine{}));
+        const C m = p.m;
+        if constexpr (K == Kind::Softmax) {
+          const C inv = C(1) / p.s;
+          src.store(yr, [&](int64_t, C v) { return exp_(v - m) * inv; });
+        } else {
+          const C l = log_(p.s);
+          src.store(yr, [&](int64_t, C v) { return (v - m) - l; });
+        }
       }
     });
   }
@@ -82,7 +101,7 @@ struct BackwardRow {
     using C = compute_t<T>;
     const T* const in[2] = {g + r * n, y + r * n};
     T* out = dx + r * n;
-    with_row<G, T, 2>(in, n, lane, vec, [&](const auto& src) {
+    with_row<G, T, 2>(in, n, lane, vec, [&](auto& src) {
       C d = C(0);
       src.each([&](int64_t, C gv, C yv) { d += K == Kind::Softmax ? gv * yv : gv; });
       d = group_reduce<G>(d, Add{});
