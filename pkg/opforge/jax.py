@@ -236,6 +236,8 @@ class _Op:
         for platform in _PLATFORMS:
             if platform == "cpu" or platform in op.runs:
                 mlir.register_lowering(self.prim, self.lowering, platform=platform)
+            else:  # (JAX's own message names neither the op nor what to do)
+                mlir.register_lowering(self.prim, functools.partial(self.no_kernel, platform), platform=platform)
         batching.primitive_batchers[self.prim] = self.batch
         ad.primitive_jvps[self.prim] = self.jvp
         self.tangent_prim: Optional[Primitive] = None
@@ -285,6 +287,11 @@ class _Op:
         # (JAX without 64-bit types holds an int64 result as int32: the handler narrows it)
         return [jax.core.ShapedArray(tuple(shape), jax.dtypes.canonicalize_dtype(_DTYPES[dtype]))
                 for shape, dtype in metas]
+
+    def no_kernel(self, platform: str, ctx: Any, *args: Any, **params: Any) -> Any:
+        raise NotImplementedError(
+            f"[{self.op.name}] has no {platform} kernel in this build (it runs on: {', '.join(self.op.runs)}); "
+            "put its inputs on the CPU, e.g. jax.device_put(x, jax.devices('cpu')[0])")
 
     def lowering(self, ctx: Any, *args: Any, attrs: tuple[Any, ...], present: tuple[bool, ...]) -> Any:
         metas, widen = self._metas(ctx.avals_in, attrs, present)

@@ -26,8 +26,36 @@ import opforge  # noqa: E402
 from opforge import _formulas  # noqa: E402
 import opforge.jax as oj  # noqa: E402
 from cases import Case, cases, make_data, reference, tolerance, widest_cases  # noqa: E402
+from opforge.codegen.formula.syntax import ops_in  # noqa: E402
 
 CASES = cases()
+SPECS = {c.op.name: c.op for c in CASES}
+GPU = jax.default_backend() == "gpu"  # (the cu130 wheel with JAX's CUDA plugin: arrays live on the GPU)
+CPU = jax.devices("cpu")[0]
+
+
+def runs_on_cuda(op: Any, dtype: str, derivatives: bool = False, seen: frozenset[str] = frozenset()) -> bool:
+    """Whether the cuda build runs op in dtype: its cuda rows hold the dtype (any row, for an op
+    without type variables; a composite op has no rows of its own), and so do the ops its composite
+    formula calls (and, with derivatives, its bprop and jvp formulas)."""
+    if op.impl.kind != "composite":
+        target = op.target("cuda")
+        if target is None:
+            return False
+        if op.typevars and not any(dtype in [str(d) for d in b.values()] for b, _ in target.rows()):
+            return False
+    formulas = op.formulas() if derivatives else [op.impl.formula] if op.impl.kind == "composite" else []
+    called = {n for f in formulas for n in ops_in(f.ast)} & SPECS.keys()  # (operators too: x * x is mul)
+    return all(runs_on_cuda(SPECS[n], dtype, derivatives, seen | {op.name}) for n in called - seen - {op.name})
+
+
+def device_for(case: Case, derivatives: bool = False) -> Any:
+    """JAX's default device; on a GPU, the CPU for a case the cuda build does not run (a dtype
+    outside the op's cuda rows, an op without cuda kernels: such calls raise on the GPU, naming
+    the op, see test_calls_the_cuda_build_does_not_run_raise_naming_the_op)."""
+    return CPU if GPU and not runs_on_cuda(case.op, case.dtype, derivatives) else jax.devices()[0]
+
+
 WIDEST = widest_cases()
 GRAD_CASES = [c for c in WIDEST if c.dtype == "float64" and any(i.differentiable for i in c.op.inputs)]
 VMAP_CASES = [c for c in WIDEST if any(s for s in c.shapes if s is not None)]
@@ -67,7 +95,8 @@ def test_cases_cover_every_op() -> None:
 def test_jit_matches_reference(case: Case, rng) -> None:
     data = make_data(case.op, case.dtype, case.shapes, rng)
     op = getattr(oj.ops, case.op.name)
-    outs = as_tuple(jax.jit(lambda *xs: op(*xs, **case.attrs))(*jax_inputs(case, data)))
+    with jax.default_device(device_for(case)):
+        outs = as_tuple(jax.jit(lambda *xs: op(*xs, **case.attrs))(*jax_inputs(case, data)))
     refs = reference(case.op, data, case.attrs)
     rtol, atol = tolerance(case.op, case.dtype)
     assert len(outs) == len(refs)
@@ -104,12 +133,13 @@ def test_check_grads_to_order_two(case: Case, rng) -> None:
     """Reverse mode (the spec's bprop) and forward mode (its jvp), and each differentiated again,
     against finite differences."""
     data = make_data(case.op, case.dtype, case.shapes, rng)
-    fn, inputs = differentiable_fn(case, jax_inputs(case, data))
+    with jax.default_device(device_for(case, derivatives=True)):
+        fn, inputs = differentiable_fn(case, jax_inputs(case, data))
     rtol, atol = case.op.tests.grad_tolerance or (1e-3, 1e-5)
     modes = ("rev", "fwd") if case.op.jvp is not None else ("rev",)
     # (op by op, without compiling each transformed program: the same rules, half the time; the
     # lowering of the tangent maps is what the jit tests below compile)
-    with jax.disable_jit():
+    with jax.disable_jit(), jax.default_device(device_for(case, derivatives=True)):
         check_grads(fn, inputs, order=2, modes=modes, atol=max(atol, 1e-5), rtol=max(rtol, 1e-3), eps=1e-5)
 
 
@@ -120,6 +150,11 @@ VMAP_DIMS = [(c, d) for c in VMAP_CASES for d in ((0,) if _formulas.OPS[c.op.nam
 
 @pytest.mark.parametrize("case,in_dim", VMAP_DIMS, ids=lambda v: v.id if isinstance(v, Case) else f"dim{v}")
 def test_vmap_equals_the_loop(case: Case, in_dim: int) -> None:
+    with jax.default_device(device_for(case)):
+        vmap_equals_the_loop(case, in_dim)
+
+
+def vmap_equals_the_loop(case: Case, in_dim: int) -> None:
     samples = [jax_inputs(case, make_data(case.op, case.dtype, case.shapes, np.random.default_rng(s)))
                for s in range(3)]
     dims = [None if t is None else min(in_dim, t.ndim) for t in samples[0]]
@@ -296,7 +331,15 @@ def test_indices_out_of_range_raise_naming_the_op_without_reading_out_of_bounds(
     np.testing.assert_array_equal(oj.ops.embedding(jnp.array([3]), table), [[1.0, 1.0]])
 
 
-def test_register_module_ops_with_gradients_and_no_forward_mode(tmp_path: Any) -> None:
+@pytest.fixture
+def host_arrays() -> Any:
+    """Op modules (opforge.load) compile cpu kernels only: their tests put arrays on the CPU device
+    (JAX's default there anyway; on a GPU their calls raise, see the test after them)."""
+    with jax.default_device(CPU):
+        yield
+
+
+def test_register_module_ops_with_gradients_and_no_forward_mode(tmp_path: Any, host_arrays: Any) -> None:
     (tmp_path / "jx_softplus.yaml").write_text("""
 jx_softplus:
   doc: Softplus log(1 + exp(beta * x)) / beta.
@@ -341,7 +384,7 @@ jx_rowscale:
         oj.register_module(np)
 
 
-def test_a_pyfunc_op_runs_on_xlas_thread_and_takes_the_gil(tmp_path: Any, monkeypatch: Any) -> None:
+def test_a_pyfunc_op_runs_on_xlas_thread_and_takes_the_gil(tmp_path: Any, monkeypatch: Any, host_arrays: Any) -> None:
     """A pyfunc op's kernel is a Python function: the handler, on XLA's thread, takes the GIL for
     it (JAX releases it while the computation runs), eagerly and under jit and grad."""
     import shutil
@@ -356,3 +399,20 @@ def test_a_pyfunc_op_runs_on_xlas_thread_and_takes_the_gil(tmp_path: Any, monkey
     np.testing.assert_allclose(s.ops.np_softplus(x), np.log1p(np.exp(np.asarray(x))), rtol=1e-6)
     g = jax.jit(jax.grad(lambda a: oj.ops.sum(s.ops.np_softplus(a))))(x)
     np.testing.assert_allclose(g, 1 / (1 + np.exp(-np.asarray(x))), rtol=1e-6)
+
+
+@pytest.mark.skipif(not GPU, reason="no JAX GPU device (the cu130 wheel, JAX's CUDA plugin and a GPU)")
+def test_calls_the_cuda_build_does_not_run_raise_naming_the_op() -> None:
+    """On a GPU: an op without cuda kernels fails to compile naming the op and where it runs; a
+    dtype outside the op's cuda rows fails at run time naming the op and the cuda rows; the process
+    goes on."""
+    with pytest.raises(NotImplementedError, match=r"\[leaky_relu_ext\] has no cuda kernel in this build "
+                                                  r"\(it runs on: cpu\)"):
+        oj.ops.leaky_relu_ext(jnp.ones(3, jnp.float32))
+    ints = jnp.ones(4, jnp.int32)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"\[mul\] dtype int32 is not supported on target cuda; "
+                                                         r"supported \(T\): float16; bfloat16; float32; float64"):
+        np.asarray(oj.ops.mul(ints, ints))
+    x = jnp.arange(4.0, dtype=jnp.float32)
+    assert list(x.devices())[0].platform == "gpu"
+    np.testing.assert_array_equal(oj.ops.mul(x, x), np.arange(4.0) ** 2)
