@@ -276,10 +276,14 @@ class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type 
     """One opforge op with fixed attrs and a fixed set of present inputs, as a MindSpore
     ``ops.Custom`` AOT primitive (of opforge's own ops, or of ``opset``'s: a registered module)."""
 
-    def __init__(self, op: OpDef, present: Sequence[bool], attrs: tuple[Any, ...], opset: Optional[OpSet] = None):
+    def __init__(self, op: OpDef, present: Sequence[bool], attrs: tuple[Any, ...], opset: Optional[OpSet] = None,
+                 cpp_shapes: Optional[bool] = None):
         opset = opset or _OWN
         self.opdef = op
         self.infer = _Infer(op, present, attrs, opset.meta)
+        self._cpp = _cpp_shapes(op) if cpp_shapes is None else cpp_shapes
+        self._eager: Optional[Primitive] = None
+        self._made = (op, tuple(present), attrs, opset)
         if op.aot_kernel is not None:
             # an aot op: MindSpore calls its external kernel directly (path resolved, and the
             # library and symbol checked, here: RuntimeError naming them otherwise)
@@ -291,13 +295,24 @@ class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type 
             func,
             # None: MindSpore calls the entry point's C++ InferShape (dynamic shapes in Graph mode);
             # else __infer__ below gives the shapes (a function here: MindSpore's placeholder)
-            out_shape=None if _cpp_shapes(op) else (lambda *shapes: None),
+            out_shape=None if self._cpp else (lambda *shapes: None),
             out_dtype=lambda *dtypes: None,
             func_type="aot",
             bprop=_bprop(op, present, attrs, opset.F),
             reg_info=_reg_info(op, present, attrs),
         )
         self.add_prim_attr("opforge_op", op.name)
+
+    def __call__(self, *args: Any) -> Any:
+        """A PyNative call. Its shapes are known, and MindSpore opens the library again (a dlopen)
+        on every PyNative call of a C++ InferShape, about 60 µs here: the call goes to a twin of
+        this primitive that takes its shapes from ``__infer__`` (Python, cached). Graph mode
+        compiles this primitive itself (never calls it), with the C++ InferShape dynamic shapes need."""
+        if not self._cpp:
+            return super().__call__(*args)
+        if self._eager is None:
+            self._eager = Primitive(*self._made, cpp_shapes=False)
+        return self._eager(*args)
 
     def __infer__(self, *args: dict[str, Any]) -> dict[str, Any]:
         shape, dtype = self.infer(args)
