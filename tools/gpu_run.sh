@@ -10,6 +10,9 @@
 # test:     the fast test suite against that build (GPU tests included), junit and log to $OUT;
 # bench:    benchmarks/cuda.py $BENCH_ARGS, to $OUT/cuda.md;
 # jax:      opforge.jax on XLA's CUDA devices (the JAX tests with JAX's CUDA plugin, no preallocation);
+# profile:  Nsight Compute over benchmarks/cuda_profile.py (the row ops that miss their targets, beside
+#           torch's kernels): speed of light, memory, occupancy, launch and warp-state sections as
+#           CSV to $OUT/profile.csv, the report to $OUT/profile.ncu-rep;
 # rows:     the row kernels' tests alone (softmax, norms, cross_entropy: tests/cuda/test_cuda_row_ops.py
 #           and those ops' cases in test_cuda_ops.py), for a change to them only;
 # sanitize: compute-sanitizer's memcheck over the CUDA op tests of every reduction path and edge shape,
@@ -80,6 +83,17 @@ step_jax() {
   run_py python3 -c 'import jax; print(jax.__version__, jax.devices())' >> "$OUT/jax.log" 2>&1
   grep -E '^(FAILED|ERROR)' "$OUT/jax.log" | head -30
   tail -3 "$OUT/jax.log"
+  return 0
+}
+step_profile() {
+  run_py timeout "$(cap 300)" ncu --clock-control none --target-processes all \
+    --kernel-name regex:'softmax|layer_norm|norm_rows|rows|cunn|vectorized_layer_norm' \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section ComputeWorkloadAnalysis \
+    -f -o "$OUT/profile" python3 benchmarks/cuda_profile.py ${PROFILE_ARGS:-} > "$OUT/profile.log" 2>&1
+  echo "ncu rc $?"; tail -5 "$OUT/profile.log"
+  ncu --import "$OUT/profile.ncu-rep" --csv --page details > "$OUT/profile.csv" 2>/dev/null
+  wc -l "$OUT/profile.csv"
   return 0
 }
 step_rows() {
