@@ -279,3 +279,24 @@ def test_grad_of_grad_matches_opforge(case: Case, mode: str, rng) -> None:
     second = second if isinstance(second, tuple) else (second,)
     for k, got, want in zip(wanted, second, _double_backward(case, data, w, v)):
         np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-8, atol=1e-11, err_msg=op.inputs[k].name)
+
+
+def test_pynative_calls_take_python_shapes_and_graph_mode_keeps_the_cpp_infer_shape() -> None:
+    """MindSpore resolves a C++ InferShape from the library on every PyNative call (a dlopen, ~60
+    µs): PyNative calls go through a twin primitive without it, whose shapes come from __infer__;
+    the primitive Graph mode compiles keeps it (dynamic shapes)."""
+    prim = om.ops.mul
+    assert prim.attrs.get("cpp_infer_shape") is True
+    x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    old = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        np.testing.assert_array_equal(prim(x, x).asnumpy(), np.arange(6, dtype=np.float32).reshape(2, 3) ** 2)
+        twin = prim._eager
+        assert isinstance(twin, om.Primitive) and "cpp_infer_shape" not in twin.attrs
+        assert prim(x, x) is not None and prim._eager is twin  # (made once)
+        assert prim.attrs.get("cpp_infer_shape") is True
+        with pytest.raises(ValueError, match=r"\[mul\]"):  # the twin's Python infer: the call's own errors
+            prim(x, Tensor(np.ones((4,), np.float32)))
+    finally:
+        ms.set_context(mode=old)
