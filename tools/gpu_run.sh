@@ -2,6 +2,7 @@
 # The GPU verification of the cuda wheel, on a machine with a CUDA device (the device tool's H100/H200):
 #
 #   bash tools/gpu_run.sh setup build test bench sanitize     (any subset, in order)
+#   (steps: setup build test bench jax profile tune rows sanitize)
 #
 # setup:    installs the build's Python requirements that machine lacks from wheels carried in .whl/
 #           (cerberus, scipy-openblas32, meson-python, pyproject-metadata, meson, pybind11, expecttest:
@@ -13,6 +14,10 @@
 # profile:  Nsight Compute over benchmarks/cuda_profile.py (the row ops that miss their targets, beside
 #           torch's kernels): speed of light, memory, occupancy, launch and warp-state sections as
 #           CSV to $OUT/profile.csv, the report to $OUT/profile.ncu-rep;
+# tune:     benchmarks/cuda_rows_tune.cu: the row kernels under other launch shapes (threads per row,
+#           rows per block, blocks per SM of __launch_bounds__), registers, occupancy, time and share
+#           of the copy's bandwidth, as CSV to $OUT/tune.csv; with TUNE_BASE=<dir holding another
+#           tree's src/> the same kernels of that tree too (a column says which), to compare two trees;
 # rows:     the row kernels' tests alone (softmax, norms, cross_entropy: tests/cuda/test_cuda_row_ops.py
 #           and those ops' cases in test_cuda_ops.py), for a change to them only;
 # sanitize: compute-sanitizer's memcheck over the CUDA op tests of every reduction path and edge shape,
@@ -94,6 +99,29 @@ step_profile() {
   echo "ncu rc $?"; tail -5 "$OUT/profile.log"
   ncu --import "$OUT/profile.ncu-rep" --csv --page details > "$OUT/profile.csv" 2>/dev/null
   wc -l "$OUT/profile.csv"
+  return 0
+}
+step_tune() {
+  local d=/tmp/opforge-tune names=(here) roots=("$PWD") pids=() r k
+  [ -n "${TUNE_BASE:-}" ] && { names+=(base); roots+=("$TUNE_BASE"); }
+  mkdir -p "$d"
+  for r in "${!roots[@]}"; do
+    for k in 0 1 2 3 4 5; do  # (one binary per op, built in parallel: each is minutes of nvcc)
+      timeout "$(cap 300)" nvcc -O3 -std=c++17 -arch="sm_${ARCH/./}" --expt-relaxed-constexpr -I"${roots[$r]}/src" \
+        -DTUNE_OP=$k -o "$d/tune_${r}_$k" benchmarks/cuda_rows_tune.cu > "$d/build_${r}_$k.log" 2>&1 &
+      pids+=($!)
+    done
+  done
+  for k in "${pids[@]}"; do wait "$k"; done
+  { echo "tree,op,dtype,shape,group,threads,min_blocks,registers,blocks_per_sm,ms,GB/s,share_of_copy"
+    for r in "${!roots[@]}"; do
+      for k in 0 1 2 3 4 5; do
+        if [ -x "$d/tune_${r}_$k" ]; then timeout "$(cap 120)" "$d/tune_${r}_$k" --no-header | sed "s/^/${names[$r]},/"
+        else echo "${names[$r]},build of op $k failed: $(grep -m 3 error "$d/build_${r}_$k.log" | tr '\n,' '  ')"; fi
+      done
+    done
+  } > "$OUT/tune.csv"
+  wc -l "$OUT/tune.csv"; grep -c failed "$OUT/tune.csv"
   return 0
 }
 step_rows() {

@@ -1,0 +1,202 @@
+// The row kernels of src/kernels/cuda (softmax, log_softmax, layer_norm, rms_norm and backward
+// ops) under other launch shapes than launch_rows() gives them: threads per row group, rows per
+// block and __launch_bounds__'s blocks per SM (which caps the registers ptxas may use, so more
+// rows are in flight per SM). For each case: registers, resident blocks per SM, the median time
+// and the bandwidth as a share of a device-to-device copy of the same bytes, as CSV. The row ops
+// are the library's own (the headers), so building this against two source trees compares them:
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90 --expt-relaxed-constexpr -Isrc -o /tmp/tune benchmarks/cuda_rows_tune.cu
+//   /tmp/tune > tune.csv          (tools/gpu_run.sh tune builds one binary per op, in parallel)
+//
+// Nothing here runs in the library: it tells which launch shape launch_rows() should pick.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/norm_rows.cuh"
+#include "kernels/cuda/softmax_rows.cuh"
+
+namespace rows = ::opforge::kernels::cuda::rows;
+namespace smx = ::opforge::kernels::cuda::smx;
+namespace nrm = ::opforge::kernels::cuda::norm;
+using ::opforge::BFloat16;
+
+#define CHECK(x)                                                                      \
+  do {                                                                                \
+    cudaError_t e_ = (x);                                                             \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+// row_kernel's body with the launch shape as parameters: Threads per block, G per row group.
+template <int G, int Threads, int MinBlocks, typename Op>
+__global__ void __launch_bounds__(Threads, MinBlocks) tune_kernel(int64_t rows_, Op op) {
+  static_assert(Threads % G == 0 && (G == rows::kWarp || G == Threads), "warp groups or one group per block");
+  constexpr int kPerBlock = Threads / G;
+  const int lane = static_cast<int>(threadIdx.x % G);
+  for (int64_t r = int64_t(blockIdx.x) * kPerBlock + threadIdx.x / G; r < rows_; r += int64_t(gridDim.x) * kPerBlock) {
+    op.template row<G>(r, lane);
+  }
+}
+
+template <typename T>
+__global__ void fill(T* p, int64_t n, unsigned seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    p[i] = T(static_cast<float>(h % 20001u) / 5000.0f - 2.0f);
+  }
+}
+
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() {
+    CHECK(cudaEventCreate(&a));
+    CHECK(cudaEventCreate(&b));
+  }
+  template <typename F>
+  float median_ms(F&& f, int reps = 25) {
+    f();
+    CHECK(cudaDeviceSynchronize());
+    std::vector<float> t;
+    for (int i = 0; i < reps; ++i) {
+      CHECK(cudaEventRecord(a));
+      f();
+      CHECK(cudaEventRecord(b));
+      CHECK(cudaEventSynchronize(b));
+      float ms = 0;
+      CHECK(cudaEventElapsedTime(&ms, a, b));
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+};
+
+template <typename T>
+const char* name_of() {
+  return sizeof(T) == 4 ? "float32" : "bfloat16";
+}
+
+struct Buffers {
+  void *x, *y, *g, *dx, *w, *b, *mean, *rstd, *dmean, *drstd;
+};
+
+template <int G, int Threads, int MinBlocks, typename Op>
+void run_case(Timer& timer, const char* op_name, const char* dtype, int64_t R, int64_t N, double bytes, double copy_bw,
+              const Op& op) {
+  auto kernel = tune_kernel<G, Threads, MinBlocks, Op>;
+  cudaFuncAttributes attr{};
+  CHECK(cudaFuncGetAttributes(&attr, kernel));
+  int resident = 0;
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, Threads, 0));
+  constexpr int kPerBlock = Threads / G;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(int64_t(1) << 20, (R + kPerBlock - 1) / kPerBlock));
+  const float ms = timer.median_ms([&] { kernel<<<blocks, Threads>>>(R, op); });
+  CHECK(cudaGetLastError());
+  std::printf("%s,%s,%lldx%lld,%d,%d,%d,%d,%d,%.4f,%.3f,%.2f\n", op_name, dtype, static_cast<long long>(R),
+              static_cast<long long>(N), G, Threads, MinBlocks, attr.numRegs, resident, ms, bytes / ms * 1e-6,
+              bytes / ms / copy_bw);
+  std::fflush(stdout);
+}
+
+// Every launch shape of one op: the short-row shapes (a warp per row) when N <= 1024, else the
+// long-row ones (a block per row).
+template <typename Op>
+void sweep(Timer& timer, const char* op_name, const char* dtype, int64_t R, int64_t N, double bytes, double copy_bw,
+           const Op& op) {
+  if (N <= rows::kShortRow) {
+    run_case<32, 128, 1>(timer, op_name, dtype, R, N, bytes, copy_bw, op);  // launch_rows() today
+    run_case<32, 128, 4>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
+    run_case<32, 128, 6>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
+    run_case<32, 128, 8>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
+    run_case<32, 256, 2>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
+    run_case<32, 256, 3>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
+    run_case<32, 256, 4>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
+  } else {
+    run_case<256, 256, 2>(timer, op_name, dtype, R, N, bytes, copy_bw, op);  // launch_rows() today
+    run_case<256, 256, 3>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
+    run_case<256, 256, 4>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
+    run_case<512, 512, 1>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
+    run_case<512, 512, 2>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
+    run_case<1024, 1024, 1>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
+  }
+}
+
+// TUNE_OP=k builds only the k-th op of run_dtype() (the script builds the six in parallel: each
+// takes minutes of nvcc); -1 (the default) all of them.
+#ifndef TUNE_OP
+#define TUNE_OP -1
+#endif
+constexpr int kOp = TUNE_OP;
+
+template <typename T>
+void run_dtype(Timer& timer, const Buffers& buf, int64_t R, int64_t N) {
+  const char* dt = name_of<T>();
+  const double e = static_cast<double>(R) * static_cast<double>(N) * sizeof(T);
+  // the copy anchor: bytes read + written per ms by a device-to-device copy of one tensor
+  const float copy_ms = timer.median_ms([&] { CHECK(cudaMemcpyAsync(buf.y, buf.x, static_cast<size_t>(e), cudaMemcpyDeviceToDevice)); });
+  const double bw = 2 * e / copy_ms;
+  std::printf("copy,%s,%lldx%lld,,,,,,%.4f,%.1f,1.00\n", dt, static_cast<long long>(R), static_cast<long long>(N), copy_ms,
+              bw * 1e-6);
+  auto t = [](void* p) { return static_cast<T*>(p); };
+  const bool vec = rows::vec_ok<T>(N, {buf.x, buf.y, buf.g, buf.dx, buf.w, buf.b});
+  using C = ::opforge::compute_t<T>;
+  if constexpr (kOp < 0 || kOp == 0) sweep(timer, "softmax", dt, R, N, 2 * e, bw, smx::ForwardRow<T, smx::Kind::Softmax>{t(buf.x), t(buf.y), N, vec});
+  if constexpr (kOp < 0 || kOp == 1) sweep(timer, "log_softmax", dt, R, N, 2 * e, bw,
+        smx::ForwardRow<T, smx::Kind::LogSoftmax>{t(buf.x), t(buf.y), N, vec});
+  if constexpr (kOp < 0 || kOp == 2) sweep(timer, "softmax_backward", dt, R, N, 3 * e, bw,
+        smx::BackwardRow<T, smx::Kind::Softmax>{t(buf.g), t(buf.y), t(buf.dx), N, vec});
+  if constexpr (kOp < 0 || kOp == 3) sweep(timer, "layer_norm", dt, R, N, 2 * e, bw,
+        nrm::LayerNormRow<T>{t(buf.x), t(buf.w), t(buf.b), t(buf.y), t(buf.mean), t(buf.rstd), N, C(1e-5), vec});
+  if constexpr (kOp < 0 || kOp == 4) sweep(timer, "rms_norm", dt, R, N, 2 * e, bw,
+        nrm::RmsNormRow<T>{t(buf.x), t(buf.w), t(buf.y), t(buf.rstd), N, C(1e-5), vec});
+  if constexpr (kOp < 0 || kOp == 5) sweep(timer, "layer_norm_backward", dt, R, N, 3 * e, bw,
+        nrm::NormBackwardRow<T, false>{t(buf.g), t(buf.x), t(buf.w), t(buf.mean), t(buf.rstd), t(buf.dmean),
+                                        t(buf.drstd), t(buf.dx), N, vec});
+}
+
+template <typename T>
+void fill_all(const Buffers& buf, int64_t R, int64_t N) {
+  const int64_t e = R * N;
+  fill<T><<<1024, 256>>>(static_cast<T*>(buf.x), e, 1u);
+  fill<T><<<1024, 256>>>(static_cast<T*>(buf.g), e, 2u);
+  fill<T><<<1024, 256>>>(static_cast<T*>(buf.y), e, 3u);
+  fill<T><<<64, 256>>>(static_cast<T*>(buf.w), N, 4u);
+  fill<T><<<64, 256>>>(static_cast<T*>(buf.b), N, 5u);
+  fill<T><<<64, 256>>>(static_cast<T*>(buf.mean), R, 6u);
+  fill<T><<<64, 256>>>(static_cast<T*>(buf.rstd), R, 7u);
+  fill<T><<<64, 256>>>(static_cast<T*>(buf.dmean), R, 8u);
+  fill<T><<<64, 256>>>(static_cast<T*>(buf.drstd), R, 9u);
+  CHECK(cudaDeviceSynchronize());
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) != "--no-header") {
+    std::printf("op,dtype,shape,group,threads,min_blocks,registers,blocks_per_sm,ms,GB/s,share_of_copy\n");
+  }
+  Timer timer;
+  const int64_t shapes[2][2] = {{65536, 1024}, {8192, 8192}};
+  for (const auto& s : shapes) {
+    const int64_t R = s[0], N = s[1];
+    const size_t big = static_cast<size_t>(R * N) * 4, row = static_cast<size_t>(N) * 4, col = static_cast<size_t>(R) * 4;
+    Buffers buf{};
+    for (void** p : {&buf.x, &buf.y, &buf.g, &buf.dx}) CHECK(cudaMalloc(p, big));
+    for (void** p : {&buf.w, &buf.b}) CHECK(cudaMalloc(p, row));
+    for (void** p : {&buf.mean, &buf.rstd, &buf.dmean, &buf.drstd}) CHECK(cudaMalloc(p, col));
+    fill_all<float>(buf, R, N);
+    run_dtype<float>(timer, buf, R, N);
+    fill_all<BFloat16>(buf, R, N);
+    run_dtype<BFloat16>(timer, buf, R, N);
+    for (void* p : {buf.x, buf.y, buf.g, buf.dx, buf.w, buf.b, buf.mean, buf.rstd, buf.dmean, buf.drstd}) CHECK(cudaFree(p));
+  }
+  return 0;
+}
