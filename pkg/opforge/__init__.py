@@ -173,16 +173,20 @@ def _repr(self: Tensor) -> str:
     return f"tensor({body}{extra})"
 
 
-for _name, _op, _refl in (
-    ("__add__", ops.add, False), ("__radd__", ops.add, True),
-    ("__sub__", ops.sub, False), ("__rsub__", ops.sub, True),
-    ("__mul__", ops.mul, False), ("__rmul__", ops.mul, True),
-    ("__truediv__", ops.div, False), ("__rtruediv__", ops.div, True),
-    ("__matmul__", ops.matmul, False), ("__rmatmul__", ops.matmul, True),
-    ("__gt__", ops.greater, False), ("__lt__", ops.less, False),
-    ("__ge__", ops.greater_equal, False), ("__le__", ops.less_equal, False),
-):
-    setattr(Tensor, _name, _binary(_op, _refl))
+_OPERATORS = (  # (method, op, reflected)
+    ("__add__", "add", False), ("__radd__", "add", True),
+    ("__sub__", "sub", False), ("__rsub__", "sub", True),
+    ("__mul__", "mul", False), ("__rmul__", "mul", True),
+    ("__truediv__", "div", False), ("__rtruediv__", "div", True),
+    ("__matmul__", "matmul", False), ("__rmatmul__", "matmul", True),
+    ("__gt__", "greater", False), ("__lt__", "less", False),
+    ("__ge__", "greater_equal", False), ("__le__", "less_equal", False),
+)
+# The ops Tensor's operators and methods call: opforge does not import without them (a build of
+# fewer specs, as tests/test_cli.py's scaffold test makes, keeps them and what their formulas call).
+_TENSOR_OPS = frozenset({op for _, op, _ in _OPERATORS} | {"neg", "sum", "mean"})
+for _name, _op, _refl in _OPERATORS:
+    setattr(Tensor, _name, _binary(getattr(ops, _op), _refl))
 Tensor.__neg__ = lambda self: ops.neg(self)
 
 
