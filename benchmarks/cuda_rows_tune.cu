@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cuda/norm_rows.cuh"
@@ -90,44 +91,50 @@ struct Buffers {
   void *x, *y, *g, *dx, *w, *b, *mean, *rstd, *dmean, *drstd;
 };
 
-template <int G, int Threads, int MinBlocks, typename Op>
+template <int G_, int Threads_, int MinBlocks_>
+struct Launch {
+  static constexpr int G = G_, Threads = Threads_, MinBlocks = MinBlocks_;
+};
+
+template <typename L, typename Op>
 void run_case(Timer& timer, const char* op_name, const char* dtype, int64_t R, int64_t N, double bytes, double copy_bw,
               const Op& op) {
-  auto kernel = tune_kernel<G, Threads, MinBlocks, Op>;
+  auto kernel = tune_kernel<L::G, L::Threads, L::MinBlocks, Op>;
   cudaFuncAttributes attr{};
   CHECK(cudaFuncGetAttributes(&attr, kernel));
   int resident = 0;
-  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, Threads, 0));
-  constexpr int kPerBlock = Threads / G;
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, L::Threads, 0));
+  constexpr int kPerBlock = L::Threads / L::G;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(int64_t(1) << 20, (R + kPerBlock - 1) / kPerBlock));
-  const float ms = timer.median_ms([&] { kernel<<<blocks, Threads>>>(R, op); });
+  const float ms = timer.median_ms([&] { kernel<<<blocks, L::Threads>>>(R, op); });
   CHECK(cudaGetLastError());
   std::printf("%s,%s,%lldx%lld,%d,%d,%d,%d,%d,%.4f,%.3f,%.2f\n", op_name, dtype, static_cast<long long>(R),
-              static_cast<long long>(N), G, Threads, MinBlocks, attr.numRegs, resident, ms, bytes / ms * 1e-6,
+              static_cast<long long>(N), L::G, L::Threads, L::MinBlocks, attr.numRegs, resident, ms, bytes / ms * 1e-6,
               bytes / ms / copy_bw);
   std::fflush(stdout);
 }
 
-// Every launch shape of one op: the short-row shapes (a warp per row) when N <= 1024, else the
-// long-row ones (a block per row).
+// The launch shapes tried: a warp per row (rows of up to 1024 elements), 4 or 8 rows to a block;
+// a block per row (longer rows). The first of each is what launch_rows() runs today.
+using ShortRows = std::tuple<Launch<32, 128, 1>, Launch<32, 128, 4>, Launch<32, 128, 6>, Launch<32, 128, 8>,
+                             Launch<32, 256, 2>, Launch<32, 256, 3>, Launch<32, 256, 4>>;
+using LongRows = std::tuple<Launch<256, 256, 2>, Launch<256, 256, 3>, Launch<256, 256, 4>, Launch<512, 512, 1>,
+                            Launch<512, 512, 2>, Launch<1024, 1024, 1>>;
+
+template <typename Op, typename... L>
+void run_all(std::tuple<L...>*, Timer& timer, const char* op_name, const char* dtype, int64_t R, int64_t N, double bytes,
+             double copy_bw, const Op& op) {
+  (run_case<L>(timer, op_name, dtype, R, N, bytes, copy_bw, op), ...);
+}
+
+// Every launch shape of one op for its row length.
 template <typename Op>
 void sweep(Timer& timer, const char* op_name, const char* dtype, int64_t R, int64_t N, double bytes, double copy_bw,
            const Op& op) {
   if (N <= rows::kShortRow) {
-    run_case<32, 128, 1>(timer, op_name, dtype, R, N, bytes, copy_bw, op);  // launch_rows() today
-    run_case<32, 128, 4>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
-    run_case<32, 128, 6>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
-    run_case<32, 128, 8>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
-    run_case<32, 256, 2>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
-    run_case<32, 256, 3>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
-    run_case<32, 256, 4>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
+    run_all(static_cast<ShortRows*>(nullptr), timer, op_name, dtype, R, N, bytes, copy_bw, op);
   } else {
-    run_case<256, 256, 2>(timer, op_name, dtype, R, N, bytes, copy_bw, op);  // launch_rows() today
-    run_case<256, 256, 3>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
-    run_case<256, 256, 4>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
-    run_case<512, 512, 1>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
-    run_case<512, 512, 2>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
-    run_case<1024, 1024, 1>(timer, op_name, dtype, R, N, bytes, copy_bw, op);
+    run_all(static_cast<LongRows*>(nullptr), timer, op_name, dtype, R, N, bytes, copy_bw, op);
   }
 }
 
