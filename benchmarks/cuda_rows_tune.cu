@@ -1,5 +1,6 @@
 // The row kernels of src/kernels/cuda (softmax, log_softmax, layer_norm, rms_norm and backward
-// ops) under other launch shapes than launch_rows() gives them: threads per row group, rows per
+// ops) and the column sums (col_sums(): norm_weight_grad, bias_add_grad, sum_to_like) under other
+// launch shapes than launch_rows() and col_sums() give them: threads per row group, rows per
 // block and __launch_bounds__'s blocks per SM (which caps the registers ptxas may use, so more
 // rows are in flight per SM). For each case: registers, resident blocks per SM, the median time
 // and the bandwidth as a share of a device-to-device copy of the same bytes, as CSV. The row ops
@@ -7,6 +8,8 @@
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 --expt-relaxed-constexpr -Isrc -o /tmp/tune benchmarks/cuda_rows_tune.cu
 //   /tmp/tune > tune.csv          (tools/gpu_run.sh tune builds one binary per op, in parallel)
+//
+// (col_sums rows: `group` is the number of row chunks, `min_blocks` 1 marks col_sums()'s own choice.)
 //
 // Nothing here runs in the library: it tells which launch shape launch_rows() should pick.
 #include <cuda_runtime_api.h>
@@ -138,6 +141,50 @@ void sweep(Timer& timer, const char* op_name, const char* dtype, int64_t R, int6
   }
 }
 
+// The column sums (norm_weight_grad, bias_add_grad, sum_to_like: out[j] = sum over the rows of
+// x[r, j]) split into more row chunks than col_sums() picks (more blocks in flight, a longer
+// second stage): its two kernels as col_sums() launches them, chunk counts c, 2c, 4c and 8c.
+template <typename T>
+void col_sums_sweep(Timer& timer, const Buffers& buf, int64_t R, int64_t N, double bytes, double copy_bw) {
+  using A = rows::acc_t<T>;
+  using F = nrm::ReadAt<T, A>;
+  const F f{static_cast<const T*>(buf.x), N};
+  const int64_t col_blocks = (N + rows::kColTile - 1) / rows::kColTile;
+  const int64_t want = std::max<int64_t>(1, 512 / col_blocks);  // (as col_sums() computes it)
+  const int64_t today = std::clamp<int64_t>((R + rows::kColRows * 64 - 1) / (rows::kColRows * 64), 1, want);
+  A* part = nullptr;
+  A* total = nullptr;
+  CHECK(cudaMalloc(&part, static_cast<size_t>(8 * today * N) * sizeof(A)));
+  CHECK(cudaMalloc(&total, static_cast<size_t>(N) * sizeof(A)));
+  cudaFuncAttributes attr{};
+  CHECK(cudaFuncGetAttributes(&attr, rows::col_partial_kernel<A, F>));
+  int resident = 0;
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, rows::col_partial_kernel<A, F>,
+                                                      rows::kColTile * rows::kColRows, 0));
+  for (int64_t chunks : {today, 2 * today, 4 * today, 8 * today}) {
+    if (chunks > R) break;
+    const int64_t chunk = (R + chunks - 1) / chunks;
+    const dim3 block(rows::kColTile, rows::kColRows);
+    const float ms = timer.median_ms([&] {
+      rows::col_partial_kernel<A, F><<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), block>>>(
+          R, N, chunk, f, part);
+      if (chunks > 1) {
+        rows::col_partial_kernel<A, rows::ReadPart<A>><<<dim3(static_cast<unsigned>(col_blocks), 1), block>>>(
+            chunks, N, chunks, rows::ReadPart<A>{part, N}, total);
+      }
+      rows::store_cols<T, A><<<static_cast<unsigned>((N + 255) / 256), 256>>>(N, chunks > 1 ? total : part,
+                                                                               static_cast<T*>(buf.y));
+    });
+    CHECK(cudaGetLastError());
+    std::printf("col_sums,%s,%lldx%lld,%lld,%d,%d,%d,%d,%.4f,%.3f,%.2f\n", name_of<T>(), static_cast<long long>(R),
+                static_cast<long long>(N), static_cast<long long>(chunks), rows::kColTile * rows::kColRows,
+                chunks == today ? 1 : 0, attr.numRegs, resident, ms, bytes / ms * 1e-6, bytes / ms / copy_bw);
+    std::fflush(stdout);
+  }
+  CHECK(cudaFree(part));
+  CHECK(cudaFree(total));
+}
+
 // TUNE_OP=k builds only the k-th op of run_dtype() (the script builds the six in parallel: each
 // takes minutes of nvcc); -1 (the default) all of them.
 #ifndef TUNE_OP
@@ -169,6 +216,7 @@ void run_dtype(Timer& timer, const Buffers& buf, int64_t R, int64_t N) {
   if constexpr (kOp < 0 || kOp == 5) sweep(timer, "layer_norm_backward", dt, R, N, 3 * e, bw,
         nrm::NormBackwardRow<T, false>{t(buf.g), t(buf.x), t(buf.w), t(buf.mean), t(buf.rstd), t(buf.dmean),
                                         t(buf.drstd), t(buf.dx), N, vec});
+  if constexpr (kOp < 0 || kOp == 6) col_sums_sweep<T>(timer, buf, R, N, e, bw);
 }
 
 template <typename T>

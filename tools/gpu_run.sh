@@ -15,7 +15,8 @@
 #           torch's kernels): speed of light, memory, occupancy, launch and warp-state sections as
 #           CSV to $OUT/profile.csv, the report to $OUT/profile.ncu-rep;
 # tune:     benchmarks/cuda_rows_tune.cu: the row kernels under other launch shapes (threads per row,
-#           rows per block, blocks per SM of __launch_bounds__), registers, occupancy, time and share
+#           rows per block, blocks per SM of __launch_bounds__) and the column sums with more row
+#           chunks, registers, occupancy, time and share
 #           of the copy's bandwidth, as CSV to $OUT/tune.csv; with TUNE_BASE=<dir holding another
 #           tree's src/> the same kernels of that tree too (a column says which), to compare two trees;
 # rows:     the row kernels' tests alone (softmax, norms, cross_entropy: tests/cuda/test_cuda_row_ops.py
@@ -106,7 +107,7 @@ step_tune() {
   [ -n "${TUNE_BASE:-}" ] && { names+=(base); roots+=("$TUNE_BASE"); }
   mkdir -p "$d"
   for r in "${!roots[@]}"; do
-    for k in 0 1 2 3 4 5; do  # (one binary per op, built in parallel: each is minutes of nvcc)
+    for k in 0 1 2 3 4 5 6; do  # (one binary per op, built in parallel: each is minutes of nvcc)
       timeout "$(cap 300)" nvcc -O3 -std=c++17 -arch="sm_${ARCH/./}" --expt-relaxed-constexpr -I"${roots[$r]}/src" \
         -DTUNE_OP=$k -o "$d/tune_${r}_$k" benchmarks/cuda_rows_tune.cu > "$d/build_${r}_$k.log" 2>&1 &
       pids+=($!)
@@ -115,7 +116,7 @@ step_tune() {
   for k in "${pids[@]}"; do wait "$k"; done
   { echo "tree,op,dtype,shape,group,threads,min_blocks,registers,blocks_per_sm,ms,GB/s,share_of_copy"
     for r in "${!roots[@]}"; do
-      for k in 0 1 2 3 4 5; do
+      for k in 0 1 2 3 4 5 6; do
         if [ -x "$d/tune_${r}_$k" ]; then timeout "$(cap 120)" "$d/tune_${r}_$k" --no-header | sed "s/^/${names[$r]},/"
         else echo "${names[$r]},build of op $k failed: $(grep -m 3 error "$d/build_${r}_$k.log" | tr '\n,' '  ')"; fi
       done
