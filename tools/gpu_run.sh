@@ -17,7 +17,7 @@
 # tune:     benchmarks/cuda_rows_tune.cu: the row kernels under other launch shapes (threads per row,
 #           rows per block, blocks per SM of __launch_bounds__) and the column sums with more row
 #           chunks, registers, occupancy, time and share
-#           of the copy's bandwidth, as CSV to $OUT/tune.csv; with TUNE_BASE=<dir holding another
+#           of the copy's bandwidth, as CSV to $OUT/tune.csv (summed up in $OUT/tune.md); with TUNE_BASE=<dir holding another
 #           tree's src/> the same kernels of that tree too (a column says which), to compare two trees;
 # rows:     the row kernels' tests alone (softmax, norms, cross_entropy: tests/cuda/test_cuda_row_ops.py
 #           and those ops' cases in test_cuda_ops.py), for a change to them only;
@@ -123,6 +123,7 @@ step_tune() {
     done
   } > "$OUT/tune.csv"
   wc -l "$OUT/tune.csv"; grep -c failed "$OUT/tune.csv"
+  python3 benchmarks/tune_summary.py "$OUT/tune.csv" > "$OUT/tune.md" && cat "$OUT/tune.md"
   return 0
 }
 step_rows() {
