@@ -16,9 +16,9 @@
 #           CSV to $OUT/profile.csv, the report to $OUT/profile.ncu-rep;
 # tune:     benchmarks/cuda_rows_tune.cu: the row kernels under other launch shapes (threads per row,
 #           rows per block, blocks per SM of __launch_bounds__) and the column sums with more row
-#           chunks, registers, occupancy, time and share
-#           of the copy's bandwidth, as CSV to $OUT/tune.csv (summed up in $OUT/tune.md); with TUNE_BASE=<dir holding another
-#           tree's src/> the same kernels of that tree too (a column says which), to compare two trees;
+#           chunks: registers, occupancy, time and share of the copy's bandwidth, as CSV to
+#           $OUT/tune.csv, summed up in $OUT/tune.md; with TUNE_BASE=<dir holding another tree's src/>
+#           the same kernels of that tree too (a column says which), to compare two trees;
 # rows:     the row kernels' tests alone (softmax, norms, cross_entropy: tests/cuda/test_cuda_row_ops.py
 #           and those ops' cases in test_cuda_ops.py), for a change to them only;
 # sanitize: compute-sanitizer's memcheck over the CUDA op tests of every reduction path and edge shape,
