@@ -308,7 +308,7 @@ def check_ops(ops: Sequence[OpSpec], extra: Sequence[Callee] = (),
     table: dict[str, Callee] = {o.name: o for o in extra}
     table.update({o.name: o for o in ops})
     for op in ops:
-        if broken & _called_ops(op):
+        if broken & called_ops(op):
             continue
         try:
             lower_formulas(op, table)  # formulas are checked by lowering them, as dest does
@@ -317,5 +317,6 @@ def check_ops(ops: Sequence[OpSpec], extra: Sequence[Callee] = (),
     return errors
 
 
-def _called_ops(op: OpSpec) -> set[str]:
+def called_ops(op: OpSpec) -> set[str]:
+    """The ops op's formulas (composite, bprop, jvp) call, operators included (x * y is mul)."""
     return set().union(*[ops_in(f.ast) for f in op.formulas()])

@@ -169,10 +169,9 @@ def test_new_writes_specs_that_check(tmp_path: Path) -> None:
     assert r.returncode == 2 and "invalid choice: 'fortran'" in r.stderr
 
 
-def _called_ops(specs: Path, roots: list[str]) -> set[str]:
-    """roots and every op their formulas (composite, bprop, jvp) call, transitively."""
-    from opforge.codegen.formula.syntax import ops_in
-    from opforge.codegen.load import load_specs
+def _with_called_ops(specs: Path, roots: list[str]) -> set[str]:
+    """roots and every op their formulas call, transitively."""
+    from opforge.codegen.load import called_ops, load_specs
     known = {s.name: s for s in load_specs(sorted(specs.glob("*.yaml")))}
     seen: set[str] = set()
     todo = list(roots)
@@ -180,7 +179,7 @@ def _called_ops(specs: Path, roots: list[str]) -> set[str]:
         name = todo.pop()
         if name not in seen:
             seen.add(name)
-            todo += [n for f in known[name].formulas() for n in ops_in(f.ast) if n in known]
+            todo += sorted(called_ops(known[name]) & known.keys())
     return seen
 
 
@@ -195,7 +194,7 @@ def test_new_ops_build_and_pass_their_generated_tests(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr
     # built with the ops they call and those opforge's Tensor needs, not every op of the project
     # (a full build is minutes of CI): a scaffold that calls an op outside them fails to build
-    keep = _called_ops(project / "op_specs", [f"scaffold_{k}" for k in kinds] + sorted(opforge._TENSOR_OPS))
+    keep = _with_called_ops(project / "op_specs", [f"scaffold_{k}" for k in kinds] + sorted(opforge._TENSOR_OPS))
     for spec in (project / "op_specs").glob("*.yaml"):
         if spec.stem not in keep:
             spec.unlink()
