@@ -95,7 +95,9 @@ def test_nothing_found_says_every_place_tried(no_toolkit: Path, monkeypatch: pyt
     assert f"$OPFORGE_NVCC: no {no_toolkit / 'nowhere' / 'nvcc'}" in str(e.value)
 
 
-def test_a_toolkit_without_the_runtime_names_the_package(tmp_path: Path) -> None:
+def test_a_toolkit_without_the_runtime_names_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # (nor in the nvidia.cu13 wheels: an environment with nvidia-cuda-runtime installed has them)
+    monkeypatch.setattr(toolkit, "_wheel_roots", lambda: [])
     with pytest.raises(toolkit.ToolkitError) as e:
         toolkit.describe(fake_toolkit(tmp_path / "bare", runtime=False))
     assert "has no cuda_runtime_api.h beside it: pip install 'nvidia-cuda-runtime~=13.0'" in str(e.value)

@@ -2,7 +2,7 @@
 # The GPU verification of the cuda wheel, on a machine with a CUDA device (the device tool's H100/H200):
 #
 #   bash tools/gpu_run.sh setup build test bench sanitize     (any subset, in order)
-#   (steps: setup build test bench jax profile tune rows sanitize)
+#   (steps: setup build test bench jax profile tune rows graphs sanitize)
 #
 # setup:    installs the build's Python requirements that machine lacks from wheels carried in .whl/
 #           (cerberus, scipy-openblas32, meson-python, pyproject-metadata, meson, pybind11, expecttest:
@@ -21,6 +21,8 @@
 #           the same kernels of that tree too (a column says which), to compare two trees;
 # rows:     the row kernels' tests alone (softmax, norms, cross_entropy: tests/cuda/test_cuda_row_ops.py
 #           and those ops' cases in test_cuda_ops.py), for a change to them only;
+# graphs:   compute-sanitizer's memcheck over tests/cuda/test_cuda_graphs.py (standalone CUDA graphs:
+#           the allocator's capture paths, the memory a graph keeps, replays after frees);
 # sanitize: compute-sanitizer's memcheck over the CUDA op tests of every reduction path and edge shape,
 #           the row kernels (warp and block rows), out-of-range indices and labels, gathers and scatters.
 # Logs go to $OUT (default /tmp/opforge-gpu-out); each step's seconds to $OUT/steps.txt. The whole run
@@ -132,6 +134,13 @@ step_rows() {
     > "$OUT/rows.log" 2>&1
   grep -E '^(FAILED|ERROR)' "$OUT/rows.log" | head -30
   tail -3 "$OUT/rows.log"
+  return 0
+}
+step_graphs() {
+  run_py timeout "$(cap 120)" compute-sanitizer --tool memcheck --target-processes all --leak-check no --error-exitcode 9 \
+    python3 -m pytest -p no:benchmark tests/cuda/test_cuda_graphs.py -q -p no:cacheprovider -rfE \
+    > "$OUT/graphs.log" 2>&1
+  echo "compute-sanitizer rc $?"; grep -m 30 -E '=========|passed|failed|^(FAILED|ERROR)' "$OUT/graphs.log"
   return 0
 }
 # (one line: pytest refuses a -k expression with a newline in it)

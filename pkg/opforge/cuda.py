@@ -8,11 +8,25 @@
     with opforge.cuda.Stream():   # work and allocations of this thread go to that stream
         y = x.to("cpu")
     opforge.cuda.memory_allocated(), opforge.cuda.empty_cache()
+    g = opforge.cuda.CUDAGraph()
+    with opforge.cuda.graph(g):   # records the ops' kernels (on a side stream) instead of running them
+        y = opforge.ops.softmax(x)
+    g.replay()                    # reruns them: y holds the result for x's current contents
 
 Memory comes from the driver's stream-ordered pool (cudaMallocAsync), which keeps freed blocks for
 reuse on their stream: no cudaMalloc/cudaFree per tensor. Each thread has a current stream per
 device, initially the legacy default stream (as in torch); ``ExternalStream(handle)`` wraps another
 library's stream (``torch.cuda.current_stream().cuda_stream``) so opforge's work runs on it.
+
+Graphs (:class:`CUDAGraph`, :class:`graph`: ``torch.cuda.CUDAGraph`` and ``torch.cuda.graph``'s
+roles) capture the work one thread queues on one stream and replay it with one launch. During the
+capture, tensors are allocated from the graph's own blocks (a block freed in the capture is reused
+by the capture's later allocations), so results made in the capture are the replays' outputs, and
+the graph keeps alive every tensor its work reads or writes until :meth:`CUDAGraph.reset` or its
+deletion: a replay never touches freed memory. As in torch, new inputs are written into the tensors
+the capture read (``ops.add(new, 0.0, out=x)`` or ``x.copy_(new)``-style out= calls), and work that
+waits for the host (a copy to or from the host, ``.item()``, ``.cpu()``, a synchronize) fails inside
+a capture. Warm the ops up once before capturing (cuBLAS makes its handles on first use).
 
 The cu130 wheel (``-Dops_backend=cuda``) links the CUDA runtime; it imports and runs CPU ops on a
 machine without a GPU or driver, and asking for a CUDA device there raises ``RuntimeError`` with
@@ -27,7 +41,8 @@ from opforge import _formulas
 import opforge._C as _C
 
 __all__ = ["is_available", "is_built", "device_count", "synchronize", "unavailable_reason", "runtime_version",
-           "memory_allocated", "empty_cache", "Stream", "ExternalStream", "current_stream", "set_stream"]
+           "memory_allocated", "empty_cache", "Stream", "ExternalStream", "current_stream", "set_stream",
+           "CUDAGraph", "graph", "graph_memory"]
 
 
 def _name(device: Optional[Union[str, int]]) -> str:
@@ -145,3 +160,84 @@ def current_stream(device: Optional[Union[str, int]] = None) -> Stream:
 def set_stream(stream: Stream) -> None:
     """Makes stream this thread's current stream on its device (``with stream:`` restores the previous one)."""
     _C._set_current_stream(stream.device, stream.cuda_stream)
+
+
+def graph_memory(device: Optional[Union[str, int]] = None) -> int:
+    """Bytes of device memory held by graphs' blocks on device (default: the current one; 0 without
+    a CUDA device): what captures allocated, kept until their graphs are reset and the tensors made
+    in them are gone."""
+    return int(_C._graph_memory(_name(device)))
+
+
+class CUDAGraph:
+    """A CUDA graph of opforge's work on device (default: the current device), as
+    ``torch.cuda.CUDAGraph``: :meth:`capture_begin` / :meth:`capture_end` around the work (usually
+    through :class:`graph`), then :meth:`replay` as often as needed. RuntimeError without a CUDA
+    device."""
+
+    def __init__(self, device: Optional[Union[str, int]] = None) -> None:
+        self._graph = _C._Graph(_name(device))
+
+    @property
+    def device(self) -> str:
+        return str(self._graph.device)
+
+    def capture_begin(self) -> None:
+        """Starts recording the work this thread queues on its current stream on the graph's device,
+        which must not be the legacy default stream (:class:`graph` makes a side stream)."""
+        self._graph.capture_begin()
+
+    def capture_end(self) -> None:
+        """Ends the recording and makes the graph replayable; RuntimeError when the capture failed
+        (something in it waited for the host)."""
+        self._graph.capture_end()
+
+    def replay(self) -> None:
+        """Launches the captured work on this thread's current stream (no host wait)."""
+        self._graph.replay()
+
+    def reset(self) -> None:
+        """Frees the captured graph, once the replays in flight are done, and what it kept alive; the
+        graph's blocks still held by tensors go back when those tensors do. It can capture again."""
+        self._graph.release()
+
+    def _abort(self) -> None:
+        self._graph.capture_end(discard=True)
+
+    def __repr__(self) -> str:
+        return f"<opforge.cuda.CUDAGraph device={self.device}>"
+
+
+class graph:
+    """``with opforge.cuda.graph(g):`` captures the block's work into ``g`` (a :class:`CUDAGraph`), as
+    ``torch.cuda.graph``: it waits for the device's queued work, then makes ``stream`` (default: a
+    new side stream) current for the block. An exception in the block discards the capture (``g``
+    can capture again)."""
+
+    def __init__(self, cuda_graph: CUDAGraph, stream: Optional[Stream] = None) -> None:
+        self.cuda_graph = cuda_graph
+        self._stream = stream
+        self._entered: Optional[Stream] = None
+
+    def __enter__(self) -> CUDAGraph:
+        synchronize(self.cuda_graph.device)
+        stream = self._stream if self._stream is not None else Stream(self.cuda_graph.device)
+        stream.__enter__()
+        try:
+            self.cuda_graph.capture_begin()
+        except BaseException:
+            stream.__exit__(None, None, None)
+            raise
+        self._entered = stream
+        return self.cuda_graph
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        stream, self._entered = self._entered, None
+        assert stream is not None
+        try:
+            if exc_type is not None:
+                self.cuda_graph._abort()
+            else:
+                self.cuda_graph.capture_end()
+        finally:
+            stream.__exit__(None, None, None)

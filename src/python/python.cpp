@@ -318,6 +318,104 @@ TensorPtr tensor_from_dl(const DLTensor& dl, const char* op, const char* arg, bo
   return std::make_shared<Tensor>(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
 }
 
+// Whether the memory a and b span overlaps (on one device).
+bool overlap(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0 || a.device() != b.device()) return false;
+  auto span = [](const Tensor& t) {
+    int64_t lo = 0, hi = 0;  // element offsets from raw_data()
+    for (size_t d = 0; d < t.shape().size(); ++d) {
+      const int64_t reach = t.strides()[d] * (t.shape()[d] - 1);
+      (reach < 0 ? lo : hi) += reach;
+    }
+    const auto* base = static_cast<const char*>(t.raw_data());
+    const auto item = static_cast<int64_t>(itemsize(t.dtype()));
+    return std::pair<const char*, const char*>(base + lo * item, base + (hi + 1) * item);
+  };
+  const auto [a0, a1] = span(a);
+  const auto [b0, b1] = span(b);
+  return a0 < b1 && b0 < a1;
+}
+
+// x.copy_(src), torch's: src (a tensor, array, DLPack producer or Python scalar), broadcast to x's shape
+// and converted to x's dtype, written into x's memory from any device. Returns x.
+TensorPtr copy_from(const TensorPtr& dst, py::handle value) {
+  const char* op = "copy_";
+  // (given outlives the GIL's release: it may hold a Python object)
+  const TensorPtr given = PyBool_Check(value.ptr()) || PyLong_Check(value.ptr()) || PyFloat_Check(value.ptr())
+                              ? full(dst->dtype(), {}, value.cast<double>(), Format::Default, Device{})
+                              : to_tensor(value, op, "src");
+  TensorPtr src = given;
+  if (dst->storage()->readonly) fail<ValueError>(op, "the tensor is read-only (it wraps read-only memory)");
+  if (broadcast_shapes(op, {dst.get(), src.get()}, {"self", "src"}) != dst->shape()) {
+    fail<ValueError>(op, "src of shape ", shape_str(src->shape()), " does not broadcast to the tensor's shape ",
+                     shape_str(dst->shape()));
+  }
+  for (size_t d = 0; d < dst->shape().size() && dst->numel() > 0; ++d) {
+    if (dst->strides()[d] == 0 && dst->shape()[d] > 1) {
+      fail<ValueError>(op, "the tensor has elements that share memory (a broadcast view): writing it is ambiguous");
+    }
+  }
+  if (GradMode::is_enabled() && (src->requires_grad() || dst->requires_grad())) {
+    fail<RuntimeError>(op, "does not record gradients, but ", src->requires_grad() ? "src" : "the tensor",
+                       " requires grad (call it under opforge.no_grad())");
+  }
+  if (!dst->on_host() && !dst->is_contiguous()) {
+    fail<RuntimeError>(op, "writing a strided view on ", dst->device().str(), " is not supported: copy into a "
+                       "contiguous tensor");
+  }
+  if (src->raw_data() == dst->raw_data() && src->dtype() == dst->dtype() && src->shape() == dst->shape() &&
+      src->strides() == dst->strides()) {
+    return dst;  // (itself)
+  }
+  py::gil_scoped_release nogil;
+  if (src->device() != dst->device()) {
+    src = to_device(op, src, dst->device());
+  } else if (overlap(*src, *dst)) {
+    TensorPtr c = empty(src->dtype(), src->shape(), src->format(), src->device());
+    copy_into(c, src);  // (overlapping memory: read all of src before writing)
+    src = c;
+  }
+  copy_into(dst, src);
+  dst->mark_written();
+  return dst;
+}
+
+// A device graph (DeviceRuntime's graph_*) as opforge.cuda.CUDAGraph holds it: made on first
+// capture, released by release() (reset) or with the object.
+class GraphHandle {
+ public:
+  explicit GraphHandle(const std::string& text) : device_(parse_device("CUDAGraph", text)) {
+    if (device_.type == DeviceType::CPU) fail<ValueError>("CUDAGraph", "graphs capture device work: got ", text);
+    runtime_ = &device_runtime("CUDAGraph", device_);
+  }
+  ~GraphHandle() { release(); }
+  GraphHandle(const GraphHandle&) = delete;
+  GraphHandle& operator=(const GraphHandle&) = delete;
+
+  void capture_begin() {
+    if (!graph_) graph_ = runtime_->graph_create("capture_begin", device_.index);
+    runtime_->graph_capture_begin("capture_begin", graph_);
+  }
+  void capture_end(bool discard) {
+    if (!graph_) fail<RuntimeError>("capture_end", "the graph is not capturing");
+    runtime_->graph_capture_end("capture_end", graph_, discard);
+  }
+  void replay() {
+    if (!graph_) fail<RuntimeError>("replay", "the graph holds no capture: capture it first");
+    runtime_->graph_replay("replay", graph_);
+  }
+  void release() noexcept {
+    if (graph_) runtime_->graph_release(graph_);
+    graph_ = nullptr;
+  }
+  std::string device() const { return device_.str(); }
+
+ private:
+  Device device_;
+  DeviceRuntime* runtime_ = nullptr;
+  void* graph_ = nullptr;
+};
+
 // The stream argument of a producer's __dlpack__ for memory on device (the Array API's rules):
 // for CUDA, the consumer's current stream (1: the legacy default stream); none for the host.
 py::object dlpack_stream_for(Device device) {
@@ -1474,6 +1572,9 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
       .def("item", [](const TensorPtr& t) { return item(t); })
       .def("detach", [](const TensorPtr& t) { return detach(t); },
            "The same data without autograd history.")
+      .def("copy_", &copy_from, py::arg("src"),
+           "Writes src (broadcast to this shape, converted to this dtype, from any device) into this "
+           "tensor's memory and returns it (torch's copy_; no gradient is recorded).")
       .def("astype", [](const TensorPtr& t, py::handle d) { return cast(t, parse_dtype(d, "astype")); },
            py::arg("dtype"), "A copy converted to dtype (differentiable).")
       .def("reshape", [](const TensorPtr& t, const Shape& s) { return reshape(t, s); }, py::arg("shape"),
@@ -1691,6 +1792,20 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     py::gil_scoped_release nogil;
     rt.synchronize_stream("synchronize", index, reinterpret_cast<void*>(stream));
   }, py::arg("index"), py::arg("stream"));
+  // graphs (opforge.cuda.CUDAGraph): a device runtime's graph handle, released with the object
+  py::class_<GraphHandle>(m, "_Graph")
+      .def(py::init<const std::string&>(), py::arg("device"))
+      .def("capture_begin", &GraphHandle::capture_begin)
+      .def("capture_end", &GraphHandle::capture_end, py::arg("discard") = false)
+      .def("replay", &GraphHandle::replay)
+      .def("release", &GraphHandle::release, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("device", &GraphHandle::device);
+  m.def("_graph_memory", [](const std::string& text) -> size_t {
+    Device d = parse_device("graph_memory", text);
+    DeviceRuntime* rt = find_device_runtime(d.type);
+    if (!rt || rt->device_count() == 0) return 0;
+    return rt->graph_memory(d.index < 0 ? rt->current_device() : d.index);
+  }, py::arg("device"));
   m.def("_to", [](const TensorPtr& t, const std::string& text) {
     Device d = parse_device("to", text);
     py::gil_scoped_release nogil;

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "runtime/errors.h"
+#include "runtime/tensor.h"
 
 // meson defines it from the target table (tools/version.py --build)
 #ifndef OPFORGE_BUILT_TARGETS
@@ -94,6 +95,37 @@ StreamScope::StreamScope(const char* op, Device device, void* stream) {
 
 StreamScope::~StreamScope() {
   if (runtime_) runtime_->set_current_stream(index_, previous_);
+}
+
+// ---- graphs: runtimes without them
+void* DeviceRuntime::graph_create(const char* op, int index) {
+  (void)index;
+  fail<RuntimeError>(op, "graph capture is not supported on this device");
+}
+void DeviceRuntime::graph_capture_begin(const char* op, void*) {
+  fail<RuntimeError>(op, "graph capture is not supported on this device");
+}
+void DeviceRuntime::graph_capture_end(const char* op, void*, bool) {
+  fail<RuntimeError>(op, "graph capture is not supported on this device");
+}
+void DeviceRuntime::graph_replay(const char* op, void*) {
+  fail<RuntimeError>(op, "graph capture is not supported on this device");
+}
+void DeviceRuntime::graph_release(void*) noexcept {}
+size_t DeviceRuntime::graph_memory(int) { return 0; }
+
+namespace {
+thread_local CaptureKeeper* t_keeper = nullptr;
+}  // namespace
+
+CaptureKeeper* set_capture_keeper(CaptureKeeper* keeper) {
+  CaptureKeeper* previous = t_keeper;
+  t_keeper = keeper;
+  return previous;
+}
+
+void capture_keep(const Tensor& t) {
+  if (t_keeper && !t.on_host()) t_keeper->keep(t.storage());
 }
 
 }  // namespace opforge

@@ -7,11 +7,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace opforge {
 
 class Tensor;
+struct Storage;
 
 enum class DeviceType : uint8_t { CPU = 0, CUDA = 1 };
 constexpr int kDeviceTypes = 2;
@@ -84,7 +86,39 @@ class DeviceRuntime {
   // Work queued on waiter from now on waits for the work queued on waitee so far, on the device
   // (no host wait). Handles 1 and 2 are the legacy and per-thread default streams, as in CUDA.
   virtual void stream_wait(const char* op, int index, void* waiter, void* waitee) = 0;
+
+  // Graphs (CUDA graphs; the default implementations raise RuntimeError naming op). A graph is an
+  // opaque handle on one device. capture_begin records the work this thread then queues on its
+  // current stream on that device (not the legacy default stream) instead of running it; memory
+  // allocated meanwhile comes from the graph's own blocks (reused within the capture once freed,
+  // never given to anything else while the graph lives, so replays write where the capture's
+  // tensors point), and the graph keeps alive every storage the captured work touches (see
+  // CaptureKeeper). capture_end makes it replayable; replay launches it on this thread's current
+  // stream. release frees it once no capture is under way: its blocks still held by tensors go
+  // back when those tensors do.
+  virtual void* graph_create(const char* op, int index);
+  virtual void graph_capture_begin(const char* op, void* graph);
+  // discard: end the capture and drop what it recorded (an exception inside the capture)
+  virtual void graph_capture_end(const char* op, void* graph, bool discard);
+  virtual void graph_replay(const char* op, void* graph);
+  virtual void graph_release(void* graph) noexcept;
+  // Bytes of device memory held by graphs' blocks on device index (in use or not).
+  virtual size_t graph_memory(int index);
 };
+
+// While a thread captures device work into a graph, the storages that work reads and writes must
+// live as long as the graph (every replay touches them again). The runtime installs the graph's
+// keeper for the capturing thread; the core hands it the tensors of each op call (check_call) and
+// of its own copies and sums (capture_keep), on any device but the host.
+class CaptureKeeper {
+ public:
+  virtual ~CaptureKeeper() = default;
+  virtual void keep(const std::shared_ptr<Storage>& storage) = 0;
+};
+// Installs keeper for the calling thread (null: none); returns the previous one.
+CaptureKeeper* set_capture_keeper(CaptureKeeper* keeper);
+// Hands t's storage to the calling thread's keeper, if any and t is not on the host. Cheap otherwise.
+void capture_keep(const Tensor& t);
 
 // Called once per type by the runtime that serves it (a static initializer of its TU).
 void register_device_runtime(DeviceType type, DeviceRuntime* runtime);

@@ -95,6 +95,11 @@ CallInfo check_call(const OpInfo& info, std::initializer_list<const Tensor*> inp
     ++k;
   }
   if (first) call.device = first->device();
+  if (call.device.type != DeviceType::CPU) {
+    for (const Tensor* t : inputs) {
+      if (t) capture_keep(*t);  // (a graph being captured keeps what its work reads)
+    }
+  }
   const TargetInfo* target = info.by_device[static_cast<size_t>(call.device.type)];
   if (!target) no_kernel(info, call.device);
   std::array<int, kMaxTypeVars> bound_by{-1, -1, -1, -1};

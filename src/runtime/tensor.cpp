@@ -288,6 +288,7 @@ TensorPtr to_device(const char* op, const TensorPtr& t, Device device) {
   if (device.type != DeviceType::CPU) device_runtime(op, device);  // (checks it, resolves a bare index)
   if (t->device() == device) return t;
   const TensorPtr src = contiguous(t);  // (on its own device)
+  capture_keep(*src);
   auto out = empty(src->dtype(), src->shape(), src->format(), device);
   Device other = src->on_host() ? device : src->device();
   device_runtime(op, other).copy(op, out->raw_data(), device, src->raw_data(), src->device(),
@@ -301,6 +302,8 @@ TensorPtr detach(const TensorPtr& t) {
 
 void copy_into(const TensorPtr& dst, const TensorPtr& src) {
   if (!dst->on_host() || !src->on_host()) {
+    capture_keep(*dst);
+    capture_keep(*src);
     if (dst->dtype() == src->dtype() && dst->shape() == src->shape() && dst->is_contiguous() && src->is_contiguous()) {
       Device d = dst->on_host() ? src->device() : dst->device();
       device_runtime("copy", d).copy(current_op() ? current_op() : "copy", dst->raw_data(), dst->device(),

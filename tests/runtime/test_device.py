@@ -53,3 +53,12 @@ def test_the_build_says_its_targets() -> None:
     targets = opforge._formulas.BUILDS[opforge.backend].targets
     assert opforge._C.built_targets == ", ".join(targets) and opforge._formulas.BUILT_TARGETS == targets
     assert opforge.cuda.is_built() == ("cuda" in targets)
+
+
+@no_gpu
+def test_cuda_graphs_without_a_device_say_why() -> None:
+    with pytest.raises(RuntimeError, match=r"\[CUDAGraph\] device 'cuda': "):
+        opforge.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match=r"\[CUDAGraph\] graphs capture device work: got cpu"):
+        opforge._C._Graph("cpu")
+    assert opforge.cuda.graph_memory() == 0

@@ -230,3 +230,40 @@ def test_numpy_scalars_keep_their_dtype() -> None:
     assert ops.abs(np.float32(0.1)).dtype == "float32"
     assert ops.abs(np.int64(3)).dtype == "int64"
     assert ops.abs(0.1).dtype == "float32"  # a Python float still follows the scalar rule
+
+
+def test_copy_writes_into_the_tensor_broadcast_and_converted() -> None:
+    x = opforge.tensor(np.zeros((2, 3), np.float32))
+    view = x.numpy()
+    assert x.copy_(np.arange(3, dtype=np.int64)) is x  # broadcast, converted; the same memory
+    np.testing.assert_array_equal(view, [[0, 1, 2], [0, 1, 2]])
+    version = x._version
+    x.copy_(2.5)  # (a write: autograd's saved copies of x see it)
+    np.testing.assert_array_equal(view, np.full((2, 3), 2.5, np.float32))
+    assert x._version > version
+    x.copy_(opforge.tensor(np.ones((2, 3), np.float64)))
+    np.testing.assert_array_equal(view, np.ones((2, 3)))
+    a = opforge.tensor(np.arange(9.0).reshape(3, 3))
+    a.copy_(a.numpy().T)  # (src overlaps the tensor's memory: read before written)
+    np.testing.assert_array_equal(a.numpy(), np.arange(9.0).reshape(3, 3).T)
+
+
+def test_copy_errors_name_the_rule() -> None:
+    x = opforge.tensor(np.zeros((2, 3), np.float32))
+    with pytest.raises(ValueError, match=r"\[copy_\] shapes cannot be broadcast together: self \(2, 3\), src \(2, 2\)"):
+        x.copy_(np.ones((2, 2)))
+    with pytest.raises(ValueError, match=r"\[copy_\] src of shape \(1, 2, 3\) does not broadcast to the tensor's"):
+        x.copy_(np.ones((1, 2, 3)))
+    with pytest.raises(TypeError, match=r"\[copy_\] input 'src' must be a tensor, got None"):
+        x.copy_(None)
+    w = opforge.tensor(np.ones(3, np.float32), requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"\[copy_\] does not record gradients, but the tensor requires grad"):
+        w.copy_(np.zeros(3))
+    with opforge.no_grad():  # (a parameter's update: allowed)
+        w.copy_(np.zeros(3))
+    np.testing.assert_array_equal(w.detach().numpy(), np.zeros(3))
+    ro = np.ones(3, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match=r"\[copy_\] the tensor is read-only"):
+        opforge.from_numpy(ro).copy_(0.0)
+    assert ro[0] == 1

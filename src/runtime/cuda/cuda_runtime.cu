@@ -12,12 +12,16 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "runtime/cuda/cuda_utils.cuh"
 #include "runtime/cuda/functional.h"
 #include "runtime/device.h"
 #include "runtime/errors.h"
+#include "runtime/tensor.h"
 
 namespace opforge::cuda {
 
@@ -42,6 +46,74 @@ void launch_fill(cudaStream_t s, void* p, int64_t n, const void* pattern) {
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65535);
   fill_kernel<W><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(static_cast<W*>(p), n, value);
 }
+
+// A graph being captured or replayed (DeviceRuntime's graph_*). Its fields are guarded by the
+// runtime's graphs_lock_.
+struct CudaGraph final : CaptureKeeper {
+  struct FreeBlock {
+    void* ptr;
+    size_t size;
+    cudaStream_t stream;  // freed on it: reused only by allocations on that stream (its order)
+  };
+  struct Deferred {
+    void* ptr;
+    cudaStream_t stream;
+  };
+  CudaGraph(std::mutex& lock, int device) : lock(lock), index(device) {}
+  // A storage the captured work touches lives as long as the graph; the graph's own blocks need
+  // not be kept (nothing else gets them while it lives).
+  void keep(const std::shared_ptr<Storage>& storage) override {
+    std::lock_guard<std::mutex> guard(lock);
+    if (storage->capacity && own.count(storage->data)) return;
+    if (kept_set.insert(storage.get()).second) kept.push_back(storage);
+  }
+
+  std::mutex& lock;
+  const int index;
+  cudaStream_t stream = nullptr;  // the capture's origin stream
+  unsigned long long capture_id = 0;
+  bool capturing = false;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  std::unordered_set<void*> own;     // blocks allocated during the capture (in use or free)
+  std::vector<FreeBlock> free;       // those of them freed: for later allocations of the capture
+  std::vector<Deferred> deferred;    // pool blocks freed on the capture's streams during the capture
+  std::vector<std::shared_ptr<Storage>> kept;
+  std::unordered_set<Storage*> kept_set;
+};
+
+// What a graph leaves to free once no capture is under way (freeing synchronizes the device,
+// which a capture does not allow).
+struct Pending {
+  struct Block {
+    int index;
+    void* ptr;
+    size_t size;
+  };
+  std::vector<Block> blocks;  // graph blocks: cudaFree
+  std::vector<std::pair<int, CudaGraph::Deferred>> deferred;  // pool blocks: cudaFreeAsync
+  struct Graph {
+    int index;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+  };
+  std::vector<Graph> graphs;
+  std::vector<std::shared_ptr<Storage>> kept;
+  bool empty() const { return blocks.empty() && deferred.empty() && graphs.empty() && kept.empty(); }
+};
+
+// The capture sequence stream is part of, if any (0: none).
+unsigned long long capture_id_of(cudaStream_t stream) noexcept {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  if (cudaStreamGetCaptureInfo(stream, &status, &id) != cudaSuccess) {
+    cudaGetLastError();  // (the legacy stream beside a capture, a stream being destroyed)
+    return 0;
+  }
+  return status == cudaStreamCaptureStatusNone ? 0 : id;
+}
+
+constexpr size_t kGraphBlockAlign = 512;
 
 class CudaRuntime final : public DeviceRuntime {
  public:
@@ -77,6 +149,9 @@ class CudaRuntime final : public DeviceRuntime {
     DeviceGuard guard(op, index);
     cudaMemPool_t pool = pool_of(op, index);
     cudaStream_t s = t_streams[index];
+    if (captures_.load(std::memory_order_acquire) > 0) {
+      if (CudaGraph* g = capturing_graph(s)) return graph_allocate(op, *g, nbytes, s, stream);
+    }
     void* p = nullptr;
     cudaError_t e = cudaMallocAsync(&p, nbytes, s);
     if (e == cudaErrorMemoryAllocation) {  // give cached blocks back and try once more
@@ -99,6 +174,10 @@ class CudaRuntime final : public DeviceRuntime {
     return p;
   }
   void deallocate(int index, void* p, size_t nbytes, void* stream) noexcept override {
+    if ((graph_blocks_.load(std::memory_order_acquire) > 0 || captures_.load(std::memory_order_acquire) > 0) &&
+        graph_deallocate(index, p, nbytes, static_cast<cudaStream_t>(stream))) {
+      return;
+    }
     int previous = 0;
     if (cudaGetDevice(&previous) != cudaSuccess) return;  // (the runtime is shutting down)
     if (previous != index) cudaSetDevice(index);
@@ -210,7 +289,261 @@ class CudaRuntime final : public DeviceRuntime {
     check(op, r);
   }
 
+  // ---- graphs
+  // Capture is thread-local (cudaStreamCaptureModeThreadLocal): other threads' work and
+  // allocations go on as usual. During a capture, allocations on the capture's streams come from
+  // the graph's blocks (cudaMalloc'd, the capture mode relaxed around the call), which stay the
+  // graph's: a block freed during the capture is reused by a later allocation of the capture on
+  // the same stream (ordered after its last use there), one freed later only waits for the graph's
+  // release. A pool block freed on a capture's stream during the capture would record its
+  // cudaFreeAsync into the graph: it is kept until the graph's release instead.
+  void* graph_create(const char* op, int index) override {
+    DeviceGuard guard(op, index);
+    return new CudaGraph(graphs_lock_, index);
+  }
+  void graph_capture_begin(const char* op, void* handle) override {
+    CudaGraph& g = *static_cast<CudaGraph*>(handle);
+    DeviceGuard guard(op, g.index);
+    if (g.capturing) fail<RuntimeError>(op, "the graph is already capturing");
+    if (g.exec) fail<RuntimeError>(op, "the graph holds a capture already: reset() it before capturing again");
+    cudaStream_t s = t_streams[g.index];
+    if (!s) {
+      fail<RuntimeError>(op, "cannot capture the legacy default stream: capture on another stream (`with "
+                             "opforge.cuda.graph(g):` makes one, as does `with opforge.cuda.Stream():`)");
+    }
+    if (capture_id_of(s)) fail<RuntimeError>(op, "the current stream is already being captured");
+    CaptureKeeper* keeper = set_capture_keeper(nullptr);
+    set_capture_keeper(keeper);
+    if (keeper) fail<RuntimeError>(op, "this thread is capturing another graph: end that capture first");
+    check(op, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    const unsigned long long id = capture_id_of(s);
+    std::lock_guard<std::mutex> lock(graphs_lock_);
+    by_capture_[id] = &g;
+    captures_.fetch_add(1, std::memory_order_acq_rel);
+    g.stream = s;
+    g.capture_id = id;
+    g.capturing = true;
+    set_capture_keeper(&g);
+  }
+  void graph_capture_end(const char* op, void* handle, bool discard) override {
+    CudaGraph& g = *static_cast<CudaGraph*>(handle);
+    DeviceGuard guard(op, g.index);
+    if (!g.capturing) fail<RuntimeError>(op, "the graph is not capturing");
+    cudaGraph_t graph = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(g.stream, &graph);
+    if (e == cudaErrorStreamCaptureWrongThread) {
+      cudaGetLastError();
+      fail<RuntimeError>(op, "a capture ends on the thread that began it");
+    }
+    if (e != cudaSuccess) cudaGetLastError();
+    end_capture(g);
+    if (e != cudaSuccess || discard) {
+      if (graph) cudaGraphDestroy(graph);
+      if (discard) return;
+      fail<RuntimeError>(op, "the capture failed: ", error_text(e), " (inside a capture: no host synchronization, "
+                         "no copy to or from the host, and other streams' work must join the capture's stream)");
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
+    if (ie != cudaSuccess) {
+      cudaGetLastError();
+      cudaGraphDestroy(graph);
+      fail<RuntimeError>(op, "the captured graph could not be instantiated: ", error_text(ie));
+    }
+    std::lock_guard<std::mutex> lock(graphs_lock_);
+    g.graph = graph;
+    g.exec = exec;
+  }
+  void graph_replay(const char* op, void* handle) override {
+    CudaGraph& g = *static_cast<CudaGraph*>(handle);
+    if (g.capturing) fail<RuntimeError>(op, "the graph is still capturing: end the capture first");
+    if (!g.exec) fail<RuntimeError>(op, "the graph holds no capture: capture it first");
+    DeviceGuard guard(op, g.index);
+    check(op, cudaGraphLaunch(g.exec, t_streams[g.index]));
+  }
+  void graph_release(void* handle) noexcept override {
+    auto* g = static_cast<CudaGraph*>(handle);
+    if (!g) return;
+    int previous = 0;
+    if (cudaGetDevice(&previous) != cudaSuccess) return;  // (the runtime is shutting down)
+    if (previous != g->index) cudaSetDevice(g->index);
+    if (g->capturing) {  // (released inside its capture: the capture ends, discarded)
+      cudaGraph_t graph = nullptr;
+      const cudaError_t e = cudaStreamEndCapture(g->stream, &graph);
+      cudaGetLastError();
+      if (e == cudaErrorStreamCaptureWrongThread) {  // (only its thread may end it: the graph stays)
+        cudaSetDevice(previous);
+        return;
+      }
+      if (graph) cudaGraphDestroy(graph);
+      end_capture(*g);
+    }
+    Pending release;
+    {
+      std::lock_guard<std::mutex> lock(graphs_lock_);
+      if (g->graph || g->exec) release.graphs.push_back(Pending::Graph{g->index, g->graph, g->exec});
+      for (const CudaGraph::FreeBlock& b : g->free) release.blocks.push_back(Pending::Block{g->index, b.ptr, b.size});
+      for (const CudaGraph::Deferred& d : g->deferred) release.deferred.emplace_back(g->index, d);
+      release.kept = std::move(g->kept);
+      // blocks still held by tensors go back when they do (graph_deallocate: owner null)
+      for (void* p : g->own) {
+        auto it = blocks_.find(p);
+        if (it != blocks_.end()) it->second.owner = nullptr;
+      }
+      for (const CudaGraph::FreeBlock& b : g->free) forget_block_locked(b.ptr);
+      if (captures_.load(std::memory_order_acquire) > 0) {
+        append(pending_, std::move(release));
+        release = Pending{};
+      }
+    }
+    delete g;
+    free_now(std::move(release));
+    cudaSetDevice(previous);
+  }
+  size_t graph_memory(int index) override {
+    return index >= 0 && index < kMaxDevices ? graph_bytes_[index].load() : 0;
+  }
+
  private:
+  // The graph of ours whose capture s is part of (null: none).
+  CudaGraph* capturing_graph(cudaStream_t s) {
+    const unsigned long long id = capture_id_of(s);
+    if (!id) return nullptr;
+    std::lock_guard<std::mutex> lock(graphs_lock_);
+    auto it = by_capture_.find(id);
+    return it == by_capture_.end() ? nullptr : it->second;
+  }
+  void* graph_allocate(const char* op, CudaGraph& g, size_t nbytes, cudaStream_t s, void** stream) {
+    const size_t size = (nbytes + kGraphBlockAlign - 1) / kGraphBlockAlign * kGraphBlockAlign;
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(graphs_lock_);
+      auto best = g.free.end();
+      for (auto it = g.free.begin(); it != g.free.end(); ++it) {
+        if (it->stream == s && it->size >= size && (best == g.free.end() || it->size < best->size)) best = it;
+      }
+      if (best != g.free.end()) {
+        p = best->ptr;
+        g.free.erase(best);
+      }
+    }
+    if (!p) {
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // (cudaMalloc is not stream work)
+      cudaThreadExchangeStreamCaptureMode(&mode);
+      const cudaError_t e = cudaMalloc(&p, size);
+      cudaThreadExchangeStreamCaptureMode(&mode);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        fail<RuntimeError>(op, e == cudaErrorMemoryAllocation ? "CUDA out of memory" : error_text(e).c_str(),
+                           ": tried to allocate ", nbytes, " bytes on cuda:", g.index, " for a graph being captured (",
+                           graph_bytes_[g.index].load(), " bytes held by graphs)");
+      }
+      std::lock_guard<std::mutex> lock(graphs_lock_);
+      blocks_[p] = GraphBlock{&g, size};
+      g.own.insert(p);
+      graph_blocks_.fetch_add(1, std::memory_order_acq_rel);
+      graph_bytes_[g.index] += size;
+    }
+    allocated_[g.index] += nbytes;
+    *stream = s;
+    return p;
+  }
+  // Frees p if it is a graph's block or a pool block freed inside one of our captures (true);
+  // false: an ordinary pool block, for cudaFreeAsync.
+  bool graph_deallocate(int index, void* p, size_t nbytes, cudaStream_t stream) noexcept {
+    std::unique_lock<std::mutex> lock(graphs_lock_);
+    auto it = blocks_.find(p);
+    if (it != blocks_.end()) {
+      allocated_[index] -= nbytes;
+      if (CudaGraph* g = it->second.owner) {
+        g->free.push_back(CudaGraph::FreeBlock{p, it->second.size, stream});
+        return true;
+      }
+      const Pending::Block block{index, p, it->second.size};
+      forget_block_locked(p);  // (its graph is released)
+      if (captures_.load(std::memory_order_acquire) > 0) {
+        pending_.blocks.push_back(block);
+        return true;
+      }
+      lock.unlock();
+      Pending now;
+      now.blocks.push_back(block);
+      free_now(std::move(now));
+      return true;
+    }
+    if (captures_.load(std::memory_order_acquire) == 0 || !stream) return false;
+    const unsigned long long id = capture_id_of(stream);
+    auto g = id ? by_capture_.find(id) : by_capture_.end();
+    if (g == by_capture_.end()) return false;
+    g->second->deferred.push_back(CudaGraph::Deferred{p, stream});
+    allocated_[index] -= nbytes;
+    return true;
+  }
+  void forget_block_locked(void* p) {
+    auto it = blocks_.find(p);
+    if (it == blocks_.end()) return;
+    blocks_.erase(it);
+    graph_blocks_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  // Ends g's capture in the runtime's books (its CUDA capture already ended); frees what
+  // released graphs left once no capture is under way.
+  void end_capture(CudaGraph& g) noexcept {
+    Pending flush;
+    {
+      std::lock_guard<std::mutex> lock(graphs_lock_);
+      by_capture_.erase(g.capture_id);
+      g.capturing = false;
+      g.capture_id = 0;
+      if (captures_.fetch_sub(1, std::memory_order_acq_rel) == 1) std::swap(flush, pending_);
+    }
+    CaptureKeeper* keeper = set_capture_keeper(nullptr);  // (the capturing thread's: CUDA ends it there)
+    if (keeper != &g) set_capture_keeper(keeper);
+    free_now(std::move(flush));
+  }
+  static void append(Pending& to, Pending&& from) {
+    to.blocks.insert(to.blocks.end(), from.blocks.begin(), from.blocks.end());
+    to.deferred.insert(to.deferred.end(), from.deferred.begin(), from.deferred.end());
+    to.graphs.insert(to.graphs.end(), from.graphs.begin(), from.graphs.end());
+    for (auto& k : from.kept) to.kept.push_back(std::move(k));
+  }
+  // Frees what a released graph held, after its replays in flight: called with no capture under way.
+  void free_now(Pending&& what) noexcept {
+    if (what.empty()) return;
+    int previous = 0;
+    if (cudaGetDevice(&previous) != cudaSuccess) return;
+    std::unordered_set<int> devices;
+    for (const auto& b : what.blocks) devices.insert(b.index);
+    for (const auto& d : what.deferred) devices.insert(d.first);
+    for (const auto& g : what.graphs) devices.insert(g.index);
+    for (const auto& k : what.kept) devices.insert(k->device.index);
+    for (int d : devices) {  // (replays of the graph may still read or write its memory)
+      cudaSetDevice(d);
+      cudaDeviceSynchronize();
+    }
+    cudaSetDevice(previous);
+    for (const Pending::Graph& g : what.graphs) {
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+      if (g.graph) cudaGraphDestroy(g.graph);
+    }
+    for (const Pending::Block& b : what.blocks) {
+      cudaSetDevice(b.index);
+      cudaFree(b.ptr);
+      graph_bytes_[b.index] -= b.size;
+    }
+    for (const auto& [index, d] : what.deferred) {
+      cudaSetDevice(index);
+      cudaFreeAsync(d.ptr, d.stream);
+    }
+    cudaGetLastError();
+    cudaSetDevice(previous);
+    what.kept.clear();  // (storages the graph kept: freed as usual, on their streams, after the synchronization)
+  }
+
+  struct GraphBlock {
+    CudaGraph* owner;  // null once its graph is released
+    size_t size;
+  };
+
   // The first query decides, once per process (as torch.cuda does): devices do not come and go.
   void probe() {
     std::call_once(once_, [this] {
@@ -246,6 +579,14 @@ class CudaRuntime final : public DeviceRuntime {
   std::array<std::atomic<size_t>, kMaxDevices> allocated_{};
   std::mutex streams_lock_;
   std::array<std::vector<cudaStream_t>, kMaxDevices> spare_streams_;
+  // graphs
+  std::mutex graphs_lock_;
+  std::atomic<int> captures_{0};           // our captures under way
+  std::atomic<size_t> graph_blocks_{0};    // blocks_.size()
+  std::unordered_map<unsigned long long, CudaGraph*> by_capture_;
+  std::unordered_map<void*, GraphBlock> blocks_;
+  std::array<std::atomic<size_t>, kMaxDevices> graph_bytes_{};
+  Pending pending_;
 };
 
 // never destroyed: tensors freed during interpreter shutdown still find it

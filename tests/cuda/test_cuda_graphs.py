@@ -1,0 +1,202 @@
+"""Standalone CUDA graphs (opforge.cuda.CUDAGraph and graph, issue 15 item 3): ops and a whole
+training step (forward, backward, SGD) captured and replayed with the eager results; the graph's
+memory (blocks freed in the capture reused by it, none left after reset, every tensor the capture
+read kept alive while the graph lives); and the errors. Skipped without a CUDA device (CI has none:
+tests/runtime/test_device.py checks the error there; GPU runs are recorded in
+benchmarks/results/cuda-tests.md)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import opforge
+import opforge.cuda
+from opforge import ops
+
+pytestmark = pytest.mark.skipif(not opforge.cuda.is_available(),
+                                reason=f"no CUDA device: {opforge.cuda.unavailable_reason()}")
+
+
+def cuda(x: np.ndarray, **kw: object) -> opforge.Tensor:
+    return opforge.tensor(x, device="cuda", **kw)  # type: ignore[arg-type]
+
+
+def rng_array(seed: int, *shape: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def settle() -> None:
+    gc.collect()
+    opforge.cuda.synchronize()
+
+
+def test_replays_compute_the_ops_on_the_inputs_current_contents() -> None:
+    x = cuda(rng_array(0, 64, 130))
+    ops.softmax(ops.mul(x, x))  # (warm-up)
+    g = opforge.cuda.CUDAGraph()
+    with opforge.cuda.graph(g):
+        y = ops.softmax(ops.add(ops.mul(x, x), x), axis=-1)
+    for seed in (1, 2, 3):
+        a = rng_array(seed, 64, 130)
+        x.copy_(a)
+        g.replay()
+        eager = ops.softmax(ops.add(ops.mul(cuda(a), cuda(a)), cuda(a)), axis=-1)
+        np.testing.assert_array_equal(y.cpu().numpy(), eager.cpu().numpy())
+
+
+def mlp_params(seed: int) -> list[opforge.Tensor]:
+    shapes = [(32, 2), (32,), (3, 32), (3,)]
+    return [cuda(rng_array(seed + i, *s) * 0.5, requires_grad=True) for i, s in enumerate(shapes)]
+
+
+def mlp_step(params: list[opforge.Tensor], opt: opforge.optim.Optimizer, x: opforge.Tensor,
+             labels: opforge.Tensor) -> opforge.Tensor:
+    w1, b1, w2, b2 = params
+    loss = ops.cross_entropy(ops.linear(ops.gelu(ops.linear(x, w1, b1)), w2, b2), labels)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def batches(n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    r = np.random.default_rng(7)
+    return [(r.standard_normal((128, 2)).astype(np.float32), r.integers(0, 3, 128)) for _ in range(n)]
+
+
+def test_a_training_step_replays_as_eager_steps() -> None:
+    data = batches(8)
+    eager_params = mlp_params(10)
+    eager_opt = opforge.optim.SGD(eager_params, lr=0.1, momentum=0.9)
+    eager = [mlp_step(eager_params, eager_opt, cuda(x), cuda(t)).item() for x, t in data]
+
+    params = mlp_params(10)
+    opt = opforge.optim.SGD(params, lr=0.1, momentum=0.9)
+    x, t = data[0]
+    losses = [mlp_step(params, opt, cuda(x), cuda(t)).item()]  # (warm-up: the momentum buffers exist)
+    static_x, static_t = cuda(data[1][0]), cuda(data[1][1])
+    g = opforge.cuda.CUDAGraph()
+    with opforge.cuda.graph(g):
+        static_loss = mlp_step(params, opt, static_x, static_t)
+    for x, t in data[1:]:
+        static_x.copy_(x)
+        static_t.copy_(t)
+        g.replay()
+        losses.append(static_loss.item())
+    np.testing.assert_allclose(losses, eager, rtol=1e-6, atol=1e-7)
+    assert losses[-1] < losses[0]
+    for mine, theirs in zip(params, eager_params):
+        np.testing.assert_allclose(mine.cpu().numpy(), theirs.cpu().numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_blocks_freed_in_the_capture_are_reused_and_none_outlive_the_graph() -> None:
+    settle()
+    before_bytes, before_graphs = opforge.cuda.memory_allocated(), opforge.cuda.graph_memory()
+    x = cuda(rng_array(0, 256, 1024))  # 1 MiB
+    nbytes = 256 * 1024 * 4
+    one, two, three = (cuda(np.float32(v)) for v in (1, 2, 3))
+    g = opforge.cuda.CUDAGraph()
+    with opforge.cuda.graph(g):
+        # x * 2 is freed once (x * 2) + 1 exists: the third result takes its block
+        y = ops.mul(ops.add(ops.mul(x, two), one), three)
+    assert opforge.cuda.graph_memory() - before_graphs == 2 * nbytes
+    g.replay()
+    np.testing.assert_allclose(y.cpu().numpy(), (x.cpu().numpy() * 2 + 1) * 3, rtol=1e-6)
+    g.reset()  # y still holds its block
+    settle()
+    assert opforge.cuda.graph_memory() - before_graphs == nbytes
+    del y
+    settle()
+    assert opforge.cuda.graph_memory() == before_graphs
+    del x, one, two, three
+    settle()
+    assert opforge.cuda.memory_allocated() == before_bytes
+
+
+def test_the_graph_keeps_the_tensors_its_capture_read() -> None:
+    a = rng_array(3, 512, 512)
+    x = cuda(a)
+    ops.mul(x, x)
+    g = opforge.cuda.CUDAGraph()
+    with opforge.cuda.graph(g):
+        y = ops.mul(x, x)
+    del x  # the graph still reads it: its memory must not go to the next tensor
+    settle()
+    others = [cuda(np.full((512, 512), 100.0, np.float32)) for _ in range(4)]
+    g.replay()
+    np.testing.assert_array_equal(y.cpu().numpy(), a * a)
+    del others
+
+
+def test_a_tensor_of_the_capture_stream_freed_in_the_capture_is_kept_for_the_graph() -> None:
+    # torch's warm-up pattern: warm up on the side stream, then capture there, rebinding the result
+    s = opforge.cuda.Stream()
+    x = cuda(rng_array(4, 1000))
+    with s:
+        y = ops.mul(x, x)
+    s.synchronize()
+    settle()
+    before = opforge.cuda.memory_allocated()
+    g = opforge.cuda.CUDAGraph()
+    with opforge.cuda.graph(g, stream=s):
+        y = ops.mul(x, x)  # frees the warm-up's y on the capture's stream
+    for _ in range(3):
+        g.replay()
+    np.testing.assert_array_equal(y.cpu().numpy(), x.cpu().numpy() ** 2)
+    g.reset()
+    del y
+    settle()
+    assert opforge.cuda.memory_allocated() == before - 4000
+
+
+def test_other_threads_allocate_and_run_during_a_capture() -> None:
+    x = cuda(rng_array(5, 4096))
+    ops.mul(x, x)
+    results: list[np.ndarray] = []
+
+    def worker() -> None:
+        z = cuda(np.arange(4096, dtype=np.float32))
+        results.append(ops.add(z, z).cpu().numpy())
+
+    g = opforge.cuda.CUDAGraph()
+    with opforge.cuda.graph(g):
+        y = ops.mul(x, x)
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+    g.replay()
+    np.testing.assert_array_equal(results[0], 2 * np.arange(4096, dtype=np.float32))
+    np.testing.assert_array_equal(y.cpu().numpy(), x.cpu().numpy() ** 2)
+
+
+def test_capture_errors_name_what_to_do() -> None:
+    x = cuda(rng_array(6, 100))
+    g = opforge.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match=r"\[replay\] the graph holds no capture"):
+        g.replay()
+    with pytest.raises(RuntimeError, match=r"\[capture_begin\] cannot capture the legacy default stream"):
+        g.capture_begin()
+    with pytest.raises(RuntimeError):  # a copy to the host waits for the device: the capture fails
+        with opforge.cuda.graph(g):
+            ops.mul(x, x).cpu()
+    settle()
+    with opforge.cuda.graph(g):  # and the graph captures again
+        y = ops.mul(x, x)
+    with pytest.raises(RuntimeError, match=r"reset\(\) it before capturing again"):
+        with opforge.cuda.graph(g):
+            pass
+    g.replay()
+    np.testing.assert_array_equal(y.cpu().numpy(), x.cpu().numpy() ** 2)
+    g.reset()
+    with opforge.cuda.graph(g):  # after reset() too
+        ops.add(x, x)
+    g.replay()
+    inner, side = opforge.cuda.CUDAGraph(), opforge.cuda.Stream()
+    with opforge.cuda.graph(opforge.cuda.CUDAGraph()):
+        with side:
+            with pytest.raises(RuntimeError, match=r"this thread is capturing another graph"):
+                inner.capture_begin()
