@@ -137,7 +137,7 @@ step_rows() {
   return 0
 }
 step_graphs() {
-  run_py timeout "$(cap 120)" compute-sanitizer --tool memcheck --target-processes all --leak-check no --error-exitcode 9 \
+  run_py timeout "$(cap 150)" compute-sanitizer --tool memcheck --target-processes all --leak-check no --error-exitcode 9 \
     python3 -m pytest -p no:benchmark tests/cuda/test_cuda_graphs.py -q -p no:cacheprovider -rfE \
     > "$OUT/graphs.log" 2>&1
   echo "compute-sanitizer rc $?"; grep -m 30 -E '=========|passed|failed|^(FAILED|ERROR)' "$OUT/graphs.log"

@@ -24,9 +24,9 @@ capture, tensors are allocated from the graph's own blocks (a block freed in the
 by the capture's later allocations), so results made in the capture are the replays' outputs, and
 the graph keeps alive every tensor its work reads or writes until :meth:`CUDAGraph.reset` or its
 deletion: a replay never touches freed memory. As in torch, new inputs are written into the tensors
-the capture read (``ops.add(new, 0.0, out=x)`` or ``x.copy_(new)``-style out= calls), and work that
-waits for the host (a copy to or from the host, ``.item()``, ``.cpu()``, a synchronize) fails inside
-a capture. Warm the ops up once before capturing (cuBLAS makes its handles on first use).
+the capture read (``x.copy_(new)``), and work that waits for the host (a copy to or from the host,
+``.item()``, ``.cpu()``, a synchronize) fails inside a capture. Warm the ops up once before
+capturing (cuBLAS makes its handles on first use).
 
 The cu130 wheel (``-Dops_backend=cuda``) links the CUDA runtime; it imports and runs CPU ops on a
 machine without a GPU or driver, and asking for a CUDA device there raises ``RuntimeError`` with
@@ -198,8 +198,9 @@ class CUDAGraph:
 
     def reset(self) -> None:
         """Frees the captured graph, once the replays in flight are done, and what it kept alive; the
-        graph's blocks still held by tensors go back when those tensors do. It can capture again."""
-        self._graph.release()
+        graph's blocks still held by tensors go back when those tensors do. It can capture again. A
+        capture under way is discarded (RuntimeError from another thread than the capturing one)."""
+        self._graph.reset()
 
     def _abort(self) -> None:
         self._graph.capture_end(discard=True)

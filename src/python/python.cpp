@@ -15,6 +15,7 @@
 #include <new>
 #include <sstream>
 #include <string_view>
+#include <utility>
 
 #include "aot/aot.h"
 #include "runtime/autograd.h"
@@ -340,10 +341,10 @@ bool overlap(const Tensor& a, const Tensor& b) {
 // and converted to x's dtype, written into x's memory from any device. Returns x.
 TensorPtr copy_from(const TensorPtr& dst, py::handle value) {
   const char* op = "copy_";
+  const bool scalar = PyBool_Check(value.ptr()) || PyLong_Check(value.ptr()) || PyFloat_Check(value.ptr());
   // (given outlives the GIL's release: it may hold a Python object)
-  const TensorPtr given = PyBool_Check(value.ptr()) || PyLong_Check(value.ptr()) || PyFloat_Check(value.ptr())
-                              ? full(dst->dtype(), {}, value.cast<double>(), Format::Default, Device{})
-                              : to_tensor(value, op, "src");
+  const TensorPtr given = scalar ? full(dst->dtype(), {}, value.cast<double>(), Format::Default, Device{})
+                                 : to_tensor(value, op, "src");
   TensorPtr src = given;
   if (dst->storage()->readonly) fail<ValueError>(op, "the tensor is read-only (it wraps read-only memory)");
   if (broadcast_shapes(op, {dst.get(), src.get()}, {"self", "src"}) != dst->shape()) {
@@ -368,6 +369,13 @@ TensorPtr copy_from(const TensorPtr& dst, py::handle value) {
     return dst;  // (itself)
   }
   py::gil_scoped_release nogil;
+  if (scalar && !dst->on_host() && dst->is_contiguous()) {  // a fill on the device (no copy: capturable)
+    capture_keep(*dst);
+    Device d = dst->device();
+    device_runtime(op, d).fill(op, d.index, dst->raw_data(), dst->numel(), itemsize(dst->dtype()), given->raw_data());
+    dst->mark_written();
+    return dst;
+  }
   if (src->device() != dst->device()) {
     src = to_device(op, src, dst->device());
   } else if (overlap(*src, *dst)) {
@@ -397,16 +405,28 @@ class GraphHandle {
     runtime_->graph_capture_begin("capture_begin", graph_);
   }
   void capture_end(bool discard) {
-    if (!graph_) fail<RuntimeError>("capture_end", "the graph is not capturing");
+    if (!graph_) {
+      if (discard) return;
+      fail<RuntimeError>("capture_end", "the graph is not capturing");
+    }
     runtime_->graph_capture_end("capture_end", graph_, discard);
   }
   void replay() {
     if (!graph_) fail<RuntimeError>("replay", "the graph holds no capture: capture it first");
     runtime_->graph_replay("replay", graph_);
   }
+  // reset(): a capture under way ends first, discarded (on its own thread only: RuntimeError on
+  // another); the handle is taken with the GIL held, and released (which waits for the device)
+  // without it, so no other call reaches the graph meanwhile.
+  void reset() {
+    if (!graph_) return;
+    if (runtime_->graph_capturing(graph_)) runtime_->graph_capture_end("reset", graph_, true);
+    void* graph = std::exchange(graph_, nullptr);
+    py::gil_scoped_release nogil;
+    runtime_->graph_release(graph);
+  }
   void release() noexcept {
-    if (graph_) runtime_->graph_release(graph_);
-    graph_ = nullptr;
+    if (graph_) runtime_->graph_release(std::exchange(graph_, nullptr));
   }
   std::string device() const { return device_.str(); }
 
@@ -993,6 +1013,7 @@ void run_into(const OpCaller& c, const TensorPtr* given, AttrValue* attrs, Tenso
   const char* what = c.inplace >= 0 ? info.inputs[static_cast<size_t>(c.inplace)].name : "out";
   for (size_t j = 0; j < n_out; ++j) {
     check_out(info, name, j, *outs[j], metas[j], what);
+    capture_keep(*outs[j]);  // (a graph being captured keeps what its work writes)
     for (size_t k = 0; k < j; ++k) {
       if (outs[k]->storage() == outs[j]->storage()) {
         fail<ValueError>(name, "out tensors ", k, " and ", j, " share memory: each output needs its own");
@@ -1798,7 +1819,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
       .def("capture_begin", &GraphHandle::capture_begin)
       .def("capture_end", &GraphHandle::capture_end, py::arg("discard") = false)
       .def("replay", &GraphHandle::replay)
-      .def("release", &GraphHandle::release, py::call_guard<py::gil_scoped_release>())
+      .def("reset", &GraphHandle::reset)
       .def_property_readonly("device", &GraphHandle::device);
   m.def("_graph_memory", [](const std::string& text) -> size_t {
     Device d = parse_device("graph_memory", text);

@@ -111,6 +111,7 @@ void DeviceRuntime::graph_capture_end(const char* op, void*, bool) {
 void DeviceRuntime::graph_replay(const char* op, void*) {
   fail<RuntimeError>(op, "graph capture is not supported on this device");
 }
+bool DeviceRuntime::graph_capturing(void*) { return false; }
 void DeviceRuntime::graph_release(void*) noexcept {}
 size_t DeviceRuntime::graph_memory(int) { return 0; }
 

@@ -98,8 +98,10 @@ class DeviceRuntime {
   // back when those tensors do.
   virtual void* graph_create(const char* op, int index);
   virtual void graph_capture_begin(const char* op, void* graph);
-  // discard: end the capture and drop what it recorded (an exception inside the capture)
+  // discard: end the capture, if one is under way, and drop what it recorded (an exception inside
+  // the capture). A capture ends on the thread that began it (RuntimeError otherwise).
   virtual void graph_capture_end(const char* op, void* graph, bool discard);
+  virtual bool graph_capturing(void* graph);
   virtual void graph_replay(const char* op, void* graph);
   virtual void graph_release(void* graph) noexcept;
   // Bytes of device memory held by graphs' blocks on device index (in use or not).

@@ -132,6 +132,37 @@ def test_the_graph_keeps_the_tensors_its_capture_read() -> None:
     del others
 
 
+def test_the_graph_keeps_the_tensors_its_capture_wrote_through_out() -> None:
+    x = cuda(rng_array(8, 512, 512))
+    out = cuda(np.zeros((512, 512), np.float32))
+    ops.mul(x, x, out=out)
+    g = opforge.cuda.CUDAGraph()
+    with opforge.cuda.graph(g):
+        ops.mul(x, x, out=out)
+        out2 = ops.add(out, out)
+    del out  # the replays still write it: its memory must not go to the next tensor
+    settle()
+    others = [cuda(np.full((512, 512), 100.0, np.float32)) for _ in range(4)]
+    g.replay()
+    a = x.cpu().numpy()
+    np.testing.assert_array_equal(out2.cpu().numpy(), 2 * (a * a))
+    for o in others:
+        np.testing.assert_array_equal(o.cpu().numpy(), np.full((512, 512), 100.0, np.float32))
+
+
+def test_copy_of_a_scalar_fills_on_the_device_inside_a_capture() -> None:
+    x = cuda(rng_array(9, 1000))
+    acc = cuda(np.zeros(1000, np.float32))
+    g = opforge.cuda.CUDAGraph()
+    with opforge.cuda.graph(g):
+        acc.copy_(1.5)
+        ops.add(acc, x, out=acc)
+    x.copy_(np.arange(1000, dtype=np.float32))
+    g.replay()
+    g.replay()  # (the fill is part of the graph: no accumulation across replays)
+    np.testing.assert_array_equal(acc.cpu().numpy(), np.arange(1000, dtype=np.float32) + 1.5)
+
+
 def test_a_tensor_of_the_capture_stream_freed_in_the_capture_is_kept_for_the_graph() -> None:
     # torch's warm-up pattern: warm up on the side stream, then capture there, rebinding the result
     s = opforge.cuda.Stream()
@@ -180,7 +211,7 @@ def test_capture_errors_name_what_to_do() -> None:
         g.replay()
     with pytest.raises(RuntimeError, match=r"\[capture_begin\] cannot capture the legacy default stream"):
         g.capture_begin()
-    with pytest.raises(RuntimeError):  # a copy to the host waits for the device: the capture fails
+    with pytest.raises(RuntimeError, match=r"capture|operation not permitted"):  # (a copy to the host waits)
         with opforge.cuda.graph(g):
             ops.mul(x, x).cpu()
     settle()
@@ -200,3 +231,41 @@ def test_capture_errors_name_what_to_do() -> None:
         with side:
             with pytest.raises(RuntimeError, match=r"this thread is capturing another graph"):
                 inner.capture_begin()
+    g.reset()
+    with pytest.raises(RuntimeError, match=r"\[capture_end\] the graph is not capturing"):
+        with opforge.cuda.graph(g):  # a reset() in the block discards the capture
+            ops.mul(x, x)
+            g.reset()
+    with pytest.raises(KeyError, match="mine"):  # (and an exception of the block is the one raised)
+        with opforge.cuda.graph(g):
+            g.reset()
+            raise KeyError("mine")
+    with pytest.raises(RuntimeError, match=r"\[replay\] the graph holds no capture"):
+        g.replay()
+
+
+def test_reset_from_another_thread_during_a_capture_is_refused() -> None:
+    x = cuda(rng_array(10, 100))
+    g = opforge.cuda.CUDAGraph()
+    errors: list[BaseException] = []
+
+    def reset() -> None:
+        try:
+            g.reset()
+        except RuntimeError as e:
+            errors.append(e)
+
+    try:
+        with opforge.cuda.graph(g):
+            ops.mul(x, x)
+            t = threading.Thread(target=reset)
+            t.start()
+            t.join()
+    except RuntimeError as e:  # (if CUDA invalidates a capture that another thread tried to end)
+        assert "the capture failed" in str(e)
+    assert len(errors) == 1 and "a capture ends on the thread that began it" in str(errors[0])
+    g.reset()  # and nothing is left wedged: the graph captures and replays again
+    with opforge.cuda.graph(g):
+        y = ops.mul(x, x)
+    g.replay()
+    np.testing.assert_array_equal(y.cpu().numpy(), x.cpu().numpy() ** 2)

@@ -53,11 +53,8 @@ struct CudaGraph final : CaptureKeeper {
   struct FreeBlock {
     void* ptr;
     size_t size;
+    int index;            // its device
     cudaStream_t stream;  // freed on it: reused only by allocations on that stream (its order)
-  };
-  struct Deferred {
-    void* ptr;
-    cudaStream_t stream;
   };
   CudaGraph(std::mutex& lock, int device) : lock(lock), index(device) {}
   // A storage the captured work touches lives as long as the graph; the graph's own blocks need
@@ -77,7 +74,7 @@ struct CudaGraph final : CaptureKeeper {
   cudaGraphExec_t exec = nullptr;
   std::unordered_set<void*> own;     // blocks allocated during the capture (in use or free)
   std::vector<FreeBlock> free;       // those of them freed: for later allocations of the capture
-  std::vector<Deferred> deferred;    // pool blocks freed on the capture's streams during the capture
+  std::vector<std::pair<int, void*>> deferred;  // (device, pool block) freed on a capture's stream in the capture
   std::vector<std::shared_ptr<Storage>> kept;
   std::unordered_set<Storage*> kept_set;
 };
@@ -91,7 +88,7 @@ struct Pending {
     size_t size;
   };
   std::vector<Block> blocks;  // graph blocks: cudaFree
-  std::vector<std::pair<int, CudaGraph::Deferred>> deferred;  // pool blocks: cudaFreeAsync
+  std::vector<std::pair<int, void*>> deferred;  // pool blocks: cudaFreeAsync on the legacy stream
   struct Graph {
     int index;
     cudaGraph_t graph;
@@ -102,15 +99,17 @@ struct Pending {
   bool empty() const { return blocks.empty() && deferred.empty() && graphs.empty() && kept.empty(); }
 };
 
-// The capture sequence stream is part of, if any (0: none).
-unsigned long long capture_id_of(cudaStream_t stream) noexcept {
+// Whether stream is part of a capture (active, or invalidated by an error and not yet ended), and
+// the capture's id when it is active (CUDA gives the id only then).
+cudaStreamCaptureStatus capture_status(cudaStream_t stream, unsigned long long* id) noexcept {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  unsigned long long id = 0;
-  if (cudaStreamGetCaptureInfo(stream, &status, &id) != cudaSuccess) {
+  *id = 0;
+  if (cudaStreamGetCaptureInfo(stream, &status, id) != cudaSuccess) {
     cudaGetLastError();  // (the legacy stream beside a capture, a stream being destroyed)
-    return 0;
+    return cudaStreamCaptureStatusNone;
   }
-  return status == cudaStreamCaptureStatusNone ? 0 : id;
+  if (status != cudaStreamCaptureStatusActive) *id = 0;
+  return status;
 }
 
 constexpr size_t kGraphBlockAlign = 512;
@@ -150,7 +149,7 @@ class CudaRuntime final : public DeviceRuntime {
     cudaMemPool_t pool = pool_of(op, index);
     cudaStream_t s = t_streams[index];
     if (captures_.load(std::memory_order_acquire) > 0) {
-      if (CudaGraph* g = capturing_graph(s)) return graph_allocate(op, *g, nbytes, s, stream);
+      if (CudaGraph* g = capturing_graph(s)) return graph_allocate(op, *g, index, nbytes, s, stream);
     }
     void* p = nullptr;
     cudaError_t e = cudaMallocAsync(&p, nbytes, s);
@@ -311,14 +310,23 @@ class CudaRuntime final : public DeviceRuntime {
       fail<RuntimeError>(op, "cannot capture the legacy default stream: capture on another stream (`with "
                              "opforge.cuda.graph(g):` makes one, as does `with opforge.cuda.Stream():`)");
     }
-    if (capture_id_of(s)) fail<RuntimeError>(op, "the current stream is already being captured");
+    unsigned long long id = 0;
+    if (capture_status(s, &id) != cudaStreamCaptureStatusNone) {
+      fail<RuntimeError>(op, "the current stream is already being captured");
+    }
     CaptureKeeper* keeper = set_capture_keeper(nullptr);
     set_capture_keeper(keeper);
     if (keeper) fail<RuntimeError>(op, "this thread is capturing another graph: end that capture first");
+    {
+      std::lock_guard<std::mutex> lock(graphs_lock_);  // (no rehash below once the capture began)
+      by_capture_.reserve(by_capture_.size() + 1);
+      by_stream_.reserve(by_stream_.size() + 1);
+    }
     check(op, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    const unsigned long long id = capture_id_of(s);
+    capture_status(s, &id);
     std::lock_guard<std::mutex> lock(graphs_lock_);
     by_capture_[id] = &g;
+    by_stream_[s] = &g;
     captures_.fetch_add(1, std::memory_order_acq_rel);
     g.stream = s;
     g.capture_id = id;
@@ -328,7 +336,10 @@ class CudaRuntime final : public DeviceRuntime {
   void graph_capture_end(const char* op, void* handle, bool discard) override {
     CudaGraph& g = *static_cast<CudaGraph*>(handle);
     DeviceGuard guard(op, g.index);
-    if (!g.capturing) fail<RuntimeError>(op, "the graph is not capturing");
+    if (!g.capturing) {
+      if (discard) return;  // (already ended: a reset() inside the capture's block)
+      fail<RuntimeError>(op, "the graph is not capturing");
+    }
     cudaGraph_t graph = nullptr;
     const cudaError_t e = cudaStreamEndCapture(g.stream, &graph);
     if (e == cudaErrorStreamCaptureWrongThread) {
@@ -354,6 +365,7 @@ class CudaRuntime final : public DeviceRuntime {
     g.graph = graph;
     g.exec = exec;
   }
+  bool graph_capturing(void* handle) override { return static_cast<CudaGraph*>(handle)->capturing; }
   void graph_replay(const char* op, void* handle) override {
     CudaGraph& g = *static_cast<CudaGraph*>(handle);
     if (g.capturing) fail<RuntimeError>(op, "the graph is still capturing: end the capture first");
@@ -382,8 +394,8 @@ class CudaRuntime final : public DeviceRuntime {
     {
       std::lock_guard<std::mutex> lock(graphs_lock_);
       if (g->graph || g->exec) release.graphs.push_back(Pending::Graph{g->index, g->graph, g->exec});
-      for (const CudaGraph::FreeBlock& b : g->free) release.blocks.push_back(Pending::Block{g->index, b.ptr, b.size});
-      for (const CudaGraph::Deferred& d : g->deferred) release.deferred.emplace_back(g->index, d);
+      for (const CudaGraph::FreeBlock& b : g->free) release.blocks.push_back(Pending::Block{b.index, b.ptr, b.size});
+      release.deferred = std::move(g->deferred);
       release.kept = std::move(g->kept);
       // blocks still held by tensors go back when they do (graph_deallocate: owner null)
       for (void* p : g->own) {
@@ -405,15 +417,26 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
  private:
-  // The graph of ours whose capture s is part of (null: none).
-  CudaGraph* capturing_graph(cudaStream_t s) {
-    const unsigned long long id = capture_id_of(s);
-    if (!id) return nullptr;
-    std::lock_guard<std::mutex> lock(graphs_lock_);
-    auto it = by_capture_.find(id);
-    return it == by_capture_.end() ? nullptr : it->second;
+  // The graph of ours whose capture s is part of (null: none); graphs_lock_ held. An invalidated
+  // capture has no id: its origin stream tells (the work that failed ran there).
+  CudaGraph* capturing_graph_locked(cudaStream_t s) {
+    unsigned long long id = 0;
+    const cudaStreamCaptureStatus status = capture_status(s, &id);
+    if (status == cudaStreamCaptureStatusActive) {
+      auto it = by_capture_.find(id);
+      return it == by_capture_.end() ? nullptr : it->second;
+    }
+    if (status == cudaStreamCaptureStatusInvalidated) {
+      auto it = by_stream_.find(s);
+      return it == by_stream_.end() ? nullptr : it->second;
+    }
+    return nullptr;
   }
-  void* graph_allocate(const char* op, CudaGraph& g, size_t nbytes, cudaStream_t s, void** stream) {
+  CudaGraph* capturing_graph(cudaStream_t s) {
+    std::lock_guard<std::mutex> lock(graphs_lock_);
+    return capturing_graph_locked(s);
+  }
+  void* graph_allocate(const char* op, CudaGraph& g, int index, size_t nbytes, cudaStream_t s, void** stream) {
     const size_t size = (nbytes + kGraphBlockAlign - 1) / kGraphBlockAlign * kGraphBlockAlign;
     void* p = nullptr;
     {
@@ -430,21 +453,26 @@ class CudaRuntime final : public DeviceRuntime {
     if (!p) {
       cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // (cudaMalloc is not stream work)
       cudaThreadExchangeStreamCaptureMode(&mode);
-      const cudaError_t e = cudaMalloc(&p, size);
+      cudaError_t e = cudaMalloc(&p, size);
+      if (e == cudaErrorMemoryAllocation) {  // the pool's cached, unused blocks back to the driver; once more
+        cudaGetLastError();
+        if (pools_[index]) cudaMemPoolTrimTo(pools_[index], 0);
+        e = cudaMalloc(&p, size);
+      }
       cudaThreadExchangeStreamCaptureMode(&mode);
       if (e != cudaSuccess) {
         cudaGetLastError();
         fail<RuntimeError>(op, e == cudaErrorMemoryAllocation ? "CUDA out of memory" : error_text(e).c_str(),
-                           ": tried to allocate ", nbytes, " bytes on cuda:", g.index, " for a graph being captured (",
-                           graph_bytes_[g.index].load(), " bytes held by graphs)");
+                           ": tried to allocate ", nbytes, " bytes on cuda:", index, " for a graph being captured (",
+                           graph_bytes_[index].load(), " bytes held by graphs)");
       }
       std::lock_guard<std::mutex> lock(graphs_lock_);
-      blocks_[p] = GraphBlock{&g, size};
+      blocks_[p] = GraphBlock{&g, size, index};
       g.own.insert(p);
       graph_blocks_.fetch_add(1, std::memory_order_acq_rel);
-      graph_bytes_[g.index] += size;
+      graph_bytes_[index] += size;
     }
-    allocated_[g.index] += nbytes;
+    allocated_[index] += nbytes;
     *stream = s;
     return p;
   }
@@ -456,10 +484,10 @@ class CudaRuntime final : public DeviceRuntime {
     if (it != blocks_.end()) {
       allocated_[index] -= nbytes;
       if (CudaGraph* g = it->second.owner) {
-        g->free.push_back(CudaGraph::FreeBlock{p, it->second.size, stream});
+        g->free.push_back(CudaGraph::FreeBlock{p, it->second.size, it->second.index, stream});
         return true;
       }
-      const Pending::Block block{index, p, it->second.size};
+      const Pending::Block block{it->second.index, p, it->second.size};
       forget_block_locked(p);  // (its graph is released)
       if (captures_.load(std::memory_order_acquire) > 0) {
         pending_.blocks.push_back(block);
@@ -472,10 +500,9 @@ class CudaRuntime final : public DeviceRuntime {
       return true;
     }
     if (captures_.load(std::memory_order_acquire) == 0 || !stream) return false;
-    const unsigned long long id = capture_id_of(stream);
-    auto g = id ? by_capture_.find(id) : by_capture_.end();
-    if (g == by_capture_.end()) return false;
-    g->second->deferred.push_back(CudaGraph::Deferred{p, stream});
+    CudaGraph* g = capturing_graph_locked(stream);
+    if (!g) return false;
+    g->deferred.emplace_back(index, p);
     allocated_[index] -= nbytes;
     return true;
   }
@@ -492,6 +519,7 @@ class CudaRuntime final : public DeviceRuntime {
     {
       std::lock_guard<std::mutex> lock(graphs_lock_);
       by_capture_.erase(g.capture_id);
+      by_stream_.erase(g.stream);
       g.capturing = false;
       g.capture_id = 0;
       if (captures_.fetch_sub(1, std::memory_order_acq_rel) == 1) std::swap(flush, pending_);
@@ -530,9 +558,9 @@ class CudaRuntime final : public DeviceRuntime {
       cudaFree(b.ptr);
       graph_bytes_[b.index] -= b.size;
     }
-    for (const auto& [index, d] : what.deferred) {
+    for (const auto& [index, p] : what.deferred) {  // (on the legacy stream, which no capture records)
       cudaSetDevice(index);
-      cudaFreeAsync(d.ptr, d.stream);
+      cudaFreeAsync(p, nullptr);
     }
     cudaGetLastError();
     cudaSetDevice(previous);
@@ -542,6 +570,7 @@ class CudaRuntime final : public DeviceRuntime {
   struct GraphBlock {
     CudaGraph* owner;  // null once its graph is released
     size_t size;
+    int index;         // its device
   };
 
   // The first query decides, once per process (as torch.cuda does): devices do not come and go.
@@ -583,7 +612,8 @@ class CudaRuntime final : public DeviceRuntime {
   std::mutex graphs_lock_;
   std::atomic<int> captures_{0};           // our captures under way
   std::atomic<size_t> graph_blocks_{0};    // blocks_.size()
-  std::unordered_map<unsigned long long, CudaGraph*> by_capture_;
+  std::unordered_map<unsigned long long, CudaGraph*> by_capture_;  // active captures by id
+  std::unordered_map<cudaStream_t, CudaGraph*> by_stream_;         // and by origin stream
   std::unordered_map<void*, GraphBlock> blocks_;
   std::array<std::atomic<size_t>, kMaxDevices> graph_bytes_{};
   Pending pending_;
