@@ -30,7 +30,7 @@ void layer_norm_backward(const TensorPtr& dy, const TensorPtr& x, const TensorPt
     launch_rows(op, dev, R, N,
                 NormBackwardRow<T, false>{dy->data<T>(), x->data<T>(), w, mean->data<T>(), rstd->data<T>(),
                                           dmean->data<T>(), drstd->data<T>(), dx->data<T>(), N,
-                                          vec_ok<T>(N, {dy->raw_data(), x->raw_data(), dx->raw_data()})});
+                                          vec_ok<T>(N, {dy->raw_data(), x->raw_data(), dx->raw_data(), w})});
     return;
   }
 

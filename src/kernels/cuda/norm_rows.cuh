@@ -54,13 +54,30 @@ struct LayerNormRow {
         mean[r] = convert<T>(mu);
         rstd[r] = convert<T>(rs);
       }
-      const T *wp = w, *bp = b;
-      src.store(y + r * n, [&](int64_t i, C v) {
-        C o = (v - mu) * rs;
-        if (wp) o *= convert<C>(wp[i]);
-        if (bp) o += convert<C>(bp[i]);
-        return o;
-      });
+      // (weight and bias: column inputs, loaded 16 bytes at a time with the row where it is)
+      T* out = y + r * n;
+      if (w && b) {
+        src.store_cols(out, [&](int64_t, C v, C wv, C bv) {
+          C o = (v - mu) * rs;
+          o *= wv;
+          o += bv;
+          return o;
+        }, w, b);
+      } else if (w) {
+        src.store_cols(out, [&](int64_t, C v, C wv) {
+          C o = (v - mu) * rs;
+          o *= wv;
+          return o;
+        }, w);
+      } else if (b) {
+        src.store_cols(out, [&](int64_t, C v, C bv) {
+          C o = (v - mu) * rs;
+          o += bv;
+          return o;
+        }, b);
+      } else {
+        src.store(out, [&](int64_t, C v) { return (v - mu) * rs; });
+      }
     });
   }
 };
@@ -82,8 +99,11 @@ struct RmsNormRow {
       ss = group_reduce<G>(ss, Add{});
       const C rs = C(1) / sqrt_(ss / C(n) + eps);  // (n == 0: NaN, a mean of nothing)
       if (lane == 0) rstd[r] = convert<T>(rs);
-      const T* wp = w;
-      src.store(y + r * n, [&](int64_t i, C v) { return wp ? v * rs * convert<C>(wp[i]) : v * rs; });
+      if (w) {
+        src.store_cols(y + r * n, [&](int64_t, C v, C wv) { return v * rs * wv; }, w);
+      } else {
+        src.store(y + r * n, [&](int64_t, C v) { return v * rs; });
+      }
     });
   }
 };
@@ -100,24 +120,32 @@ struct NormBackwardRow {
   __device__ __forceinline__ void row(int64_t r, int lane) const {
     using C = compute_t<T>;
     const T* const in[2] = {dy + r * n, x + r * n};
-    const T* wp = w;
     const C mu = kRms ? C(0) : convert<C>(mean[r]), rs = convert<C>(rstd[r]);
     with_row<G, T, 2>(in, n, lane, vec, [&](auto& src) {
+      // (the weight: a column input, loaded 16 bytes at a time with the row where it is)
       Sum2<C> s{C(0), C(0)};
-      src.each([&](int64_t i, C d, C v) {
-        const C g = wp ? d * convert<C>(wp[i]) : d;
+      auto add = [&](C g, C v) {
         s.a += g;
         s.b += g * ((v - mu) * rs);
-      });
+      };
+      if (w) {
+        src.each_cols([&](int64_t, C d, C v, C wv) { add(d * wv, v); }, w);
+      } else {
+        src.each([&](int64_t, C d, C v) { add(d, v); });
+      }
       s = group_reduce<G>(s, Sum2Add{});
       const C inv_n = C(1) / C(n);
       const C a = kRms ? C(0) : s.a * inv_n, b = s.b * inv_n;
       const C dm = kRms ? C(0) : convert<C>(dmean[r]), ds = convert<C>(drstd[r]);
-      src.store(dx + r * n, [&](int64_t i, C d, C v) {
-        const C g = wp ? d * convert<C>(wp[i]) : d;
+      auto grad = [&](C g, C v) {
         const C xh = (v - mu) * rs;
         return rs * (g - a - xh * b) + (dm - ds * rs * rs * xh) * inv_n;
-      });
+      };
+      if (w) {
+        src.store_cols(dx + r * n, [&](int64_t, C d, C v, C wv) { return grad(d * wv, v); }, w);
+      } else {
+        src.store(dx + r * n, [&](int64_t, C d, C v) { return grad(d, v); });
+      }
     });
   }
 };

@@ -27,7 +27,7 @@ void rms_norm_backward(const TensorPtr& dy, const TensorPtr& x, const TensorPtr&
     launch_rows(op, dev, R, N,
                 NormBackwardRow<T, true>{dy->data<T>(), x->data<T>(), w, nullptr, rstd->data<T>(), nullptr,
                                          drstd->data<T>(), dx->data<T>(), N,
-                                         vec_ok<T>(N, {dy->raw_data(), x->raw_data(), dx->raw_data()})});
+                                         vec_ok<T>(N, {dy->raw_data(), x->raw_data(), dx->raw_data(), w})});
     return;
   }
 

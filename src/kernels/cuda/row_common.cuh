@@ -185,6 +185,13 @@ __device__ __forceinline__ auto apply_k(F& f, int64_t i, int k, const std::tuple
   return f(i, convert<compute_t<P>>(std::get<I>(t).v[k])...);
 }
 
+// f(i, v..., c_0[k], ..., c_m[k]): a row's values v then element k of each column pack.
+template <typename F, typename... P, size_t... J, typename... V>
+__device__ __forceinline__ auto apply_cols(F& f, int64_t i, int k, const std::tuple<Pack<P>...>& cols,
+                                           std::index_sequence<J...>, V... v) {
+  return f(i, v..., convert<compute_t<P>>(std::get<J>(cols).v[k])...);
+}
+
 // f(i, x_0[i], ..., x_k[i]) (values in compute types) for the elements i of an n-element row that
 // thread `lane` of a G-thread group owns; 16-byte loads when vec (every pointer 16-byte aligned
 // and n a multiple of the pack; the inputs share one element size).
@@ -226,7 +233,10 @@ __device__ __forceinline__ void map(T* y, int64_t n, int lane, bool vec, F&& f, 
 // elements: the row is read from memory once), else Streamed (each pass reads the row again,
 // mostly from L2). Both offer each(f) (f(i, x_0[i], ...) on this thread's elements, values in
 // compute types) and store(y, f) (y[i] = f(i, x_0[i], ...)), with 16-byte accesses when vec;
-// Held also update(f) (its values replaced in place). View::kHeld tells them apart: on held rows
+// each_cols(f, c...) and store_cols(y, f, c...) also pass f element i of column inputs c: arrays
+// of n elements every row shares (a norm's weight and bias), loaded as the row is (16 bytes at a
+// time when vec: every c then 16-byte aligned too). Held also update(f) (its values replaced in
+// place). View::kHeld tells them apart: on held rows
 // the bodies make independent passes over the registers (the max, then the exponentials; the
 // mean, then the squared deviations), where a streamed row takes one online pass (each pass
 // over it is a pass over memory).
@@ -245,13 +255,23 @@ struct Streamed {
   __device__ __forceinline__ void each(F&& f) const { each_(f, std::make_index_sequence<N>{}); }
   template <typename F>
   __device__ __forceinline__ void store(T* y, F&& f) const { store_(y, f, std::make_index_sequence<N>{}); }
+  template <typename F, typename... Cols>
+  __device__ __forceinline__ void each_cols(F&& f, const Cols*... cols) const {
+    each_(f, std::make_index_sequence<N>{}, cols...);
+  }
+  template <typename F, typename... Cols>
+  __device__ __forceinline__ void store_cols(T* y, F&& f, const Cols*... cols) const {
+    store_(y, f, std::make_index_sequence<N>{}, cols...);
+  }
 
  private:
-  template <typename F, size_t... I>
-  __device__ __forceinline__ void each_(F& f, std::index_sequence<I...>) const { visit<G, T>(n, lane, vec, f, x[I]...); }
-  template <typename F, size_t... I>
-  __device__ __forceinline__ void store_(T* y, F& f, std::index_sequence<I...>) const {
-    map<G>(y, n, lane, vec, f, x[I]...);
+  template <typename F, size_t... I, typename... Cols>
+  __device__ __forceinline__ void each_(F& f, std::index_sequence<I...>, const Cols*... cols) const {
+    visit<G, T>(n, lane, vec, f, x[I]..., cols...);
+  }
+  template <typename F, size_t... I, typename... Cols>
+  __device__ __forceinline__ void store_(T* y, F& f, std::index_sequence<I...>, const Cols*... cols) const {
+    map<G>(y, n, lane, vec, f, x[I]..., cols...);
   }
 };
 
@@ -296,6 +316,14 @@ struct Held {
   __device__ __forceinline__ void each(F&& f) const { each_(f, std::make_index_sequence<N>{}); }
   template <typename F>
   __device__ __forceinline__ void store(T* y, F&& f) const { store_(y, f, std::make_index_sequence<N>{}); }
+  template <typename F, typename... Cols>
+  __device__ __forceinline__ void each_cols(F&& f, const Cols*... cols) const {
+    each_cols_(f, std::make_index_sequence<N>{}, cols...);
+  }
+  template <typename F, typename... Cols>
+  __device__ __forceinline__ void store_cols(T* y, F&& f, const Cols*... cols) const {
+    store_cols_(y, f, std::make_index_sequence<N>{}, cols...);
+  }
   // the first input's held values replaced by f(value) (each slot independent: no chain)
   template <typename F>
   __device__ __forceinline__ void update(F&& f) {
@@ -330,6 +358,53 @@ struct Held {
       for (int s = 0; s < S; ++s) {
         const int64_t i = lane + int64_t(s) * G;
         if (i < n) y[i] = convert<T>(f(i, v[I][s]...));
+      }
+    }
+  }
+  // (the columns' packs are loaded where the row's were: once per pack, not per element)
+  template <typename F, size_t... I, typename... Cols>
+  __device__ __forceinline__ void each_cols_(F& f, std::index_sequence<I...>, const Cols*... cols) const {
+    if (vec) {
+#pragma unroll
+      for (int j = 0; j < S / K; ++j) {
+        const int64_t c = lane + int64_t(j) * G;
+        if (c < n / K) {
+          const std::tuple<Pack<Cols>...> packs{reinterpret_cast<const Pack<Cols>*>(cols)[c]...};
+#pragma unroll
+          for (int k = 0; k < K; ++k) {
+            apply_cols(f, c * K + k, k, packs, std::index_sequence_for<Cols...>{}, v[I][j * K + k]...);
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        const int64_t i = lane + int64_t(s) * G;
+        if (i < n) f(i, v[I][s]..., convert<compute_t<Cols>>(cols[i])...);
+      }
+    }
+  }
+  template <typename F, size_t... I, typename... Cols>
+  __device__ __forceinline__ void store_cols_(T* y, F& f, std::index_sequence<I...>, const Cols*... cols) const {
+    if (vec) {
+#pragma unroll
+      for (int j = 0; j < S / K; ++j) {
+        const int64_t c = lane + int64_t(j) * G;
+        if (c < n / K) {
+          const std::tuple<Pack<Cols>...> packs{reinterpret_cast<const Pack<Cols>*>(cols)[c]...};
+          Pack<T> out;
+#pragma unroll
+          for (int k = 0; k < K; ++k) {
+            out.v[k] = convert<T>(apply_cols(f, c * K + k, k, packs, std::index_sequence_for<Cols...>{}, v[I][j * K + k]...));
+          }
+          reinterpret_cast<Pack<T>*>(y)[c] = out;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        const int64_t i = lane + int64_t(s) * G;
+        if (i < n) y[i] = convert<T>(f(i, v[I][s]..., convert<compute_t<Cols>>(cols[i])...));
       }
     }
   }
