@@ -87,6 +87,26 @@ def test_softmax_infinities_and_nan_as_on_the_cpu() -> None:
         np.testing.assert_allclose(host(op(cuda(x))), host(op(opforge.tensor(x))), rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_long_rows_infinities_and_nan_as_on_the_cpu(dtype: str) -> None:
+    # rows too long to hold (reduced tile by tile), the special values in some tiles and not others
+    n = 20_000
+    x = np.random.default_rng(3).standard_normal((6, n)).astype(dtype)
+    x[0] = -np.inf                  # every tile -inf
+    x[1, 15_000] = np.inf           # one +inf in a late tile
+    x[2, 9_000] = np.nan            # a NaN in a middle tile
+    x[3, :12_000] = -np.inf         # whole tiles of -inf before finite ones
+    x[4, [5, n - 1]] = np.inf       # two +inf, first and last tile
+    labels = np.array([0, 15_000, 1, 12_000, 5, 7])
+    for op in (ops.softmax, ops.log_softmax):  # (NaN where the cpu has NaN, the same values elsewhere)
+        np.testing.assert_allclose(host(op(cuda(x))), host(op(opforge.tensor(x))), rtol=1e-5, atol=1e-9)
+    dout = np.ones(6, dtype)
+    for name, run in (("loss", lambda on, d, t, l: ops.cross_entropy(on(t), on(l), reduction="none")),
+                      ("grad", lambda on, d, t, l: ops.cross_entropy_backward(on(d), on(t), on(l), reduction="none"))):
+        got, want = host(run(cuda, dout, x, labels)), host(run(opforge.tensor, dout, x, labels))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9, err_msg=name)
+
+
 @pytest.mark.parametrize("n", ROW_LENGTHS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
 def test_layer_norm_and_rms_norm_rows(n: int, dtype: str) -> None:

@@ -37,10 +37,8 @@ struct GradRow {
         C s = C(0);
         src.each([&](int64_t, C v) { s += rows::exp_(v - m); });
         f = w / rows::group_reduce<G>(s, rows::Add{});
-      } else {
-        rows::Lse<C> p{rows::neg_inf<C>(), C(0)};
-        src.each([&](int64_t, C v) { p = rows::lse_add(p, v); });
-        p = rows::lse_final(rows::group_reduce<G>(p, rows::LseCombine{}));
+      } else {  // streamed: (m, s) tile by tile
+        const rows::Lse<C> p = smx::row_lse<G>(x + r * classes, classes, lane, vec);
         m = p.m;
         f = w / p.s;
       }

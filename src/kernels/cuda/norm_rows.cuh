@@ -41,10 +41,8 @@ struct LayerNormRow {
         C dev = C(0);
         src.each([&](int64_t, C v) { dev += (v - mu) * (v - mu); });
         var = group_reduce<G>(dev, Add{}) / C(n);
-      } else {  // streamed: Welford's one pass
-        Welford<C> s{C(0), C(0), C(0)};
-        src.each([&](int64_t, C v) { s = welford_add(s, v); });
-        s = group_reduce<G>(s, WelfordCombine{});
+      } else {  // streamed: Welford's statistics tile by tile
+        const Welford<C> s = group_reduce<G>(thread_welford<G>(x + r * n, n, lane, vec), WelfordCombine{});
         mu = s.mean;
         var = s.m2 / C(n);
       }

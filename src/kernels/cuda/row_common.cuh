@@ -111,14 +111,6 @@ template <typename C>
 struct Welford {
   C n, mean, m2;
 };
-template <typename C>
-__device__ __forceinline__ Welford<C> welford_add(Welford<C> w, C v) {
-  w.n += C(1);
-  const C d = v - w.mean;
-  w.mean += d / w.n;
-  w.m2 += d * (v - w.mean);
-  return w;
-}
 struct WelfordCombine {
   template <typename C>
   __device__ __forceinline__ Welford<C> operator()(const Welford<C>& a, const Welford<C>& b) const {
@@ -275,11 +267,11 @@ struct Streamed {
   }
 };
 
-template <int G, typename T, int N>
+template <int G, typename T, int N, int Slots = kHeld<T>>
 struct Held {
   using C = compute_t<T>;
   static constexpr bool kHeld = true;
-  static constexpr int K = kPack<T>, S = ::opforge::kernels::cuda::rows::kHeld<T>;
+  static constexpr int K = kPack<T>, S = Slots;
   C v[N][S];
   int64_t n;
   int lane;
@@ -422,6 +414,62 @@ __device__ __forceinline__ void with_row(const T* const (&x)[N], int64_t n, int 
     for (int q = 0; q < N; ++q) streamed.x[q] = x[q];
     body(streamed);
   }
+}
+
+// ---- rows too long to hold, reduced tile by tile
+//
+// A streamed row's statistics from an online update per element (lse_add, Welford's update) make every
+// element's exp and rescale (or division) wait for the last one's. Instead each thread takes the
+// row in tiles of G * kTileHeld elements held in registers (its share loaded at once: kTileHeld /
+// kPack 16-byte loads in flight; half a held row's registers, which a kernel holding rows also
+// needs), reduces the tile as a held row is reduced (the max, then independent
+// exponentials; the mean, then the squared deviations) and merges the tile's result into its own
+// once per tile. The group's reduction follows as before.
+
+template <typename T>
+constexpr int kTileHeld = kHeld<T> / 2;
+
+// This thread's (m, s) over its elements of the n-element row x (any n; one tile when it fits):
+// what lse_add over those elements gives (NaN wins, a +inf max left to lse_final, -inf counts
+// nothing), summed in another order.
+template <int G, typename T>
+__device__ __forceinline__ Lse<compute_t<T>> thread_lse(const T* x, int64_t n, int lane, bool vec) {
+  using C = compute_t<T>;
+  constexpr int64_t kTile = int64_t(G) * kTileHeld<T>;
+  Lse<C> p{neg_inf<C>(), C(0)};
+  for (int64_t t0 = 0; t0 < n; t0 += kTile) {
+    const T* const in[1] = {x + t0};
+    const Held<G, T, 1, kTileHeld<T>> tile(in, n - t0 < kTile ? n - t0 : kTile, lane, vec);
+    C m = neg_inf<C>();
+    tile.each([&](int64_t, C v) { m = max_nan(m, v); });
+    C sum = C(0);
+    if (m != neg_inf<C>()) tile.each([&](int64_t, C v) { sum += exp_(v - m); });
+    p = LseCombine{}(p, Lse<C>{m, sum});
+  }
+  return p;
+}
+
+// This thread's Welford (count, mean, m2) over its elements of the n-element row x, tile by tile.
+template <int G, typename T>
+__device__ __forceinline__ Welford<compute_t<T>> thread_welford(const T* x, int64_t n, int lane, bool vec) {
+  using C = compute_t<T>;
+  constexpr int64_t kTile = int64_t(G) * kTileHeld<T>;
+  Welford<C> w{C(0), C(0), C(0)};
+  for (int64_t t0 = 0; t0 < n; t0 += kTile) {
+    const T* const in[1] = {x + t0};
+    const Held<G, T, 1, kTileHeld<T>> tile(in, n - t0 < kTile ? n - t0 : kTile, lane, vec);
+    C count = C(0), sum = C(0);
+    tile.each([&](int64_t, C v) {
+      count += C(1);
+      sum += v;
+    });
+    if (count == C(0)) continue;
+    const C mean = sum / count;
+    C m2 = C(0);
+    tile.each([&](int64_t, C v) { m2 += (v - mean) * (v - mean); });
+    w = WelfordCombine{}(w, Welford<C>{count, mean, m2});
+  }
+  return w;
 }
 
 // Whether rows of n elements of T starting at each pointer (null: absent, ignored) can use

@@ -1,6 +1,7 @@
 // The softmax group on cuda (softmax, log_softmax, softmax_backward, log_softmax_backward): a
-// contiguous axis runs as rows (row_common.cuh: a warp or a block per row, an online max and
-// sum of exponentials in one pass over the row, then one pass writing it); a strided axis runs a
+// contiguous axis runs as rows (row_common.cuh: a warp or a block per row; a row held in registers
+// takes its max, then independent exponentials; a longer one its max and sum of exponentials tile
+// by tile, then one pass writing it); a strided axis runs a
 // thread per lane (outer x inner), stepping along the axis. float accumulation for 16-bit inputs;
 // NaN, infinities and rows of -inf give what the cpu kernels give.
 #pragma once
@@ -14,13 +15,10 @@ using namespace ::opforge::kernels::cuda::rows;
 
 enum class Kind { Softmax, LogSoftmax };
 
-// One row's (m, s) after the group's reduction.
+// One row's (m, s) after the group's reduction (each thread's part tile by tile: thread_lse).
 template <int G, typename T>
 __device__ __forceinline__ Lse<compute_t<T>> row_lse(const T* x, int64_t n, int lane, bool vec) {
-  using C = compute_t<T>;
-  Lse<C> p{neg_inf<C>(), C(0)};
-  visit<G, T>(n, lane, vec, [&](int64_t, C v) { p = lse_add(p, v); }, x);
-  return lse_final(group_reduce<G>(p, LseCombine{}));
+  return lse_final(group_reduce<G>(thread_lse<G>(x, n, lane, vec), LseCombine{}));
 }
 
 template <typename T, Kind K>
@@ -52,10 +50,8 @@ struct ForwardRow {
           const C l = log_(group_reduce<G>(s, Add{}));
           src.store(yr, [&](int64_t, C v) { return (v - m) - l; });
         }
-      } else {
-        Lse<C> p{neg_inf<C>(), C(0)};
-        src.each([&](int64_t, C v) { p = lse_add(p, v); });
-        p = lse_final(group_reduce<G>(p, LseCombine{}));
+      } else {  // streamed: the row's (m, s) tile by tile, then one pass writing it
+        const Lse<C> p = row_lse<G>(x + r * n, n, lane, vec);
         const C m = p.m;
         if constexpr (K == Kind::Softmax) {
           const C inv = C(1) / p.s;
