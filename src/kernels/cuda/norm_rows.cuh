@@ -55,20 +55,20 @@ struct LayerNormRow {
       // (weight and bias: column inputs, loaded 16 bytes at a time with the row where it is)
       T* out = y + r * n;
       if (w && b) {
-        src.store_cols(out, [&](int64_t, C v, C wv, C bv) {
+        src.store(out, [&](int64_t, C v, C wv, C bv) {
           C o = (v - mu) * rs;
           o *= wv;
           o += bv;
           return o;
         }, w, b);
       } else if (w) {
-        src.store_cols(out, [&](int64_t, C v, C wv) {
+        src.store(out, [&](int64_t, C v, C wv) {
           C o = (v - mu) * rs;
           o *= wv;
           return o;
         }, w);
       } else if (b) {
-        src.store_cols(out, [&](int64_t, C v, C bv) {
+        src.store(out, [&](int64_t, C v, C bv) {
           C o = (v - mu) * rs;
           o += bv;
           return o;
@@ -98,7 +98,7 @@ struct RmsNormRow {
       const C rs = C(1) / sqrt_(ss / C(n) + eps);  // (n == 0: NaN, a mean of nothing)
       if (lane == 0) rstd[r] = convert<T>(rs);
       if (w) {
-        src.store_cols(y + r * n, [&](int64_t, C v, C wv) { return v * rs * wv; }, w);
+        src.store(y + r * n, [&](int64_t, C v, C wv) { return v * rs * wv; }, w);
       } else {
         src.store(y + r * n, [&](int64_t, C v) { return v * rs; });
       }
@@ -127,7 +127,7 @@ struct NormBackwardRow {
         s.b += g * ((v - mu) * rs);
       };
       if (w) {
-        src.each_cols([&](int64_t, C d, C v, C wv) { add(d * wv, v); }, w);
+        src.each([&](int64_t, C d, C v, C wv) { add(d * wv, v); }, w);
       } else {
         src.each([&](int64_t, C d, C v) { add(d, v); });
       }
@@ -140,7 +140,7 @@ struct NormBackwardRow {
         return rs * (g - a - xh * b) + (dm - ds * rs * rs * xh) * inv_n;
       };
       if (w) {
-        src.store_cols(dx + r * n, [&](int64_t, C d, C v, C wv) { return grad(d * wv, v); }, w);
+        src.store(dx + r * n, [&](int64_t, C d, C v, C wv) { return grad(d * wv, v); }, w);
       } else {
         src.store(dx + r * n, [&](int64_t, C d, C v) { return grad(d, v); });
       }

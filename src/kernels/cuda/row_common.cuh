@@ -225,9 +225,9 @@ __device__ __forceinline__ void map(T* y, int64_t n, int lane, bool vec, F&& f, 
 // elements: the row is read from memory once), else Streamed (each pass reads the row again,
 // mostly from L2). Both offer each(f) (f(i, x_0[i], ...) on this thread's elements, values in
 // compute types) and store(y, f) (y[i] = f(i, x_0[i], ...)), with 16-byte accesses when vec;
-// each_cols(f, c...) and store_cols(y, f, c...) also pass f element i of column inputs c: arrays
-// of n elements every row shares (a norm's weight and bias), loaded as the row is (16 bytes at a
-// time when vec: every c then 16-byte aligned too). Held also update(f) (its values replaced in
+// each(f, c...) and store(y, f, c...) also pass f element i of column inputs c after the row's:
+// arrays of n elements every row shares (a norm's weight and bias), loaded as the row is (16
+// bytes at a time when vec: every c then 16-byte aligned too). Held also update(f) (its values replaced in
 // place). View::kHeld tells them apart: on held rows
 // the bodies make independent passes over the registers (the max, then the exponentials; the
 // mean, then the squared deviations), where a streamed row takes one online pass (each pass
@@ -243,16 +243,12 @@ struct Streamed {
   int64_t n;
   int lane;
   bool vec;
-  template <typename F>
-  __device__ __forceinline__ void each(F&& f) const { each_(f, std::make_index_sequence<N>{}); }
-  template <typename F>
-  __device__ __forceinline__ void store(T* y, F&& f) const { store_(y, f, std::make_index_sequence<N>{}); }
   template <typename F, typename... Cols>
-  __device__ __forceinline__ void each_cols(F&& f, const Cols*... cols) const {
+  __device__ __forceinline__ void each(F&& f, const Cols*... cols) const {
     each_(f, std::make_index_sequence<N>{}, cols...);
   }
   template <typename F, typename... Cols>
-  __device__ __forceinline__ void store_cols(T* y, F&& f, const Cols*... cols) const {
+  __device__ __forceinline__ void store(T* y, F&& f, const Cols*... cols) const {
     store_(y, f, std::make_index_sequence<N>{}, cols...);
   }
 
@@ -300,21 +296,13 @@ struct Held {
       }
     }
   }
-  // the row index of slot s of this thread
-  __device__ __forceinline__ int64_t at(int s) const {
-    return vec ? (lane + int64_t(s / K) * G) * K + s % K : lane + int64_t(s) * G;
-  }
-  template <typename F>
-  __device__ __forceinline__ void each(F&& f) const { each_(f, std::make_index_sequence<N>{}); }
-  template <typename F>
-  __device__ __forceinline__ void store(T* y, F&& f) const { store_(y, f, std::make_index_sequence<N>{}); }
   template <typename F, typename... Cols>
-  __device__ __forceinline__ void each_cols(F&& f, const Cols*... cols) const {
-    each_cols_(f, std::make_index_sequence<N>{}, cols...);
+  __device__ __forceinline__ void each(F&& f, const Cols*... cols) const {
+    each_(f, std::make_index_sequence<N>{}, cols...);
   }
   template <typename F, typename... Cols>
-  __device__ __forceinline__ void store_cols(T* y, F&& f, const Cols*... cols) const {
-    store_cols_(y, f, std::make_index_sequence<N>{}, cols...);
+  __device__ __forceinline__ void store(T* y, F&& f, const Cols*... cols) const {
+    store_(y, f, std::make_index_sequence<N>{}, cols...);
   }
   // the first input's held values replaced by f(value) (each slot independent: no chain)
   template <typename F>
@@ -324,38 +312,9 @@ struct Held {
   }
 
  private:
-  template <typename F, size_t... I>
-  __device__ __forceinline__ void each_(F& f, std::index_sequence<I...>) const {
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      const int64_t i = at(s);
-      if (i < n) f(i, v[I][s]...);
-    }
-  }
-  template <typename F, size_t... I>
-  __device__ __forceinline__ void store_(T* y, F& f, std::index_sequence<I...>) const {
-    if (vec) {
-#pragma unroll
-      for (int j = 0; j < S / K; ++j) {
-        const int64_t c = lane + int64_t(j) * G;
-        if (c < n / K) {
-          Pack<T> out;
-#pragma unroll
-          for (int k = 0; k < K; ++k) out.v[k] = convert<T>(f(c * K + k, v[I][j * K + k]...));
-          reinterpret_cast<Pack<T>*>(y)[c] = out;
-        }
-      }
-    } else {
-#pragma unroll
-      for (int s = 0; s < S; ++s) {
-        const int64_t i = lane + int64_t(s) * G;
-        if (i < n) y[i] = convert<T>(f(i, v[I][s]...));
-      }
-    }
-  }
   // (the columns' packs are loaded where the row's were: once per pack, not per element)
   template <typename F, size_t... I, typename... Cols>
-  __device__ __forceinline__ void each_cols_(F& f, std::index_sequence<I...>, const Cols*... cols) const {
+  __device__ __forceinline__ void each_(F& f, std::index_sequence<I...>, const Cols*... cols) const {
     if (vec) {
 #pragma unroll
       for (int j = 0; j < S / K; ++j) {
@@ -377,7 +336,7 @@ struct Held {
     }
   }
   template <typename F, size_t... I, typename... Cols>
-  __device__ __forceinline__ void store_cols_(T* y, F& f, std::index_sequence<I...>, const Cols*... cols) const {
+  __device__ __forceinline__ void store_(T* y, F& f, std::index_sequence<I...>, const Cols*... cols) const {
     if (vec) {
 #pragma unroll
       for (int j = 0; j < S / K; ++j) {
