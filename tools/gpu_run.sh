@@ -6,7 +6,7 @@
 #
 # setup:    installs the build's Python requirements that machine lacks from wheels carried in .whl/
 #           (cerberus, scipy-openblas32, meson-python, pyproject-metadata, meson, pybind11, expecttest:
-#           see docs/notes/cuda-backend-research.md §3.2 for the download command) into /tmp/site;
+#           `bash tools/gpu_wheels.sh` downloads them on the CPU machine) into /tmp/site;
 # build:    meson build of the cuda backend with the machine's nvcc (tools/dev.sh, OPFORGE_BACKEND=cuda);
 # test:     the fast test suite against that build (GPU tests included), junit and log to $OUT;
 # bench:    benchmarks/cuda.py $BENCH_ARGS, to $OUT/cuda.md;
