@@ -8,7 +8,9 @@
 - `sum` over 2^28 float32 (CUB's device-wide reduction) against torch.sum: target >= 0.9x torch's
   throughput (bytes read per second), with its share of the copy's bandwidth;
 - a 1-element op's wall time per call, standalone opforge and through opforge.torch (the torch
-  operator's CUDA kernel) against torch's built-in;
+  operator's CUDA kernel) against torch's built-in; and a chain of 64 small muls run eagerly and
+  replayed from a CUDA graph (opforge.cuda.CUDAGraph against torch.cuda.CUDAGraph): what a graph
+  saves of the per-call cost;
 - matrix products through cuBLAS (`--gemm N`, default 8192): `matmul` N x N x N and `linear` (an
   N x N input by an N x N weight, with a bias) in bfloat16 and float32 (no TF32, torch's default),
   forward and forward+backward (opforge.gradients against torch.autograd.grad: the input's, the
@@ -54,6 +56,43 @@ def timed(fn: Callable[[], Any], sync: Callable[[], None], reps: int, rounds: in
         sync()
         times.append((time.perf_counter() - t0) / reps)
     return statistics.median(times)
+
+
+def graph_figures(tsync: Callable[[], None], osync: Callable[[], None]) -> tuple[float, ...]:
+    """Seconds per chain of 64 muls of 1024 floats: opforge eager, opforge replayed from a CUDA graph,
+    torch eager, torch replayed from torch.cuda.graph."""
+    links = 64
+    ot = opforge.tensor(np.full(1024, 1.0001, np.float32), device="cuda")
+    tt = torch.full((1024,), 1.0001, device="cuda")
+
+    def o_chain() -> Any:
+        y = ot
+        for _ in range(links):
+            y = ops.mul(y, ot)
+        return y
+
+    def t_chain() -> Any:
+        y = tt
+        for _ in range(links):
+            y = torch.mul(y, tt)
+        return y
+
+    o_eager, t_eager = timed(o_chain, osync, 20), timed(t_chain, tsync, 20)
+    og = opforge.cuda.CUDAGraph()
+    with opforge.cuda.graph(og):
+        o_out = o_chain()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        t_chain()
+    torch.cuda.current_stream().wait_stream(s)
+    tg = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(tg):
+        t_out = t_chain()
+    o_replay, t_replay = timed(og.replay, osync, 200), timed(tg.replay, tsync, 200)
+    np.testing.assert_allclose(torch.from_dlpack(o_out).cpu().numpy(), t_out.cpu().numpy(), rtol=1e-5)
+    og.reset()
+    return o_eager, o_replay, t_eager, t_replay
 
 
 def gemm_figures(n: int, tsync: Callable[[], None], osync: Callable[[], None]) -> list[tuple]:
@@ -273,6 +312,12 @@ def main() -> None:
     through_torch = timed(lambda: ot.ops.mul(one_t, one_t), tsync, 2000)
     theirs = timed(lambda: torch.mul(one_t, one_t), tsync, 2000)
     call = (mine * 1e6, theirs * 1e6, mine / theirs, through_torch * 1e6, through_torch / theirs)
+    try:
+        graphs = "64 muls of 1024 floats in a chain, per chain: opforge eager {:.1f} µs, replayed from an " \
+                 "opforge.cuda.CUDAGraph {:.1f} µs; torch eager {:.1f} µs, replayed from torch.cuda.graph {:.1f} µs." \
+                 .format(*(t * 1e6 for t in graph_figures(tsync, osync)))
+    except Exception as e:  # (a failure here leaves the other figures standing; the GPU tests say why)
+        graphs = f"CUDA graph figures failed: {type(e).__name__}: {e}"
 
     gemm_rows = gemm_figures(args.gemm, tsync, osync) if args.gemm else []
     copy_tbs = 8 * n / copy_2 / 1e12
@@ -295,7 +340,7 @@ def main() -> None:
     lines += [f"| {r[0]} | {r[1]:.3f} | {r[2]:.3f} | {r[3]:.2f} | {r[4]:.2f} | {r[5]:.0%} |" for r in rows]
     lines += ["", f"1-element `mul` per call: opforge {call[0]:.1f} µs, torch {call[1]:.1f} µs "
                   f"(opforge / torch {call[2]:.2f}); `torch.ops.opforge.mul` {call[3]:.1f} µs "
-                  f"({call[4]:.2f}x torch.mul).", "",
+                  f"({call[4]:.2f}x torch.mul).", "", graphs, "",
               f"Copy anchor: device-to-device `copy_` of 2 x 2^{args.log2n} floats {copy_2 * 1e3:.3f} ms "
               f"({8 * n / copy_2 / 1e12:.2f} TB/s read + write).", ""]
     if gemm_rows:
