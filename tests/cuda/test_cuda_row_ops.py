@@ -107,6 +107,15 @@ def test_long_rows_infinities_and_nan_as_on_the_cpu(dtype: str) -> None:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9, err_msg=name)
 
 
+def test_long_rows_of_huge_equal_values_have_zero_variance() -> None:
+    # (statistics merged tile by tile: an empty side must not multiply an overflowing d * d by 0)
+    # (the variance is rounding noise, as on the cpu: only finite, with the mean right)
+    x = np.full((2, 16_384), 1e20, np.float32)
+    y, mean, rstd = (host(t) for t in ops.layer_norm(cuda(x)))
+    assert np.isfinite(y).all() and np.isfinite(rstd).all() and (rstd > 0).all()
+    np.testing.assert_allclose(mean, 1e20, rtol=1e-6)
+
+
 @pytest.mark.parametrize("n", ROW_LENGTHS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
 def test_layer_norm_and_rms_norm_rows(n: int, dtype: str) -> None:

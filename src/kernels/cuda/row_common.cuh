@@ -114,8 +114,9 @@ struct Welford {
 struct WelfordCombine {
   template <typename C>
   __device__ __forceinline__ Welford<C> operator()(const Welford<C>& a, const Welford<C>& b) const {
+    if (b.n == C(0)) return a;  // (an empty side: no d * d, which overflows for huge means, times 0)
+    if (a.n == C(0)) return b;
     const C n = a.n + b.n;
-    if (n == C(0)) return a;
     const C d = b.mean - a.mean, fb = b.n / n;
     return {n, a.mean + d * fb, a.m2 + b.m2 + d * d * a.n * fb};
   }
@@ -268,6 +269,7 @@ struct Held {
   using C = compute_t<T>;
   static constexpr bool kHeld = true;
   static constexpr int K = kPack<T>, S = Slots;
+  static_assert(S % K == 0, "a thread's slots are whole 16-byte packs");
   C v[N][S];
   int64_t n;
   int lane;
@@ -388,6 +390,7 @@ __device__ __forceinline__ void with_row(const T* const (&x)[N], int64_t n, int 
 template <typename T>
 constexpr int kTileHeld = kHeld<T> / 2;
 
+// (A tile's view indexes its elements from the tile's start: no column inputs through it.)
 // This thread's (m, s) over its elements of the n-element row x (any n; one tile when it fits):
 // what lse_add over those elements gives (NaN wins, a +inf max left to lse_final, -inf counts
 // nothing), summed in another order.
