@@ -319,6 +319,17 @@ TensorPtr tensor_from_dl(const DLTensor& dl, const char* op, const char* arg, bo
   return std::make_shared<Tensor>(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
 }
 
+// Checks that t's memory may be written element by element (out=, in-place, copy_): not read-only,
+// and no broadcast dimension whose elements share memory; ValueError naming op and `what` otherwise.
+void check_writable(const char* op, const char* what, const Tensor& t) {
+  if (t.storage()->readonly) fail<ValueError>(op, what, " is read-only (it wraps read-only memory)");
+  for (size_t d = 0; d < t.shape().size() && t.numel() > 0; ++d) {  // (an empty tensor has no elements to share)
+    if (t.strides()[d] == 0 && t.shape()[d] > 1) {
+      fail<ValueError>(op, what, " has elements that share memory (a broadcast view): writing it is ambiguous");
+    }
+  }
+}
+
 // Whether the memory a and b span overlaps (on one device).
 bool overlap(const Tensor& a, const Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0 || a.device() != b.device()) return false;
@@ -346,15 +357,10 @@ TensorPtr copy_from(const TensorPtr& dst, py::handle value) {
   const TensorPtr given = scalar ? full(dst->dtype(), {}, value.cast<double>(), Format::Default, Device{})
                                  : to_tensor(value, op, "src");
   TensorPtr src = given;
-  if (dst->storage()->readonly) fail<ValueError>(op, "the tensor is read-only (it wraps read-only memory)");
+  check_writable(op, "the tensor", *dst);
   if (broadcast_shapes(op, {dst.get(), src.get()}, {"self", "src"}) != dst->shape()) {
     fail<ValueError>(op, "src of shape ", shape_str(src->shape()), " does not broadcast to the tensor's shape ",
                      shape_str(dst->shape()));
-  }
-  for (size_t d = 0; d < dst->shape().size() && dst->numel() > 0; ++d) {
-    if (dst->strides()[d] == 0 && dst->shape()[d] > 1) {
-      fail<ValueError>(op, "the tensor has elements that share memory (a broadcast view): writing it is ambiguous");
-    }
   }
   if (GradMode::is_enabled() && (src->requires_grad() || dst->requires_grad())) {
     fail<RuntimeError>(op, "does not record gradients, but ", src->requires_grad() ? "src" : "the tensor",
@@ -369,7 +375,7 @@ TensorPtr copy_from(const TensorPtr& dst, py::handle value) {
     return dst;  // (itself)
   }
   py::gil_scoped_release nogil;
-  if (scalar && !dst->on_host() && dst->is_contiguous()) {  // a fill on the device (no copy: capturable)
+  if (scalar && !dst->on_host()) {  // a fill on the device (no copy: capturable)
     capture_keep(*dst);
     Device d = dst->device();
     device_runtime(op, d).fill(op, d.index, dst->raw_data(), dst->numel(), itemsize(dst->dtype()), given->raw_data());
@@ -389,7 +395,7 @@ TensorPtr copy_from(const TensorPtr& dst, py::handle value) {
 }
 
 // A device graph (DeviceRuntime's graph_*) as opforge.cuda.CUDAGraph holds it: made on first
-// capture, released by release() (reset) or with the object.
+// capture, released by reset() or with the object.
 class GraphHandle {
  public:
   explicit GraphHandle(const std::string& text) : device_(parse_device("CUDAGraph", text)) {
@@ -992,11 +998,7 @@ void check_out(const OpInfo& info, const char* name, size_t j, const Tensor& out
   if (out.device() != m.device) {
     fail<TypeError>(name, what, " is on ", out.device().str(), ", but the result is on ", m.device.str());
   }
-  for (size_t d = 0; d < out.shape().size() && out.numel() > 0; ++d) {  // (an empty tensor has no elements to share)
-    if (out.strides()[d] == 0 && out.shape()[d] > 1) {
-      fail<ValueError>(name, what, " has elements that share memory (a broadcast view): writing it is ambiguous");
-    }
-  }
+  check_writable(name, what, out);
 }
 
 // Runs the op writing its results into outs (out=, or the in-place variant's input `inplace`).

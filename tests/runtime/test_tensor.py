@@ -267,3 +267,8 @@ def test_copy_errors_name_the_rule() -> None:
     with pytest.raises(ValueError, match=r"\[copy_\] the tensor is read-only"):
         opforge.from_numpy(ro).copy_(0.0)
     assert ro[0] == 1
+    base = np.zeros(3, np.float32)
+    spread = np.lib.stride_tricks.as_strided(base, shape=(4, 3), strides=(0, 4), writeable=True)
+    with pytest.raises(ValueError, match=r"\[copy_\] the tensor has elements that share memory \(a broadcast view\)"):
+        opforge.from_numpy(spread).copy_(np.ones((4, 3)))
+    assert not base.any()
