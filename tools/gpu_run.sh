@@ -2,7 +2,7 @@
 # The GPU verification of the cuda wheel, on a machine with a CUDA device (the device tool's H100/H200):
 #
 #   bash tools/gpu_run.sh setup build test bench sanitize     (any subset, in order)
-#   (steps: setup build test bench jax profile tune rows graphs sanitize)
+#   (steps: setup build test bench breakdown jax profile tune rows graphs sanitize)
 #
 # setup:    installs the build's Python requirements that machine lacks from wheels carried in .whl/
 #           (cerberus, scipy-openblas32, meson-python, pyproject-metadata, meson, pybind11, expecttest:
@@ -10,6 +10,10 @@
 # build:    meson build of the cuda backend with the machine's nvcc (tools/dev.sh, OPFORGE_BACKEND=cuda);
 # test:     the fast test suite against that build (GPU tests included), junit and log to $OUT;
 # bench:    benchmarks/cuda.py $BENCH_ARGS, to $OUT/cuda.md;
+# breakdown: benchmarks/cuda_breakdown.py $BREAKDOWN_ARGS, to $OUT/breakdown.md: for the figures that
+#           miss (the MLP step, cross_entropy, the 16-bit rows), each kernel's device time per step through
+#           opforge.torch and through torch's built-ins, the device's idle time and the host's
+#           synchronizing calls (torch.profiler; seconds, where Nsight Compute takes minutes);
 # jax:      opforge.jax on XLA's CUDA devices (the JAX tests with JAX's CUDA plugin, no preallocation);
 # profile:  Nsight Compute over benchmarks/cuda_profile.py (the row ops that miss their targets, beside
 #           torch's kernels): speed of light, memory, occupancy, launch and warp-state sections as
@@ -18,7 +22,9 @@
 #           rows per block, blocks per SM of __launch_bounds__) and the column sums with more row
 #           chunks: registers, occupancy, time and share of the copy's bandwidth, as CSV to
 #           $OUT/tune.csv, summed up in $OUT/tune.md; with TUNE_BASE=<dir holding another tree's src/>
-#           the same kernels of that tree too (a column says which), to compare two trees;
+#           the same kernels of that tree too (a column says which), to compare two trees; binaries
+#           already built for this architecture by `tools/gpu_prepare.sh` (.gpu_scratch/tune/tune_<tree>_<op>,
+#           compiled on the CPU machine) are run as they are, so the device spends no time in nvcc;
 # rows:     the row kernels' tests alone (softmax, norms, cross_entropy: tests/cuda/test_cuda_row_ops.py
 #           and those ops' cases in test_cuda_ops.py), for a change to them only;
 # graphs:   compute-sanitizer's memcheck over tests/cuda/test_cuda_graphs.py (standalone CUDA graphs:
@@ -84,6 +90,13 @@ step_bench() {
   cat "$OUT/cuda.md" 2>/dev/null || tail -30 "$OUT/bench.log"
   return 0
 }
+step_breakdown() {
+  # shellcheck disable=SC2086
+  run_py timeout "$(cap 200)" python3 benchmarks/cuda_breakdown.py ${BREAKDOWN_ARGS:-} --out "$OUT/breakdown.md" \
+    > "$OUT/breakdown.log" 2>&1
+  echo "breakdown rc $?"; grep -E '^###|^\| (opforge|torch) \| [0-9]' "$OUT/breakdown.md" 2>/dev/null || tail -20 "$OUT/breakdown.log"
+  return 0
+}
 step_jax() {
   run_py env XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$(cap 200)" python3 -m pytest -q -p no:cacheprovider -p no:benchmark -n 8 \
     tests/frameworks/test_jax_ops.py tests/frameworks/test_jax_models.py -rfE -W ignore::DeprecationWarning \
@@ -110,6 +123,9 @@ step_tune() {
   mkdir -p "$d"
   for r in "${!roots[@]}"; do
     for k in 0 1 2 3 4 5 6; do  # (one binary per op, built in parallel: each is minutes of nvcc)
+      if [ -x ".gpu_scratch/tune/tune_${names[$r]}_$k" ]; then
+        cp ".gpu_scratch/tune/tune_${names[$r]}_$k" "$d/tune_${r}_$k"; continue
+      fi
       timeout "$(cap 300)" nvcc -O3 -std=c++17 -arch="sm_${ARCH/./}" --expt-relaxed-constexpr -I"${roots[$r]}/src" \
         -DTUNE_OP=$k -o "$d/tune_${r}_$k" benchmarks/cuda_rows_tune.cu > "$d/build_${r}_$k.log" 2>&1 &
       pids+=($!)
