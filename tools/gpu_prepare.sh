@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Everything a GPU session needs that can be made on this (CPU) machine beforehand, so the device's
+# few minutes go to running, not to downloading or compiling:
+#
+#   bash tools/gpu_prepare.sh [BASE_REV]
+#
+# - .whl/: the wheels `tools/gpu_run.sh setup` installs there (tools/gpu_wheels.sh);
+# - .gpu_scratch/base/src: the source tree at BASE_REV (when given), for the tune step's A/B
+#   (`TUNE_BASE=$PWD/.gpu_scratch/base`);
+# - .gpu_scratch/tune/tune_<here|base>_<op>: benchmarks/cuda_rows_tune.cu compiled with this machine's
+#   nvcc for $OPFORGE_CUDA_ARCH (default 9.0) against this tree's src/ and the base's, one binary per op
+#   (the CUDA runtime linked statically: they need only the driver there).
+# Both folders are ignored by git (.git/info/exclude); the device tool carries them with
+# `carry: [".whl", ".gpu_scratch"]`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ARCH=${OPFORGE_CUDA_ARCH:-9.0}
+NVCC=${NVCC:-nvcc}
+bash tools/gpu_wheels.sh
+grep -qx '/.gpu_scratch/' .git/info/exclude 2>/dev/null || echo /.gpu_scratch/ >> .git/info/exclude
+rm -rf .gpu_scratch/tune .gpu_scratch/base
+mkdir -p .gpu_scratch/tune
+trees=(here)
+if [ -n "${1:-}" ]; then
+  mkdir -p .gpu_scratch/base
+  git archive "$1" src | tar -x -C .gpu_scratch/base
+  trees+=(base)
+fi
+for t in "${trees[@]}"; do
+  root=$PWD; [ "$t" = base ] && root=$PWD/.gpu_scratch/base
+  for k in 0 1 2 3 4 5 6; do
+    "$NVCC" -O3 -std=c++17 -arch="sm_${ARCH/./}" --expt-relaxed-constexpr -cudart static -I"$root/src" \
+      -DTUNE_OP=$k -o ".gpu_scratch/tune/tune_${t}_$k" benchmarks/cuda_rows_tune.cu \
+      || { echo "tune harness, op $k, tree $t: nvcc failed"; exit 1; }
+  done
+done
+ls -l .gpu_scratch/tune
