@@ -2,10 +2,10 @@
 case run through opforge.torch and through torch's built-ins, one step at a time under
 torch.profiler (CUPTI sees every kernel of the process, opforge's own included), as
 
-- the wall time of a step (host clock, the device synchronized around it, as benchmarks/cuda.py
-  times it), the device's busy time in it (the union of its kernels, copies and fills) and the
-  idle rest: a gap means the device waited for the host (launch overhead, or a host
-  synchronization such as an index check's);
+- the wall time of a step (host clock, the device synchronized around each step) and the device's
+  busy time in it (the union of its kernels, copies and fills, over steps run back to back); the
+  difference is what the device waited for the host: launch overhead, host synchronizations such
+  as an index check's, and the synchronization around each timed step (a few microseconds);
 - the host's synchronizing CUDA calls per step (cudaStreamSynchronize, cudaDeviceSynchronize,
   cudaMemcpy, cudaEventSynchronize);
 - each kernel's device time per step, largest first, beside the other side's.
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 import opforge.torch as ot
 
@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 F = torch.nn.functional
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaEventSynchronize")
 Step = Callable[[], None]
+MARK = "cuda_breakdown.step"
 
 
 def grad_step(f: Callable[[], torch.Tensor], wrt: list[torch.Tensor], g: torch.Tensor | None = None) -> Step:
@@ -142,7 +143,12 @@ def short(name: str, width: int = 96) -> str:
 
 
 def measure(step: Step, sync: Callable[[], None], cuda: bool, steps: int) -> dict[str, Any]:
-    """Wall ms per step (median), device busy ms per step, syncs per step, {name: (calls, us)} per step."""
+    """Wall ms per step (median), device busy ms per step, syncs per step, {name: (calls, us)} per step.
+
+    The profiled steps run back to back, each in a `record_function` range: synchronizing calls
+    count only inside those ranges (the profiler's own device synchronization at its end, and the
+    one before it, are not the step's); user annotations (those ranges' and the optimizer's
+    `Optimizer.step#...`, which the profiler mirrors on the device) are not kernels."""
     for _ in range(3):
         step()
     sync()
@@ -155,11 +161,17 @@ def measure(step: Step, sync: Callable[[], None], cuda: bool, steps: int) -> dic
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
-            step()
+            with record_function(MARK):
+                step()
         sync()
     per: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    events = prof.events()
+    marks = [(e.time_range.start, e.time_range.end) for e in events
+             if e.name == MARK and e.device_type == torch.autograd.DeviceType.CPU]
     spans, syncs = [], 0
-    for e in prof.events():
+    for e in events:
+        if getattr(e, "is_user_annotation", False) or e.name == MARK:
+            continue
         on_device = e.device_type != torch.autograd.DeviceType.CPU
         if cuda and on_device:
             spans.append((e.time_range.start, e.time_range.end))
@@ -167,7 +179,7 @@ def measure(step: Step, sync: Callable[[], None], cuda: bool, steps: int) -> dic
             per[e.name][1] += e.time_range.elapsed_us()
         elif not on_device:
             if e.name in SYNCS:
-                syncs += 1
+                syncs += any(a <= e.time_range.start < b for a, b in marks)
             elif not cuda and e.name.startswith(("aten::", "opforge::")):
                 per[e.name][0] += 1
                 per[e.name][1] += e.self_cpu_time_total
@@ -178,7 +190,7 @@ def measure(step: Step, sync: Callable[[], None], cuda: bool, steps: int) -> dic
 def report(name: str, mine: dict[str, Any], theirs: dict[str, Any], cuda: bool, top: int) -> list[str]:
     what = "kernel" if cuda else "op (CPU self time)"
     lines = [f"### {name}", "",
-             "| | wall ms / step | device busy ms | device idle ms | synchronizing calls / step |",
+             "| | wall ms / step | device busy ms | wall - busy ms | synchronizing calls / step |",
              "|---|---:|---:|---:|---:|"]
     for label, m in (("opforge", mine), ("torch", theirs)):
         busy = m["busy"] if cuda else float("nan")
@@ -209,15 +221,17 @@ def main() -> None:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     head = [f"torch {torch.__version__}" + (f", {torch.cuda.get_device_name(0)}" if cuda else ", CPU"), ""]
     out = list(head)
-    for name in a.cases.split(","):
+    names = a.cases.split(",")
+    for name in names:
         if name not in CASES:
             raise SystemExit(f"unknown case {name!r}; the cases are {', '.join(CASES)}")
+    for name in names:
         ours, theirs = CASES[name](a.device, a.small)
         lines = report(name, measure(ours, sync, cuda, a.steps), measure(theirs, sync, cuda, a.steps), cuda, a.top)
         print("\n".join(lines), flush=True)
         out += lines
-    if a.out:
-        a.out.write_text("\n".join(out) + "\n")
+        if a.out:  # (after each case: a run cut short keeps what it measured)
+            a.out.write_text("\n".join(out) + "\n")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@
 #   (`TUNE_BASE=$PWD/.gpu_scratch/base`);
 # - .gpu_scratch/tune/tune_<here|base>_<op>: benchmarks/cuda_rows_tune.cu compiled with this machine's
 #   nvcc for $OPFORGE_CUDA_ARCH (default 9.0) against this tree's src/ and the base's, one binary per op
-#   (the CUDA runtime linked statically: they need only the driver there).
+#   (the CUDA runtime linked statically: they need only the driver there), and a stamp of the
+#   sources they were built from (gpu_run.sh runs them only while the sources match).
 # Both folders are ignored by git (.git/info/exclude); the device tool carries them with
 # `carry: [".whl", ".gpu_scratch"]`.
 set -euo pipefail
@@ -34,4 +35,8 @@ for t in "${trees[@]}"; do
       || { echo "tune harness, op $k, tree $t: nvcc failed"; exit 1; }
   done
 done
+# the sources each set was built from (tools/gpu_run.sh tune uses a set only when they match)
+OUT=/dev/null ARCH=$ARCH bash -c 'source <(sed -n "/^tune_stamp() {/,/^}/p" tools/gpu_run.sh)
+  tune_stamp here "$PWD"; [ -d .gpu_scratch/base ] && tune_stamp base "$PWD/.gpu_scratch/base"; true' > .gpu_scratch/tune/stamp
+cat .gpu_scratch/tune/stamp
 ls -l .gpu_scratch/tune

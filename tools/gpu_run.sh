@@ -23,8 +23,9 @@
 #           chunks: registers, occupancy, time and share of the copy's bandwidth, as CSV to
 #           $OUT/tune.csv, summed up in $OUT/tune.md; with TUNE_BASE=<dir holding another tree's src/>
 #           the same kernels of that tree too (a column says which), to compare two trees; binaries
-#           already built for this architecture by `tools/gpu_prepare.sh` (.gpu_scratch/tune/tune_<tree>_<op>,
-#           compiled on the CPU machine) are run as they are, so the device spends no time in nvcc;
+#           that `tools/gpu_prepare.sh` built on the CPU machine (.gpu_scratch/tune/) are run as they
+#           are when its stamp matches these sources and architecture, so the device spends no time
+#           in nvcc;
 # rows:     the row kernels' tests alone (softmax, norms, cross_entropy: tests/cuda/test_cuda_row_ops.py
 #           and those ops' cases in test_cuda_ops.py), for a change to them only;
 # graphs:   compute-sanitizer's memcheck over tests/cuda/test_cuda_graphs.py (standalone CUDA graphs:
@@ -117,15 +118,26 @@ step_profile() {
   wc -l "$OUT/profile.csv"
   return 0
 }
+# The tune harness's inputs, as one line: a tree's src/ and the harness file (content hashes, no git
+# needed), and the architecture; tools/gpu_prepare.sh writes one such line per binary set it builds.
+tune_stamp() {
+  local tree
+  tree=$(cd "$2" && find src -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+  echo "$1 src=$tree harness=$(sha256sum benchmarks/cuda_rows_tune.cu | cut -c1-16) arch=$ARCH"
+}
 step_tune() {
-  local d=/tmp/opforge-tune names=(here) roots=("$PWD") pids=() r k
+  local d=/tmp/opforge-tune names=(here) roots=("$PWD") pids=() r k pre=.gpu_scratch/tune
   [ -n "${TUNE_BASE:-}" ] && { names+=(base); roots+=("$TUNE_BASE"); }
   mkdir -p "$d"
   for r in "${!roots[@]}"; do
+    # binaries prebuilt on the CPU machine, when they were built from exactly these sources
+    if [ -f "$pre/tune_${names[$r]}_6" ] && grep -qxF "$(tune_stamp "${names[$r]}" "${roots[$r]}")" "$pre/stamp" 2>/dev/null; then
+      for k in 0 1 2 3 4 5 6; do cp "$pre/tune_${names[$r]}_$k" "$d/tune_${r}_$k" && chmod +x "$d/tune_${r}_$k"; done
+      echo "tune: ${names[$r]}: prebuilt binaries"
+      continue
+    fi
+    [ -d "$pre" ] && echo "tune: ${names[$r]}: the prebuilt binaries are of other sources; compiling"
     for k in 0 1 2 3 4 5 6; do  # (one binary per op, built in parallel: each is minutes of nvcc)
-      if [ -x ".gpu_scratch/tune/tune_${names[$r]}_$k" ]; then
-        cp ".gpu_scratch/tune/tune_${names[$r]}_$k" "$d/tune_${r}_$k"; continue
-      fi
       timeout "$(cap 300)" nvcc -O3 -std=c++17 -arch="sm_${ARCH/./}" --expt-relaxed-constexpr -I"${roots[$r]}/src" \
         -DTUNE_OP=$k -o "$d/tune_${r}_$k" benchmarks/cuda_rows_tune.cu > "$d/build_${r}_$k.log" 2>&1 &
       pids+=($!)
@@ -135,12 +147,14 @@ step_tune() {
   { echo "tree,op,dtype,shape,group,threads,min_blocks,registers,blocks_per_sm,ms,GB/s,share_of_copy"
     for r in "${!roots[@]}"; do
       for k in 0 1 2 3 4 5 6; do
-        if [ -x "$d/tune_${r}_$k" ]; then timeout "$(cap 120)" "$d/tune_${r}_$k" --no-header | sed "s/^/${names[$r]},/"
+        if [ -x "$d/tune_${r}_$k" ]; then
+          timeout "$(cap 120)" "$d/tune_${r}_$k" --no-header 2> "$d/run_${r}_$k.err" | sed "s/^/${names[$r]},/"
+          [ "${PIPESTATUS[0]}" -eq 0 ] || echo "${names[$r]},run of op $k failed: $(head -c 300 "$d/run_${r}_$k.err" | tr '\n,' '  ')"
         else echo "${names[$r]},build of op $k failed: $(grep -m 3 error "$d/build_${r}_$k.log" | tr '\n,' '  ')"; fi
       done
     done
   } > "$OUT/tune.csv"
-  wc -l "$OUT/tune.csv"; grep -c failed "$OUT/tune.csv"
+  wc -l "$OUT/tune.csv"; grep failed "$OUT/tune.csv" | head -5
   python3 benchmarks/tune_summary.py "$OUT/tune.csv" > "$OUT/tune.md" && cat "$OUT/tune.md"
   return 0
 }
