@@ -11,6 +11,7 @@
 #   nvcc for $OPFORGE_CUDA_ARCH (default 9.0) against this tree's src/ and the base's, one binary per op
 #   (the CUDA runtime linked statically: they need only the driver there), and a stamp of the
 #   sources they were built from (gpu_run.sh runs them only while the sources match).
+# The procedure of a GPU session: docs/notes/gpu-sessions.md.
 # Both folders are ignored by git (.git/info/exclude); the device tool carries them with
 # `carry: [".whl", ".gpu_scratch"]`.
 set -euo pipefail
