@@ -17,7 +17,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ARCH=${OPFORGE_CUDA_ARCH:-9.0}
-NVCC=${NVCC:-nvcc}
+# shellcheck source=tools/tune_lib.sh
+source tools/tune_lib.sh  # tune_compile, tune_stamp
 bash tools/gpu_wheels.sh
 grep -qx '/.gpu_scratch/' .git/info/exclude 2>/dev/null || echo /.gpu_scratch/ >> .git/info/exclude
 rm -rf .gpu_scratch/tune .gpu_scratch/base
@@ -31,13 +32,11 @@ fi
 for t in "${trees[@]}"; do
   root=$PWD; [ "$t" = base ] && root=$PWD/.gpu_scratch/base
   for k in 0 1 2 3 4 5 6; do
-    "$NVCC" -O3 -std=c++17 -arch="sm_${ARCH/./}" --expt-relaxed-constexpr -cudart static -I"$root/src" \
-      -DTUNE_OP=$k -o ".gpu_scratch/tune/tune_${t}_$k" benchmarks/cuda_rows_tune.cu \
-      || { echo "tune harness, op $k, tree $t: nvcc failed"; exit 1; }
+    tune_compile "$root" "$k" ".gpu_scratch/tune/tune_${t}_$k" || { echo "tune harness, op $k, tree $t: nvcc failed"; exit 1; }
   done
 done
 # the sources each set was built from (tools/gpu_run.sh tune uses a set only when they match)
-OUT=/dev/null ARCH=$ARCH bash -c 'source <(sed -n "/^tune_stamp() {/,/^}/p" tools/gpu_run.sh)
-  tune_stamp here "$PWD"; [ -d .gpu_scratch/base ] && tune_stamp base "$PWD/.gpu_scratch/base"; true' > .gpu_scratch/tune/stamp
+{ tune_stamp here "$PWD"; if [ -d .gpu_scratch/base ]; then tune_stamp base "$PWD/.gpu_scratch/base"; fi; } \
+  > .gpu_scratch/tune/stamp
 cat .gpu_scratch/tune/stamp
 ls -l .gpu_scratch/tune

@@ -118,13 +118,8 @@ step_profile() {
   wc -l "$OUT/profile.csv"
   return 0
 }
-# The tune harness's inputs, as one line: a tree's src/ and the harness file (content hashes, no git
-# needed), and the architecture; tools/gpu_prepare.sh writes one such line per binary set it builds.
-tune_stamp() {
-  local tree
-  tree=$(cd "$2" && find src -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
-  echo "$1 src=$tree harness=$(sha256sum benchmarks/cuda_rows_tune.cu | cut -c1-16) arch=$ARCH"
-}
+# shellcheck source=tools/tune_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/tune_lib.sh"  # tune_compile, tune_stamp
 step_tune() {
   local d=/tmp/opforge-tune names=(here) roots=("$PWD") pids=() r k pre=.gpu_scratch/tune
   [ -n "${TUNE_BASE:-}" ] && { names+=(base); roots+=("$TUNE_BASE"); }
@@ -138,8 +133,8 @@ step_tune() {
     fi
     [ -d "$pre" ] && echo "tune: ${names[$r]}: the prebuilt binaries are of other sources; compiling"
     for k in 0 1 2 3 4 5 6; do  # (one binary per op, built in parallel: each is minutes of nvcc)
-      timeout "$(cap 300)" nvcc -O3 -std=c++17 -arch="sm_${ARCH/./}" --expt-relaxed-constexpr -I"${roots[$r]}/src" \
-        -DTUNE_OP=$k -o "$d/tune_${r}_$k" benchmarks/cuda_rows_tune.cu > "$d/build_${r}_$k.log" 2>&1 &
+      ARCH=$ARCH timeout "$(cap 300)" bash -c 'source tools/tune_lib.sh && tune_compile "$@"' _ "${roots[$r]}" "$k" \
+        "$d/tune_${r}_$k" > "$d/build_${r}_$k.log" 2>&1 &
       pids+=($!)
     done
   done
