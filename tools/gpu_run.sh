@@ -162,7 +162,10 @@ step_rows() {
   return 0
 }
 step_graphs() {
+  # (API errors not reported: two tests make CUDA calls fail on purpose, a copy to the host inside a
+  # capture and a reset from another thread; the memory checks stay, and failed calls raise in the tests)
   run_py timeout "$(cap 150)" compute-sanitizer --tool memcheck --target-processes all --leak-check no --error-exitcode 9 \
+    --report-api-errors no \
     python3 -m pytest -p no:benchmark tests/cuda/test_cuda_graphs.py -q -p no:cacheprovider -rfE \
     > "$OUT/graphs.log" 2>&1
   echo "compute-sanitizer rc $?"; grep -m 30 -E '=========|passed|failed|^(FAILED|ERROR)' "$OUT/graphs.log"

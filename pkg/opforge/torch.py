@@ -287,7 +287,7 @@ def _device_kernel(op: OpDef, run: Callable[..., Any], meta: Callable[..., Any],
         name = f"{device_type}:{index}"
         stream = streams.current_stream(index).cuda_stream
         previous = _C._current_stream(name)[1]
-        _C._set_current_stream(name, stream)
+        _C._set_current_stream(name, stream, op.name)  # (RuntimeError inside an opforge.cuda.graph capture)
         try:
             given = [_C.from_dlpack(_to_dlpack(o)) for o in outs]
             run(*[_to_runtime(t) for t in tensors], *attrs, out=given[0] if single else tuple(given))

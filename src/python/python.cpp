@@ -1796,10 +1796,13 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     DeviceRuntime& rt = device_runtime("current_stream", d);
     return py::make_tuple(d.index, reinterpret_cast<uintptr_t>(rt.current_stream(d.index)));
   }, py::arg("device"));
-  m.def("_set_current_stream", [](const std::string& text, uintptr_t stream) {
+  // op: an op call on its caller's stream (opforge.torch's kernel), checked as StreamScope does
+  m.def("_set_current_stream", [](const std::string& text, uintptr_t stream, const std::string& op) {
     Device d = parse_device("set_stream", text);
-    device_runtime("set_stream", d).set_current_stream(d.index, reinterpret_cast<void*>(stream));
-  }, py::arg("device"), py::arg("stream"));
+    DeviceRuntime& rt = device_runtime("set_stream", d);
+    if (!op.empty()) check_caller_stream(op.c_str(), rt, d.index, reinterpret_cast<void*>(stream));
+    rt.set_current_stream(d.index, reinterpret_cast<void*>(stream));
+  }, py::arg("device"), py::arg("stream"), py::arg("op") = "");
   m.def("_create_stream", [](const std::string& text) {
     Device d = parse_device("Stream", text);
     DeviceRuntime& rt = device_runtime("Stream", d);

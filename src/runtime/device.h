@@ -117,6 +117,10 @@ class CaptureKeeper {
   virtual ~CaptureKeeper() = default;
   virtual void keep(const std::shared_ptr<Storage>& storage) = 0;
 };
+// RuntimeError naming op when the calling thread captures an opforge graph (a keeper is
+// installed) and stream, a caller's stream for an op call, is not the current stream of device's
+// runtime rt (which the capture records).
+void check_caller_stream(const char* op, DeviceRuntime& rt, int index, void* stream);
 // Installs keeper for the calling thread (null: none); returns the previous one.
 CaptureKeeper* set_capture_keeper(CaptureKeeper* keeper);
 // Hands t's storage to the calling thread's keeper, if any and t is not on the host. Cheap otherwise.
@@ -131,7 +135,10 @@ DeviceRuntime* find_device_runtime(DeviceType type);
 Device locate_pointer(const void* p) noexcept;
 
 // Makes stream the calling thread's current stream on device for the guard's lifetime (nothing
-// for the host): how a caller's stream (an AOT host's, torch's) orders opforge's work.
+// for the host): how a caller's stream (an AOT host's, torch's) orders opforge's work. While the
+// thread captures an opforge graph, a stream other than the current one raises RuntimeError
+// naming op (check_caller_stream): the work would run at once, outside the capture, and replays
+// would leave it out.
 class StreamScope {
  public:
   StreamScope(const char* op, Device device, void* stream);

@@ -269,3 +269,46 @@ def test_reset_from_another_thread_during_a_capture_is_refused() -> None:
         y = ops.mul(x, x)
     g.replay()
     np.testing.assert_array_equal(y.cpu().numpy(), x.cpu().numpy() ** 2)
+
+
+def test_a_small_result_does_not_take_a_freed_gemm_workspace() -> None:
+    # each matmul's cuBLAS workspace (32 MiB on Hopper, 8 MiB before) is a block freed inside the
+    # capture; a 16 KB result must not take it, or every later matmul allocates a workspace again
+    a, b = cuda(rng_array(11, 64, 64)), cuda(rng_array(12, 64, 64))
+    ops.matmul(a, b)  # (cuBLAS's handle made before the capture)
+    settle()
+
+    def captured(n: int) -> tuple[opforge.cuda.CUDAGraph, int, list[opforge.Tensor]]:
+        before = opforge.cuda.graph_memory()
+        g, outs = opforge.cuda.CUDAGraph(), []
+        with opforge.cuda.graph(g):
+            for _ in range(n):
+                outs.append(ops.mul(ops.matmul(a, b), a))
+        return g, opforge.cuda.graph_memory() - before, outs
+
+    g1, one, _ = captured(1)
+    g4, four, outs = captured(4)
+    assert four - one < 2 * 2**20, (one, four)  # three more matmuls: a few 16 KB results, no workspace
+    g4.replay()
+    expect = (a.cpu().numpy() @ b.cpu().numpy()) * a.cpu().numpy()
+    for o in outs:
+        np.testing.assert_allclose(o.cpu().numpy(), expect, rtol=1e-5, atol=1e-5)
+    g1.reset()
+    g4.reset()
+
+
+def test_ops_through_torch_inside_an_opforge_capture_raise() -> None:
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch==2.13.0)")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    import opforge.torch as ot
+
+    t = torch.ones(8, device="cuda")
+    ot.ops.mul(t, t)  # (loaded before the capture)
+    g = opforge.cuda.CUDAGraph()
+    # torch's current stream is not the capture's: the call would run at once, outside the graph
+    with pytest.raises(RuntimeError, match=r"\[mul\] this thread is capturing an opforge graph.*torch\.cuda\.graph"):
+        with opforge.cuda.graph(g):
+            ot.ops.mul(t, t)
+    settle()
+    np.testing.assert_array_equal(ot.ops.mul(t, t).cpu().numpy(), np.ones(8, np.float32))  # and outside it runs

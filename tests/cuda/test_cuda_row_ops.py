@@ -144,6 +144,51 @@ def test_half_norm_rows_accumulate_in_float() -> None:
     assert np.all(np.isfinite(host(y)))
 
 
+@pytest.mark.parametrize("n", [4096, 16_384])  # block rows held in registers, and streamed tile by tile
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_norm_block_rows_and_gradients_with_weight_and_bias(n: int, dtype: str) -> None:
+    # the 256-thread block path with weight and bias loaded in 16-byte packs, forward and backward
+    # (layer_norm_backward, rms_norm_backward, the column sums), against float64 on the rounded inputs
+    rng = np.random.default_rng(n)
+    x, w, b = rng.standard_normal((4, n)) * 3 + 1, rng.standard_normal(n), rng.standard_normal(n)
+    c = np.cos(np.arange(4 * n)).reshape(4, n)
+    rtol, atol = TOL[dtype]
+    for label, op, args in (("layer_norm", ops.layer_norm, (x, w, b)), ("rms_norm", ops.rms_norm, (x, w))):
+        got = {}
+        for device, dt in (("cuda", dtype), ("cpu", "float64")):
+            ins = [opforge.tensor(host(cuda(a, dtype).cpu()), device=device, dtype=dt, requires_grad=True)
+                   for a in args]
+            outs = op(*ins)
+            ops.sum(ops.mul(outs[0], opforge.tensor(c, device=device, dtype=dt))).backward()
+            got[device] = [host(outs[0])] + [host(t.grad) for t in ins]
+        for name, a, want in zip(["y", "dx", "dweight", "dbias"], got["cuda"], got["cpu"]):
+            scale = np.abs(want).max()
+            np.testing.assert_allclose(a, want, rtol=rtol * 3, atol=atol * 3 * scale, err_msg=f"{label} {name}")
+
+
+def test_norm_rows_with_an_unaligned_weight_or_long_row_match_aligned_ones() -> None:
+    # unaligned weight and bias (4 bytes past 16) turn the column packs off; an unaligned row too
+    # long to hold runs the tile loop without vectors
+    rng = np.random.default_rng(4)
+    for n, what in ((4096, "weight"), (1024, "weight"), (20_000, "x")):
+        x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((3, n), n, n))
+        dy = rng.standard_normal((3, n)).astype(np.float32)
+        xs = unaligned(x) if what == "x" else cuda(x)
+        ws, bs = (unaligned(w), unaligned(b)) if what == "weight" else (cuda(w), cuda(b))
+        y, mean, rstd = ops.layer_norm(xs, ws, bs)
+        y0, mean0, rstd0 = ops.layer_norm(cuda(x), cuda(w), cuda(b))
+        np.testing.assert_allclose(host(y), host(y0), rtol=1e-5, atol=1e-5)
+        zeros = cuda(np.zeros((3, 1), np.float32))
+        dx = ops.layer_norm_backward(cuda(dy), xs, mean0, rstd0, zeros, zeros, ws)
+        dx0 = ops.layer_norm_backward(cuda(dy), cuda(x), mean0, rstd0, zeros, zeros, cuda(w))
+        np.testing.assert_allclose(host(dx), host(dx0), rtol=1e-4, atol=1e-5)
+        y, rstd = ops.rms_norm(xs, ws)
+        np.testing.assert_allclose(host(y), host(ops.rms_norm(cuda(x), cuda(w))[0]), rtol=1e-5, atol=1e-5)
+        dx = ops.rms_norm_backward(cuda(dy), xs, rstd, zeros, ws)
+        dx0 = ops.rms_norm_backward(cuda(dy), cuda(x), rstd, zeros, cuda(w))
+        np.testing.assert_allclose(host(dx), host(dx0), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("case", ["axis0", "broadcast_weight", "two_axes"])
 def test_norms_general_paths_and_gradients_match_the_cpu(case: str) -> None:
     rng = np.random.default_rng(3)

@@ -1,6 +1,6 @@
 // What the row kernels of cuda share (softmax, log_softmax and their backward ops, layer_norm,
 // rms_norm and their backward ops, cross_entropy and its backward): a group of threads per row
-// (a warp for rows of up to 1024 elements, four rows to a block; a block of 512 threads for longer
+// (a warp for rows of up to 1024 elements, four rows to a block; a block of 256 threads for longer
 // rows), 16-byte vectorized loads and stores where every row pointer allows, reductions of the
 // group through warp shuffles and shared memory in a fixed order (deterministic), accumulation in
 // float for 16-bit inputs. Rows are read from global memory in each pass (no row is staged in shared
@@ -116,9 +116,14 @@ struct WelfordCombine {
   __device__ __forceinline__ Welford<C> operator()(const Welford<C>& a, const Welford<C>& b) const {
     if (b.n == C(0)) return a;  // (an empty side: no d * d, which overflows for huge means, times 0)
     if (a.n == C(0)) return b;
-    const C n = a.n + b.n;
-    const C d = b.mean - a.mean, fb = b.n / n;
-    return {n, a.mean + d * fb, a.m2 + b.m2 + d * d * a.n * fb};
+    // the operands in one order whichever side holds which: the lanes of a warp reduce in
+    // mirrored pairs (combine(x, y) on one, combine(y, x) on the other) and must agree bit for bit
+    const bool flip = b.n < a.n || (b.n == a.n && (b.mean < a.mean || (b.mean == a.mean && b.m2 < a.m2)));
+    const Welford<C>& p = flip ? b : a;
+    const Welford<C>& q = flip ? a : b;
+    const C n = p.n + q.n;
+    const C d = q.mean - p.mean, fq = q.n / n;
+    return {n, p.mean + d * fq, p.m2 + q.m2 + d * d * p.n * fq};
   }
 };
 

@@ -155,7 +155,13 @@ class CudaRuntime final : public DeviceRuntime {
     cudaError_t e = cudaMallocAsync(&p, nbytes, s);
     if (e == cudaErrorMemoryAllocation) {  // give cached blocks back and try once more
       cudaGetLastError();
-      cudaDeviceSynchronize();
+      // (waiting for frees in flight; not while s or one of our graphs is being captured, where a
+      // synchronization is refused and invalidates the capture: the trim alone then)
+      unsigned long long id = 0;
+      if (captures_.load(std::memory_order_acquire) == 0 && capture_status(s, &id) == cudaStreamCaptureStatusNone) {
+        cudaDeviceSynchronize();
+        cudaGetLastError();
+      }
       cudaMemPoolTrimTo(pool, 0);
       e = cudaMallocAsync(&p, nbytes, s);
       if (e == cudaErrorMemoryAllocation) {
@@ -443,7 +449,12 @@ class CudaRuntime final : public DeviceRuntime {
       std::lock_guard<std::mutex> lock(graphs_lock_);
       auto best = g.free.end();
       for (auto it = g.free.begin(); it != g.free.end(); ++it) {
-        if (it->stream == s && it->size >= size && (best == g.free.end() || it->size < best->size)) best = it;
+        // (a block at most twice the size asked for: a GEMM's 32 MiB workspace is not taken by a
+        // small output, which would make the next GEMM allocate another)
+        if (it->stream == s && it->size >= size && it->size / 2 <= size &&
+            (best == g.free.end() || it->size < best->size)) {
+          best = it;
+        }
       }
       if (best != g.free.end()) {
         p = best->ptr;
@@ -534,8 +545,18 @@ class CudaRuntime final : public DeviceRuntime {
     to.graphs.insert(to.graphs.end(), from.graphs.begin(), from.graphs.end());
     for (auto& k : from.kept) to.kept.push_back(std::move(k));
   }
-  // Frees what a released graph held, after its replays in flight: called with no capture under way.
+  // Frees what a released graph held, after its replays in flight: called with no capture of ours
+  // under way. A synchronization or cudaFree the runtime refuses (another library's capture under
+  // way in global mode, as torch.cuda.graph's) frees nothing of it now: it waits in pending_ for
+  // the next call (a graph released, a released graph's block returned, a capture of ours ended).
   void free_now(Pending&& what) noexcept {
+    {
+      std::lock_guard<std::mutex> lock(graphs_lock_);
+      if (captures_.load(std::memory_order_acquire) == 0 && !pending_.empty()) {
+        append(what, std::move(pending_));
+        pending_ = Pending{};
+      }
+    }
     if (what.empty()) return;
     int previous = 0;
     if (cudaGetDevice(&previous) != cudaSuccess) return;
@@ -544,19 +565,35 @@ class CudaRuntime final : public DeviceRuntime {
     for (const auto& d : what.deferred) devices.insert(d.first);
     for (const auto& g : what.graphs) devices.insert(g.index);
     for (const auto& k : what.kept) devices.insert(k->device.index);
+    bool synced = true;
     for (int d : devices) {  // (replays of the graph may still read or write its memory)
       cudaSetDevice(d);
-      cudaDeviceSynchronize();
+      synced = cudaDeviceSynchronize() == cudaSuccess && synced;
     }
+    cudaGetLastError();
     cudaSetDevice(previous);
+    if (!synced) {
+      std::lock_guard<std::mutex> lock(graphs_lock_);
+      append(pending_, std::move(what));
+      return;
+    }
     for (const Pending::Graph& g : what.graphs) {
       if (g.exec) cudaGraphExecDestroy(g.exec);
       if (g.graph) cudaGraphDestroy(g.graph);
     }
+    std::vector<Pending::Block> refused;
     for (const Pending::Block& b : what.blocks) {
       cudaSetDevice(b.index);
-      cudaFree(b.ptr);
-      graph_bytes_[b.index] -= b.size;
+      if (cudaFree(b.ptr) == cudaSuccess) {
+        graph_bytes_[b.index] -= b.size;
+      } else {
+        cudaGetLastError();
+        refused.push_back(b);
+      }
+    }
+    if (!refused.empty()) {
+      std::lock_guard<std::mutex> lock(graphs_lock_);
+      pending_.blocks.insert(pending_.blocks.end(), refused.begin(), refused.end());
     }
     for (const auto& [index, p] : what.deferred) {  // (on the legacy stream, which no capture records)
       cudaSetDevice(index);
