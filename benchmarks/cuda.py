@@ -312,21 +312,50 @@ def main() -> None:
     through_torch = timed(lambda: ot.ops.mul(one_t, one_t), tsync, 2000)
     theirs = timed(lambda: torch.mul(one_t, one_t), tsync, 2000)
     call = (mine * 1e6, theirs * 1e6, mine / theirs, through_torch * 1e6, through_torch / theirs)
-    try:
+    graphs = "CUDA graph figures: not measured (the run ended before them)."
+    gemm_rows: list[tuple[Any, ...]] = []
+    norm_rows: list[tuple[Any, ...]] = []
+    loss_rows: list[tuple[Any, ...]] = []
+    model_rows: list[tuple[Any, ...]] = []
+    driver = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                            capture_output=True, text=True).stdout.strip()
+
+    def render() -> str:
+        return "\n".join(report_lines(args, driver, rows, call, graphs, copy_2, n, gemm_rows, norm_rows,
+                                       loss_rows, model_rows))
+
+    def publish() -> None:  # (after each part: a run cut short by its time limit keeps what it measured)
+        if args.out:
+            args.out.write_text(render())
+
+    publish()
+    if args.gemm:
+        gemm_rows = gemm_figures(args.gemm, tsync, osync)
+        publish()
+    copy_tbs = 8 * n / copy_2 / 1e12
+    if args.rows:
+        norm_rows = row_figures(tsync, osync, copy_tbs)
+        publish()
+        loss_rows = loss_figures(tsync)
+        publish()
+    if args.models:
+        model_rows = model_figures(tsync)
+        publish()
+    try:  # (last: captures, never run on a GPU before, cannot cost the other figures)
         graphs = "64 muls of 1024 floats in a chain, per chain: opforge eager {:.1f} µs, replayed from an " \
                  "opforge.cuda.CUDAGraph {:.1f} µs; torch eager {:.1f} µs, replayed from torch.cuda.graph {:.1f} µs." \
                  .format(*(t * 1e6 for t in graph_figures(tsync, osync)))
     except Exception as e:  # (a failure here leaves the other figures standing; the GPU tests say why)
         graphs = f"CUDA graph figures failed: {type(e).__name__}: {e}"
+    publish()
+    print(render())
 
-    gemm_rows = gemm_figures(args.gemm, tsync, osync) if args.gemm else []
-    copy_tbs = 8 * n / copy_2 / 1e12
-    norm_rows = row_figures(tsync, osync, copy_tbs) if args.rows else []
-    loss_rows = loss_figures(tsync) if args.rows else []
-    model_rows = model_figures(tsync) if args.models else []
 
-    driver = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                            capture_output=True, text=True).stdout.strip()
+def report_lines(args: argparse.Namespace, driver: str, rows: list[tuple[Any, ...]], call: tuple[float, ...],
+                 graphs: str, copy_2: float, n: int, gemm_rows: list[tuple[Any, ...]],
+                 norm_rows: list[tuple[Any, ...]], loss_rows: list[tuple[Any, ...]],
+                 model_rows: list[tuple[Any, ...]]) -> list[str]:
+    """The markdown of the figures measured so far."""
     lines = [
         "# opforge on CUDA (issues 14 and 15)",
         "",
@@ -363,10 +392,7 @@ def main() -> None:
                   "| figure | opforge ms | torch ms | opforge / torch time |", "|---|---:|---:|---:|"]
         lines += [f"| {r[0]} | {r[1]:.3f} | {r[2]:.3f} | {r[3]:.2f} |" for r in loss_rows + model_rows]
         lines += [""]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    return lines
 
 
 if __name__ == "__main__":

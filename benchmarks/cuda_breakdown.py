@@ -183,6 +183,8 @@ def measure(step: Step, sync: Callable[[], None], cuda: bool, steps: int) -> dic
             elif not cuda and e.name.startswith(("aten::", "opforge::")):
                 per[e.name][0] += 1
                 per[e.name][1] += e.self_cpu_time_total
+    if cuda and not spans:  # (an empty table would read as a device never busy)
+        raise RuntimeError("the profiler recorded no device events: is CUPTI available to torch.profiler here?")
     return {"wall": statistics.median(walls), "busy": union_us(spans) / 1e3 / steps, "syncs": syncs / steps,
             "kernels": {k: (v[0] / steps, v[1] / steps) for k, v in per.items()}}
 

@@ -51,12 +51,15 @@ ARCH=${OPFORGE_CUDA_ARCH:-9.0}
 T0=$(date +%s)
 DEADLINE=$((T0 + ${GPU_RUN_BUDGET:-540}))
 left() { echo $((DEADLINE - $(date +%s))); }
-cap() { local l; l=$(left); echo $(( $1 < l ? $1 : l )); }   # a step's limit: its own, or what is left
+# a step's limit: its own, or what is left (at least 1 s: `timeout 0` would mean no limit)
+cap() { local l; l=$(left); l=$(( $1 < l ? $1 : l )); echo $(( l > 1 ? l : 1 )); }
 run_py() { PYTHONPATH=$OPFORGE_BUILD_DIR/python:$PYTHONPATH "$@"; }
 
 step_setup() {
+  if [ -f /tmp/site/.opforge-setup ]; then echo "setup: done already on this machine"; return 0; fi
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || return 1
+  touch /tmp/site/.opforge-setup
   { nvidia-smi; which nvcc; nvcc --version; g++ --version | head -1; meson --version; nproc
     python3 -c 'import sys, numpy, torch, pybind11; print(sys.version); print("numpy", numpy.__version__, "pybind11", pybind11.__version__); print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'
   } > "$OUT/env.txt" 2>&1
@@ -74,7 +77,15 @@ step_build() {
       || { echo "$lib does not load libstdc++.so: the C++ compiler ($CXX) linked it statically"; return 1; }
   done
 }
+# The steps that import opforge: on a machine without the build (a fresh one, after the warm one
+# went back), setup and build first rather than fail on the import.
+ensure_built() {
+  [ -d "$OPFORGE_BUILD_DIR/python/opforge" ] && return 0
+  echo "no build on this machine (a fresh one): setup and build first"
+  step_setup && step_build
+}
 step_test() {
+  ensure_built || return 1
   local xdist=""
   python3 -c 'import xdist' 2>/dev/null && xdist="-n 12"
   run_py timeout "$(cap 300)" python3 -m pytest tests/cuda tests/runtime tests/ops -q -p no:cacheprovider $xdist \
@@ -86,12 +97,14 @@ step_test() {
   return 0  # later steps still run; the counts are in pytest.log and junit.xml
 }
 step_bench() {
+  ensure_built || return 1
   # shellcheck disable=SC2086
   run_py timeout "$(cap 200)" python3 benchmarks/cuda.py ${BENCH_ARGS:-} --out "$OUT/cuda.md" > "$OUT/bench.log" 2>&1
   cat "$OUT/cuda.md" 2>/dev/null || tail -30 "$OUT/bench.log"
   return 0
 }
 step_breakdown() {
+  ensure_built || return 1
   # shellcheck disable=SC2086
   run_py timeout "$(cap 200)" python3 benchmarks/cuda_breakdown.py ${BREAKDOWN_ARGS:-} --out "$OUT/breakdown.md" \
     > "$OUT/breakdown.log" 2>&1
@@ -99,6 +112,7 @@ step_breakdown() {
   return 0
 }
 step_jax() {
+  ensure_built || return 1
   run_py env XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$(cap 200)" python3 -m pytest -q -p no:cacheprovider -p no:benchmark -n 8 \
     tests/frameworks/test_jax_ops.py tests/frameworks/test_jax_models.py -rfE -W ignore::DeprecationWarning \
     --junitxml="$OUT/junit-jax.xml" > "$OUT/jax.log" 2>&1
@@ -108,6 +122,7 @@ step_jax() {
   return 0
 }
 step_profile() {
+  ensure_built || return 1
   run_py timeout "$(cap 300)" ncu --clock-control none --target-processes all \
     --kernel-name regex:'softmax|layer_norm|norm_rows|rows|cunn|vectorized_layer_norm' \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
@@ -154,6 +169,7 @@ step_tune() {
   return 0
 }
 step_rows() {
+  ensure_built || return 1
   run_py timeout "$(cap 150)" python3 -m pytest -q -p no:cacheprovider -n 12 -m 'not slow' -rfE \
     tests/cuda/test_cuda_row_ops.py tests/cuda/test_cuda_ops.py -k 'softmax or norm or cross_entropy or rows' \
     > "$OUT/rows.log" 2>&1
@@ -162,11 +178,14 @@ step_rows() {
   return 0
 }
 step_graphs() {
+  ensure_built || return 1
   # (API errors not reported: two tests make CUDA calls fail on purpose, a copy to the host inside a
-  # capture and a reset from another thread; the memory checks stay, and failed calls raise in the tests)
+  # capture and a reset from another thread; the memory checks stay, and failed calls raise in the tests;
+  # one process: a file's tests need no workers, each of which would start CUDA under the sanitizer)
   run_py timeout "$(cap 150)" compute-sanitizer --tool memcheck --target-processes all --leak-check no --error-exitcode 9 \
     --report-api-errors no \
-    python3 -m pytest -p no:benchmark tests/cuda/test_cuda_graphs.py -q -p no:cacheprovider -rfE \
+    python3 -m pytest -p no:benchmark -n 0 tests/cuda/test_cuda_graphs.py -q -p no:cacheprovider -rfE \
+    -W ignore::DeprecationWarning -W ignore::UserWarning \
     > "$OUT/graphs.log" 2>&1
   echo "compute-sanitizer rc $?"; grep -m 30 -E '=========|passed|failed|^(FAILED|ERROR)' "$OUT/graphs.log"
   return 0
@@ -174,6 +193,7 @@ step_graphs() {
 # (one line: pytest refuses a -k expression with a newline in it)
 SANITIZE_K='edge_shapes or every_layout or max_min or logsumexp or strided or double_backward or out_of_range or embedding or take_and_scatter or column_sums or bias_add or (rows and (1025 or 7) and float32)'
 step_sanitize() {
+  ensure_built || return 1
   run_py timeout "$(cap 150)" compute-sanitizer --tool memcheck --target-processes all --leak-check no --error-exitcode 9 \
     python3 -m pytest -p no:benchmark tests/cuda/test_cuda_ops.py tests/cuda/test_cuda_row_ops.py -q -p no:cacheprovider -x \
     -k "$SANITIZE_K" \
@@ -181,6 +201,9 @@ step_sanitize() {
   echo "compute-sanitizer rc $?"; grep -m 20 -E '=========|passed|failed' "$OUT/sanitize.log"
   return 0
 }
+for s in "$@"; do  # (every name checked before any step runs: a typo costs no device time)
+  declare -F "step_$s" > /dev/null || { echo "no step '$s' (steps: setup build test bench breakdown jax profile tune rows graphs sanitize)"; exit 2; }
+done
 for s in "$@"; do
   if [ "$(left)" -lt 60 ]; then echo "step $s skipped: $(left) s left of the budget" | tee -a "$OUT/steps.txt"; continue; fi
   t=$(date +%s); echo "== $s"

@@ -7,6 +7,7 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,11 +17,16 @@ SCRIPT = ROOT / "benchmarks" / "cuda_breakdown.py"
 pytest.importorskip("torch", reason="benchmarks/cuda_breakdown.py profiles through torch (not installed)")
 
 
-def test_union_of_spans() -> None:
+def load() -> Any:
     spec = importlib.util.spec_from_file_location("cuda_breakdown", SCRIPT)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_union_of_spans() -> None:
+    mod = load()
     assert mod.union_us([]) == 0
     assert mod.union_us([(0, 10), (5, 15), (20, 25)]) == 20  # overlap counted once, the gap not at all
     assert mod.union_us([(20, 25), (0, 30), (1, 2)]) == 30   # spans inside another, any order
@@ -44,3 +50,46 @@ def test_cpu_tables_name_each_sides_ops(tmp_path: Path) -> None:
     with pytest.raises(subprocess.CalledProcessError):
         subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--cases", "nope"], check=True,
                        capture_output=True, text=True, timeout=300)
+
+
+def test_gpu_events_give_busy_time_syncs_and_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the GPU branch on events as torch.profiler gives them with CUPTI (no GPU here): kernels on the
+    # device, runtime calls on the host, the step's range on both sides, the optimizer's annotation
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    mod = load()
+    cpu, gpu = DeviceType.CPU, DeviceType.CUDA
+    events = [
+        FunctionEvent(1, mod.MARK, 1, 0, 100, device_type=cpu, is_user_annotation=True),
+        FunctionEvent(2, mod.MARK, 1, 5, 95, device_type=gpu, is_user_annotation=True),
+        FunctionEvent(3, "cudaLaunchKernel", 1, 10, 12, device_type=cpu),
+        FunctionEvent(4, "cudaStreamSynchronize", 1, 50, 60, device_type=cpu),   # inside the step
+        FunctionEvent(5, "cudaDeviceSynchronize", 1, 150, 160, device_type=cpu),  # the profiler's, after it
+        FunctionEvent(6, "k1", 7, 20, 40, device_type=gpu),
+        FunctionEvent(7, "k2", 7, 30, 50, device_type=gpu),                        # overlaps k1: busy 30 us
+        FunctionEvent(8, "Optimizer.step#SGD.step", 7, 20, 90, device_type=gpu, is_user_annotation=True),
+    ]
+
+    class Profile:
+        def __init__(self, **kw: Any) -> None:
+            pass
+
+        def __enter__(self) -> Profile:
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            pass
+
+        def events(self) -> list[Any]:
+            return events
+
+    monkeypatch.setattr(mod, "profile", Profile)
+    r = mod.measure(lambda: None, lambda: None, True, 1)
+    assert r["syncs"] == 1 and r["busy"] == pytest.approx(0.030)
+    assert r["kernels"] == {"k1": (1, 20.0), "k2": (1, 20.0)}
+    lines = "\n".join(mod.report("case", r, r, True, 12))
+    assert "| k1 | 1 | 20.0 | 50% |" in lines
+    events[:] = [e for e in events if e.device_type == cpu]  # no device events: an error, not empty tables
+    with pytest.raises(RuntimeError, match="no device events"):
+        mod.measure(lambda: None, lambda: None, True, 1)
