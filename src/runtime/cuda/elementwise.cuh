@@ -4,10 +4,10 @@
 // tensors' device.
 //
 // Three kernels, chosen once per call: every input contiguous with the output's size (vectorized
-// loads and stores of 4 elements where the pointers allow, one output); inputs contiguous or of
-// one element (a step of 1 or 0); otherwise broadcasting or strided inputs, whose index math
-// (dimensions merged where every operand is contiguous across them, each input's strides) is
-// computed once per call on the host.
+// loads and stores of 4 elements where the pointers allow, two such loads in flight per thread, one
+// output); inputs contiguous or of one element (a step of 1 or 0); otherwise broadcasting or
+// strided inputs, whose index math (dimensions merged where every operand is contiguous across
+// them, each input's strides) is computed once per call on the host.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -86,11 +86,16 @@ __device__ __forceinline__ auto call_at(const F& f, const void* const* p, const 
   return f(load<In_t<Ins, I>>(p[I], off[I])...);
 }
 
-// one chunk of kVec elements of every input (aligned vector loads) into one output
-template <typename Out, typename Ins, typename F, size_t... I>
-__device__ __forceinline__ void vec_chunk(const F& f, Out* out, const void* const* p, int64_t c,
-                                          std::index_sequence<I...>) {
-  const std::tuple<Vec<In_t<Ins, I>>...> loaded{reinterpret_cast<const Vec<In_t<Ins, I>>*>(p[I])[c]...};
+// kVec elements of every input at chunk c (aligned vector loads)
+template <typename Ins, size_t... I>
+__device__ __forceinline__ std::tuple<Vec<In_t<Ins, I>>...> vec_load(const void* const* p, int64_t c,
+                                                                      std::index_sequence<I...>) {
+  return {reinterpret_cast<const Vec<In_t<Ins, I>>*>(p[I])[c]...};
+}
+
+// f of the loaded chunk into chunk c of out (an aligned vector store)
+template <typename Out, typename Ins, typename F, typename L, size_t... I>
+__device__ __forceinline__ void vec_store(const F& f, Out* out, const L& loaded, int64_t c, std::index_sequence<I...>) {
   Vec<Out> r;
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
@@ -100,13 +105,23 @@ __device__ __forceinline__ void vec_chunk(const F& f, Out* out, const void* cons
 }
 
 // every input contiguous with n elements, one output, all pointers aligned to kVec elements:
-// thread t handles the chunks t, t + stride, ... of kVec elements; the tail runs element by element
+// thread t handles the chunks t and t + stride (stride: the grid's threads), then t + 2 * stride
+// and t + 3 * stride, ... of kVec elements, loading both chunks of a pair before computing either
+// (twice the bytes in flight per thread: an op whose functor needs more than 32 registers, such as
+// gelu, leaves fewer threads resident, and one load each would not keep the memory busy); the tail
+// runs element by element
 template <typename Out, typename F, typename Ins>
 __global__ void vec_kernel(int64_t n, F f, Out* out, InPtrs<std::tuple_size_v<Ins>> in) {
   constexpr size_t N = std::tuple_size_v<Ins>;
-  const int64_t chunks = n / kVec;
-  for (int64_t c = thread_index(); c < chunks; c += grid_stride()) {
-    vec_chunk<Out, Ins>(f, out, in.p, c, std::make_index_sequence<N>{});
+  using Seq = std::make_index_sequence<N>;
+  const int64_t chunks = n / kVec, stride = grid_stride();
+  for (int64_t c = thread_index(); c < chunks; c += 2 * stride) {
+    const int64_t c2 = c + stride;
+    const bool two = c2 < chunks;
+    const auto a = vec_load<Ins>(in.p, c, Seq{});
+    const auto b = vec_load<Ins>(in.p, two ? c2 : c, Seq{});  // (the first again past the end: no branch)
+    vec_store<Out, Ins>(f, out, a, c, Seq{});
+    if (two) vec_store<Out, Ins>(f, out, b, c2, Seq{});
   }
   for (int64_t i = chunks * kVec + thread_index(); i < n; i += grid_stride()) {
     int64_t off[N > 0 ? N : 1];
@@ -200,14 +215,14 @@ void elementwise_impl(const std::array<const Tensor*, std::tuple_size_v<Outs>>& 
   Sink<Outs> o{};
   for (size_t k = 0; k < outs.size(); ++k) o.p[k] = outs[k]->raw_data();
   const InPtrs<N> in{{ins[I]->raw_data()...}};
-  const bool same = ((ins[I]->numel() == n && ins[I]->is_contiguous()) && ... && true);
   if constexpr (std::tuple_size_v<Outs> == 1) {
     using Out = std::tuple_element_t<0, Outs>;
     const auto aligned = [](const void* p, size_t item) {
       return reinterpret_cast<uintptr_t>(p) % (item * kVec) == 0;
     };
+    const bool same = ((ins[I]->numel() == n && ins[I]->is_contiguous()) && ... && true);
     if (same && aligned(o.p[0], sizeof(Out)) && (aligned(in.p[I], sizeof(In)) && ... && true)) {
-      vec_kernel<Out, F, std::tuple<In...>><<<blocks_for((n + kVec - 1) / kVec), kThreads, 0, stream>>>(
+      vec_kernel<Out, F, std::tuple<In...>><<<blocks_for((n / kVec + 1) / 2), kThreads, 0, stream>>>(
           n, f, static_cast<Out*>(o.p[0]), in);
       check(op, cudaGetLastError());
       return;
