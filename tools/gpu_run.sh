@@ -66,22 +66,30 @@ step_setup() {
   tail -4 "$OUT/env.txt"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 }
+# What the build was made from (content hashes: no git on the device's copy)
+src_stamp() { find src op_specs codegen pkg meson.build meson.options -type f -not -path '*/__pycache__/*' -print0 2>/dev/null | sort -z | xargs -0 cat | sha1sum | cut -c1-16; }
 step_build() {
   OPFORGE_MESON_ARGS="-Dops_cuda_arch=$ARCH" timeout "$(cap 400)" tools/dev.sh build > "$OUT/build.log" 2>&1 \
     || { grep -m 40 -B 3 -A 12 -E 'error|Error' "$OUT/build.log"; tail -5 "$OUT/build.log"; return 1; }
+  src_stamp > "$OPFORGE_BUILD_DIR/.opforge-src-stamp"
   run_py python3 -c \
     'import opforge, opforge.cuda as c; print(opforge.__version__, opforge.backend, c.is_available(), c.device_count(), c.runtime_version())' \
     | tee "$OUT/smoke.txt"
   for lib in "$OPFORGE_BUILD_DIR"/libopforge.so "$OPFORGE_BUILD_DIR"/_C*.so; do
     readelf -d "$lib" | grep -q 'NEEDED.*libstdc++' \
-      || { echo "$lib does not load libstdc++.so: the C++ compiler ($CXX) linked it statically"; return 1; }
+      || { echo "$lib does not load libstdc++.so: the C++ compiler (${CXX:-c++}) linked it statically"; return 1; }
   done
 }
 # The steps that import opforge: on a machine without the build (a fresh one, after the warm one
-# went back), setup and build first rather than fail on the import.
+# went back), or with a build of other sources (a fix between two calls), setup and build first
+# rather than fail on the import or measure the old code.
 ensure_built() {
-  [ -d "$OPFORGE_BUILD_DIR/python/opforge" ] && return 0
-  echo "no build on this machine (a fresh one): setup and build first"
+  if [ -d "$OPFORGE_BUILD_DIR/python/opforge" ]; then
+    [ "$(src_stamp)" = "$(cat "$OPFORGE_BUILD_DIR/.opforge-src-stamp" 2>/dev/null)" ] && return 0
+    echo "the build here is of other sources: building again"
+  else
+    echo "no build on this machine (a fresh one): setup and build first"
+  fi
   step_setup && step_build
 }
 step_test() {
@@ -182,7 +190,7 @@ step_graphs() {
   # (API errors not reported: two tests make CUDA calls fail on purpose, a copy to the host inside a
   # capture and a reset from another thread; the memory checks stay, and failed calls raise in the tests;
   # one process: a file's tests need no workers, each of which would start CUDA under the sanitizer)
-  run_py timeout "$(cap 150)" compute-sanitizer --tool memcheck --target-processes all --leak-check no --error-exitcode 9 \
+  run_py timeout "$(cap 240)" compute-sanitizer --tool memcheck --target-processes all --leak-check no --error-exitcode 9 \
     --report-api-errors no \
     python3 -m pytest -p no:benchmark -n 0 tests/cuda/test_cuda_graphs.py -q -p no:cacheprovider -rfE \
     -W ignore::DeprecationWarning -W ignore::UserWarning \

@@ -1800,7 +1800,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
   m.def("_set_current_stream", [](const std::string& text, uintptr_t stream, const std::string& op) {
     Device d = parse_device("set_stream", text);
     DeviceRuntime& rt = device_runtime("set_stream", d);
-    if (!op.empty()) check_caller_stream(op.c_str(), rt, d.index, reinterpret_cast<void*>(stream));
+    if (!op.empty()) check_caller_stream(op.c_str(), rt, d, reinterpret_cast<void*>(stream));
     rt.set_current_stream(d.index, reinterpret_cast<void*>(stream));
   }, py::arg("device"), py::arg("stream"), py::arg("op") = "");
   m.def("_create_stream", [](const std::string& text) {

@@ -89,7 +89,7 @@ StreamScope::StreamScope(const char* op, Device device, void* stream) {
   if (device.type == DeviceType::CPU) return;
   runtime_ = &device_runtime(op, device);
   index_ = device.index;
-  check_caller_stream(op, *runtime_, index_, stream);
+  check_caller_stream(op, *runtime_, device, stream);
   previous_ = runtime_->current_stream(index_);
   runtime_->set_current_stream(index_, stream);
 }
@@ -120,8 +120,8 @@ namespace {
 thread_local CaptureKeeper* t_keeper = nullptr;
 }  // namespace
 
-void check_caller_stream(const char* op, DeviceRuntime& rt, int index, void* stream) {
-  if (t_keeper && stream != rt.current_stream(index)) {
+void check_caller_stream(const char* op, DeviceRuntime& rt, Device device, void* stream) {
+  if (t_keeper && t_keeper->device() == device && stream != rt.current_stream(device.index)) {
     fail<RuntimeError>(op, "this thread is capturing an opforge graph (opforge.cuda.graph), but the call runs on its "
                            "caller's stream (torch's, XLA's or a host's current stream), which the capture does not "
                            "record: inside opforge.cuda.graph call opforge's ops on opforge tensors; capture a "

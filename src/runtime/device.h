@@ -116,11 +116,13 @@ class CaptureKeeper {
  public:
   virtual ~CaptureKeeper() = default;
   virtual void keep(const std::shared_ptr<Storage>& storage) = 0;
+  // the device whose work the capture records
+  virtual Device device() const = 0;
 };
-// RuntimeError naming op when the calling thread captures an opforge graph (a keeper is
+// RuntimeError naming op when the calling thread captures an opforge graph on device (a keeper is
 // installed) and stream, a caller's stream for an op call, is not the current stream of device's
 // runtime rt (which the capture records).
-void check_caller_stream(const char* op, DeviceRuntime& rt, int index, void* stream);
+void check_caller_stream(const char* op, DeviceRuntime& rt, Device device, void* stream);
 // Installs keeper for the calling thread (null: none); returns the previous one.
 CaptureKeeper* set_capture_keeper(CaptureKeeper* keeper);
 // Hands t's storage to the calling thread's keeper, if any and t is not on the host. Cheap otherwise.

@@ -57,6 +57,7 @@ struct CudaGraph final : CaptureKeeper {
     cudaStream_t stream;  // freed on it: reused only by allocations on that stream (its order)
   };
   CudaGraph(std::mutex& lock, int device) : lock(lock), index(device) {}
+  Device device() const override { return Device{DeviceType::CUDA, index}; }
   // A storage the captured work touches lives as long as the graph; the graph's own blocks need
   // not be kept (nothing else gets them while it lives).
   void keep(const std::shared_ptr<Storage>& storage) override {
@@ -547,8 +548,10 @@ class CudaRuntime final : public DeviceRuntime {
   }
   // Frees what a released graph held, after its replays in flight: called with no capture of ours
   // under way. A synchronization or cudaFree the runtime refuses (another library's capture under
-  // way in global mode, as torch.cuda.graph's) frees nothing of it now: it waits in pending_ for
-  // the next call (a graph released, a released graph's block returned, a capture of ours ended).
+  // way in global mode, as torch.cuda.graph's, which the refused call invalidates: that capture
+  // then fails at its end) frees nothing of it now: it waits in pending_ for the next call (a
+  // graph released, a released graph's block returned, a capture of ours ended), so no memory a
+  // replay may still use is freed early.
   void free_now(Pending&& what) noexcept {
     {
       std::lock_guard<std::mutex> lock(graphs_lock_);
