@@ -9,10 +9,10 @@ from typing import Any, Mapping, Optional, Protocol, Sequence, Union
 from . import escape
 from .formula import dims
 from .formula.expr import LoweredExpr, lower_expr
-from .formula.graph import GraphScope, OpSignature, lower_graph, lower_outputs
-from .formula.kinds import NUMBER, VType, attr_vtype
+from .formula.graph import GraphScope, OpSignature, lower_graph, lower_outputs, peel_guards
+from .formula.kinds import NUMBER, TENSOR, VType, attr_vtype
 from .formula.lang import CPP, CppLang
-from .formula.syntax import names_in
+from .formula.syntax import Formula, names_in
 from .model import AotImpl, Attr, AttrType, CompositeImpl, CppImpl, DType, ExprImpl, Format, OpSpec, expr_scope
 from .targets import HOST, Backend, Build
 
@@ -278,9 +278,42 @@ def lowered_expr(op: OpSpec) -> Optional[LoweredExpr]:
 
 
 
+# a lowered let: (name, code, C++ type, names it feeds, tests of the optional inputs it needs)
+LetRow = tuple[str, str, str, tuple[str, ...], tuple[str, ...]]
+
+
+def _lower_let(key: str, names: tuple[str, ...], f: Formula, scope: GraphScope, lang: CppLang,
+               guards: dict[str, tuple[str, ...]]) -> tuple[list[tuple[str, str, str, tuple[str, ...]]], VType]:
+    """One let of a bprop or jvp: rows (name, code, C++ type, tests of the optional inputs it
+    needs) and its value's type. Several names bind a call's outputs: a row ``key`` holds them
+    (the TensorList ``v_<key>``), then one row per name. A let ``if_given(w, f)`` is bound only
+    when w is given: its names go into ``guards``, which later formulas' scopes check."""
+    need, f = peel_guards(f, scope)
+    for g in need:
+        scope.unlock(g)
+    given = tuple(lang.given_tensor(scope.tensors[g]) for g in need)
+    if len(names) > 1:
+        code = lower_outputs(f, names, scope, lang)
+        rows = [(key, code, "TensorList", given)]
+        rows += [(name, lang.output(f"v_{key}", j), "TensorPtr", given) for j, name in enumerate(names)]
+        kind = TENSOR
+    else:
+        code, kind = lower_graph(f, scope, lang)
+        if not (kind.is_tensor or kind.is_number):
+            raise f.error(0, f"a let must give a tensor or a number, got {kind}")
+        if need and not kind.is_tensor:
+            raise f.error(0, f"a let bound by if_given() must give a tensor, got {kind}")
+        rows = [(names[0], code, "TensorPtr" if kind.is_tensor else "double", given)]
+    for name in names:
+        if need:
+            guards[name] = need
+    return rows, kind
+
+
 @dataclass(frozen=True)
 class LoweredBprop:
-    lets: tuple[tuple[str, str, str, tuple[int, ...]], ...]  # (name, C++ code, C++ type, inputs needing it)
+    # (name, C++ code, C++ type, inputs needing it, tests of the optional inputs it needs)
+    lets: tuple[tuple[str, str, str, tuple[int, ...], tuple[str, ...]], ...]
     grads: tuple[tuple[int, str, str], ...]               # (input index, input name, C++ code)
     saved: tuple[tuple[str, tuple[int, ...]], ...]        # (tensor name, input indices needing it)
     uses_attrs: bool
@@ -290,7 +323,7 @@ class LoweredBprop:
 @dataclass(frozen=True)
 class LoweredJvp:
     tangents: tuple[tuple[int, str, str], ...]   # (input index, tangent name, how the tangent is bound)
-    lets: tuple[tuple[str, str, str], ...]       # (name, code, C++ type)
+    lets: tuple[tuple[str, str, str, tuple[str, ...]], ...]  # (name, code, C++ type, tests of the inputs it needs)
     outputs: tuple[tuple[int, str], ...]         # (output index, code of its tangent)
 
 
@@ -331,38 +364,28 @@ def lower_formulas(op: OpSpec, table: Mapping[str, Callee], lang: CppLang = CPP)
         optional = {i.name for i in op.inputs if i.optional}
         index = {i.name: k for k, i in enumerate(op.inputs)}
         deps: dict[str, set[str]] = {}
-        lets: list[tuple[str, str, str, tuple[str, ...]]] = []  # (name, code, C++ type, names it feeds)
+        lets: list[LetRow] = []  # (name, code, C++ type, names it feeds, tests of the inputs it needs)
+        guards: dict[str, tuple[str, ...]] = {}
         bscope_used: set[str] = set()
         scalars = _attr_scope(op, prefix)
         for k, (names, f) in enumerate(op.bprop.lets):
-            scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs)
+            scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, guards=guards)
             refs = names_in(f.ast)
-            if len(names) > 1:
-                # the call's outputs (`v_<k>`: no spec name starts with a digit), then one let per name
-                code = lower_outputs(f, names, scope, lang)
-                lets.append((str(k), code, "TensorList", names))
-                bscope_used |= scope.used_ops
-                for j, name in enumerate(names):
-                    tensors[name] = f"v_{name}"
-                    deps[name] = set().union(*[{r} | deps.get(r, set()) for r in refs]) if refs else set()
-                    lets.append((name, lang.output(f"v_{k}", j), "TensorPtr", (name,)))
-                continue
-            name = names[0]
-            code, kind = lower_graph(f, scope, lang)
-            if kind.is_tensor:
-                tensors[name] = f"v_{name}"
-            elif kind.is_number:
-                scalars[name] = (NUMBER, f"v_{name}")
-            else:
-                raise f.error(0, f"a let must give a tensor or a number, got {kind}")
+            rows, kind = _lower_let(str(k), names, f, scope, lang, guards)
+            lets += [(n, c, t, (n,) if len(names) == 1 or n != str(k) else names, given)
+                     for n, c, t, given in rows]
             bscope_used |= scope.used_ops
-            # everything a let reads, transitively (intermediate lets included)
-            deps[name] = set().union(*[{r} | deps.get(r, set()) for r in refs]) if refs else set()
-            lets.append((name, code, "TensorPtr" if kind.is_tensor else "double", (name,)))
+            for name in names:
+                if kind.is_number:
+                    scalars[name] = (NUMBER, f"v_{name}")
+                else:
+                    tensors[name] = f"v_{name}"
+                # everything a let reads, transitively (intermediate lets included)
+                deps[name] = set().union(*[{r} | deps.get(r, set()) for r in refs]) if refs else set()
         grads: list[tuple[int, str, str]] = []
         needers: dict[str, set[int]] = {}
         for name, f in op.bprop.grads:
-            scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs)
+            scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, guards=guards)
             code, kind = lower_graph(f, scope, lang)
             if not kind.is_tensor:
                 raise f.error(0, f"a gradient must be a tensor, got {kind}")
@@ -373,8 +396,8 @@ def lower_formulas(op: OpSpec, table: Mapping[str, Callee], lang: CppLang = CPP)
                     needers.setdefault(needed, set()).add(index[name])
         saveable = [i.name for i in op.inputs] + [o.name for o in op.outputs]
         saved = tuple((n, tuple(sorted(needers[n]))) for n in saveable if n in needers)
-        let_rows = tuple((n, c, t, tuple(sorted(set().union(*[needers.get(m, set()) for m in feeds]))))
-                         for n, c, t, feeds in lets)
+        let_rows = tuple((n, c, t, tuple(sorted(set().union(*[needers.get(m, set()) for m in feeds]))), given)
+                         for n, c, t, feeds, given in lets)
         uses_attrs = any(a.name in needers for a in op.attrs)
         bprop = LoweredBprop(let_rows, tuple(grads), saved, uses_attrs, tuple(sorted(bscope_used)))
         used |= bscope_used
@@ -403,29 +426,22 @@ def _lower_jvp(op: OpSpec, sigs: Mapping[str, OpSignature], lang: CppLang, prefi
     scalars = _attr_scope(op, prefix)
     # if_given(weight, ...) makes weight's tangent present too
     companions = {i.name: (op.tangent_name(i.name),) for i in op.inputs if i.optional and i.differentiable}
-    lets: list[tuple[str, str, str]] = []
+    lets: list[tuple[str, str, str, tuple[str, ...]]] = []
+    guards: dict[str, tuple[str, ...]] = {}
     for k, (names, f) in enumerate(op.jvp.lets):
-        scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, companions=companions)
-        if len(names) > 1:
-            code = lower_outputs(f, names, scope, lang)
-            lets.append((f"j{k}", code, "TensorList"))
-            for j, name in enumerate(names):
-                tensors[name] = f"v_{name}"
-                lets.append((name, lang.output(f"v_j{k}", j), "TensorPtr"))
-        else:
-            code, kind = lower_graph(f, scope, lang)
-            if kind.is_tensor:
-                tensors[names[0]] = f"v_{names[0]}"
-            elif kind.is_number:
-                scalars[names[0]] = (NUMBER, f"v_{names[0]}")
+        scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, companions=companions, guards=guards)
+        rows, kind = _lower_let(f"j{k}", names, f, scope, lang, guards)
+        lets += rows
+        for name in names:
+            if kind.is_number:
+                scalars[name] = (NUMBER, f"v_{name}")
             else:
-                raise f.error(0, f"a let must give a tensor or a number, got {kind}")
-            lets.append((names[0], code, "TensorPtr" if kind.is_tensor else "double"))
+                tensors[name] = f"v_{name}"
         used |= scope.used_ops
     index = {o.name: k for k, o in enumerate(op.outputs)}
     outputs = []
     for name, f in op.jvp.tangents:
-        scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, companions=companions)
+        scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, companions=companions, guards=guards)
         code, kind = lower_graph(f, scope, lang)
         if not kind.is_tensor:
             raise f.error(0, f"a tangent must be a tensor, got {kind}")

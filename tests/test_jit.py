@@ -281,6 +281,40 @@ def test_cpp_op_with_kernel_source_and_formula_calling_opforge_ops(tmp_path: Pat
     assert not list((cache / "jit_cpp_bad").glob("????????????????/*.so"))
 
 
+AFFINE = Path(__file__).resolve().parent / "fixtures" / "affine.yaml"  # (also tests/codegen/test_multi_output.py)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("given", ["w b", "w", "b", ""])
+def test_lets_bound_only_when_optional_inputs_are_given(tmp_path: Path, cache: Path, given: str) -> None:
+    # bprop and jvp lets `if_given(w, ...)` compiled and run: gradients and tangents with each of
+    # the optional inputs present or absent (the fused norm_affine_grad runs only with both)
+    m = opforge.load("jit_affine", specs=[AFFINE], build_dir=cache)
+    rng = np.random.default_rng(0)
+    x, w, b, dout = rng.standard_normal((4, 3)), rng.standard_normal(3), rng.standard_normal(3), rng.standard_normal((4, 3))
+    xt = opforge.tensor(x, requires_grad=True)
+    wt = opforge.tensor(w, requires_grad=True) if "w" in given else None
+    bt = opforge.tensor(b, requires_grad=True) if "b" in given else None
+    leaves = [t for t in (xt, wt, bt) if t is not None]
+    got = opforge.gradients([m.affine(xt, wt, bt)], leaves, [opforge.tensor(dout)])
+    want = [dout * (w if wt is not None else 1)]
+    want += [(dout * x).sum(0)] if wt is not None else []
+    want += [dout.sum(0)] if bt is not None else []
+    for g, e in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.numpy(), e, rtol=1e-12, atol=1e-12)
+    tx, tw, tb = rng.standard_normal((4, 3)), rng.standard_normal(3), rng.standard_normal(3)
+    primals = [x] + ([w] if wt is not None else []) + ([b] if bt is not None else [])
+    tangents = [tx] + ([tw] if wt is not None else []) + ([tb] if bt is not None else [])
+
+    def f(*args):  # type: ignore[no-untyped-def]
+        it = iter(args[1:])
+        return m.affine(args[0], next(it) if wt is not None else None, next(it) if bt is not None else None)
+
+    _, t = opforge.jvp(f, primals, tangents)
+    want_t = (tx * w + x * tw if wt is not None else tx) + (tb if bt is not None else 0)
+    np.testing.assert_allclose(t.numpy(), want_t, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.slow
 def test_module_ops_as_torch_operators(tmp_path: Path, cache: Path) -> None:
     torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch==2.13.0)")

@@ -282,8 +282,10 @@ def _backward(op: OpSpec, lb: LoweredBprop) -> list[str]:
         bw.append(f"const {op.class_name}Attrs& attrs = ctx->GetAttrs<{op.class_name}Attrs>();")
     for k in sorted({k for k, _, _ in lb.grads}):
         bw.append(f"const bool need_{k} = ctx->NeedsInputGrad({k});")
-    for n, code, ctype, ks in lb.lets:
+    for n, code, ctype, ks, given in lb.lets:
         cond = " || ".join(f"need_{k}" for k in ks) or "false"
+        if given:  # bound only when the optional inputs it needs are given
+            cond = " && ".join([f"({cond})" if len(ks) > 1 else cond, *given])
         bw.append(f"{ctype} v_{n}{{}};")
         bw.append(f"if ({cond}) v_{n} = {code};")
     bw.append(f"TensorList grads({len(op.inputs)});")
@@ -302,7 +304,10 @@ def _jvp(op: OpSpec, lj: api.LoweredJvp) -> list[str]:
         if op.inputs[k].optional:
             value = f"v_{name} ? ({value}) : nullptr"
         lines.append(f"[[maybe_unused]] const TensorPtr v_{t} = {value};")
-    lines += [f"[[maybe_unused]] const {ctype} v_{n} = {code};" for n, code, ctype in lj.lets]
+    for n, code, ctype, given in lj.lets:
+        if given:  # bound only when the optional inputs it needs are given
+            code = f"({' && '.join(given)}) ? {code} : {ctype}{{}}"
+        lines.append(f"[[maybe_unused]] const {ctype} v_{n} = {code};")
     lines.append(f"TensorList out({len(op.outputs)});")
     lines += [f"out[{k}] = {code};" for k, code in lj.outputs]
     lines.append("return out;")

@@ -21,8 +21,10 @@ def _tuple(items: Sequence[str]) -> str:
 def _bprop(op: OpSpec, lb: api.LoweredBprop) -> list[str]:
     """The body of ``_bprop_<op>``: lets, then one reduced gradient (or None) per input."""
     lines = []
-    for n, code, _, ks in lb.lets:
+    for n, code, _, ks, given in lb.lets:
         cond = " or ".join(f"need[{k}]" for k in ks) or "False"
+        if given:  # bound only when the optional inputs it needs are given
+            cond = " and ".join([f"({cond})" if len(ks) > 1 else cond, *given])
         lines.append(f"v_{n} = {code} if {cond} else None")
     grads = {k: code for k, _, code in lb.grads}
     lines.append("return (")
@@ -44,7 +46,8 @@ def _jvp(op: OpSpec, lj: api.LoweredJvp) -> list[str]:
         if op.inputs[k].optional:
             value = f"({value}) if v_{name} is not None else None"
         lines.append(f"v_{t} = {value}")
-    lines += [f"v_{n} = {code}" for n, code, _ in lj.lets]
+    lines += [f"v_{n} = {code} if {' and '.join(given)} else None" if given else f"v_{n} = {code}"
+              for n, code, _, given in lj.lets]
     codes = dict(lj.outputs)
     lines.append("return (" + "".join(f"{codes.get(k, 'None')}, " for k in range(len(op.outputs))).rstrip() + ")")
     return lines

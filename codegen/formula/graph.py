@@ -5,7 +5,7 @@ was checked."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Callable, Mapping, Optional
 
@@ -68,6 +68,14 @@ class GraphScope:
     used_ops: set[str] = field(default_factory=set)
     # optional tensors present with another (an optional input's tangent in jvp formulas): name -> them
     companions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # lets bound only when optional inputs are given (``a: if_given(w, f)``): name -> those inputs
+    guards: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def unlock(self, name: str) -> list[str]:
+        """Mark optional input ``name`` given (with its companions); returns what to mark back."""
+        unlocked = [n for n in (name, *self.companions.get(name, ())) if n in self.optional]
+        self.optional.difference_update(unlocked)
+        return unlocked
 
 
 Lowered = tuple[str, VType]  # (code, the value's type)
@@ -158,6 +166,13 @@ class _Lowering:
                                      f"use it in if_given({owner}, ..., ...)'s first branch")
                 raise self.error(node.pos, f"optional input '{node.id}' may be absent; "
                                  f"use if_given({node.id}, ..., ...)")
+            absent = [g for g in scope.guards.get(node.id, ()) if g in scope.optional]
+            if absent:
+                needs = " and ".join(scope.guards[node.id])
+                raise self.error(node.pos, f"let '{node.id}' is bound only when {needs} "
+                                 f"{'is' if len(scope.guards[node.id]) == 1 else 'are'} given; use it in "
+                                 + " inside ".join(f"if_given({g}, ..., ...)" for g in absent)
+                                 + "'s first branch")
             return scope.tensors[node.id], TENSOR
         if node.id in scope.attrs:
             atype, code = scope.attrs[node.id]
@@ -278,6 +293,9 @@ class _Lowering:
         return params
 
     def if_given(self, node: Call) -> Lowered:
+        if len(node.args) == 2 and not node.kwargs:
+            raise self.error(node.pos, "if_given() with two arguments (no value when absent) may only be a let's "
+                             "whole formula, binding the let only when the input is given")
         self.check_helper_arity(node)
         scope, lang = self.scope, self.lang
         cond = node.args[0]
@@ -295,9 +313,7 @@ class _Lowering:
             finally:
                 scope.attrs = {**scope.attrs, cond.id: saved}
         else:
-            present = [cond.id, *scope.companions.get(cond.id, ())]
-            unlocked = [n for n in present if n in scope.optional]
-            scope.optional.difference_update(unlocked)
+            unlocked = scope.unlock(cond.id)
             try:
                 ac, ak = self.go(node.args[1])
             finally:
@@ -322,6 +338,23 @@ class _Lowering:
         result = HELPERS[node.func][1]
         assert result is not None  # (if_given, whose type is its branches', is lowered apart)
         return self.lang.helper(node.func, codes), result
+
+
+def peel_guards(formula: Formula, scope: GraphScope) -> tuple[tuple[str, ...], Formula]:
+    """A let's formula ``if_given(w, if_given(b, f))`` (no value when absent): the optional inputs
+    it needs (w, b) and f, checked; the let is bound only when they are all given, and formulas
+    may use it only where if_given has them given. Other formulas: ((), formula)."""
+    guards: list[str] = []
+    node = formula.ast
+    while isinstance(node, Call) and node.func == "if_given" and len(node.args) == 2 and not node.kwargs:
+        cond = node.args[0]
+        if not (isinstance(cond, Name) and cond.id in scope.optional and cond.id in scope.tensors):
+            raise formula.error(cond.pos, "if_given() binding a let needs an optional input as its first argument")
+        if cond.id in guards:
+            raise formula.error(cond.pos, f"if_given({cond.id}, ...) twice")
+        guards.append(cond.id)
+        node = node.args[1]
+    return tuple(guards), (replace(formula, ast=node) if guards else formula)
 
 
 def lower_outputs(formula: Formula, names: tuple[str, ...], scope: GraphScope, lang: CppLang = CPP) -> str:

@@ -158,6 +158,38 @@ inline double reduction_scale(const std::string& reduction, int64_t rows) {
   return reduction == "mean" ? 1.0 / static_cast<double>(rows) : 1.0;
 }
 
+// The weight gradient dy * (x - mean) * rstd of norm_weight_grad and norm_affine_grad: the shape
+// the product broadcasts to (weight must broadcast to it: ValueError naming op), and whether the
+// fused column sum applies (dy and x of that shape, rstd and mean absent or one value per leading
+// row, weight the trailing block from dim k): then R rows of N.
+struct WeightGradShape {
+  Shape full;
+  bool rows = false;
+  int64_t k = 0, R = 0, N = 0;
+};
+inline WeightGradShape weight_grad_shape(const char* op, const TensorPtr& dy, const TensorPtr& x,
+                                         const TensorPtr& rstd, const TensorPtr& weight, const TensorPtr& mean) {
+  std::vector<const Tensor*> ins{dy.get(), x.get(), rstd.get()};
+  std::vector<const char*> names{"dy", "x", "rstd"};
+  if (mean) {
+    ins.push_back(mean.get());
+    names.push_back("mean");
+  }
+  WeightGradShape w;
+  w.full = broadcast_shapes(op, ins, names);
+  check_broadcasts_to(op, "weight", weight, w.full, "dy * (x - mean) * rstd");
+  const Shape& xs = x->shape();
+  if (dy->shape() != xs || w.full != xs) return w;
+  const Shape pw = padded(weight->shape(), xs.size());
+  while (w.k < static_cast<int64_t>(xs.size()) && pw[static_cast<size_t>(w.k)] == 1) ++w.k;
+  w.rows = row_shaped(weight, xs, w.k) && kept_shaped(rstd, xs, w.k) && kept_shaped(mean, xs, w.k);
+  if (w.rows) {
+    w.R = prod(xs, 0, static_cast<size_t>(w.k));
+    w.N = prod(xs, static_cast<size_t>(w.k), xs.size());
+  }
+  return w;
+}
+
 // The shapes a norm's backward op takes (layer_norm_backward, rms_norm_backward): dy shaped like x,
 // each statistic (mean, rstd and their gradients) x reduced over axes with kept dims, weight
 // (absent allowed) broadcasting to x. Returns the kept shape; ValueError naming op otherwise.

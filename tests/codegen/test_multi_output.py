@@ -50,3 +50,27 @@ def test_select_and_bind_lower_to_cpp_and_python(tmp_path: Path) -> None:
     assert "let y, m, r = layer_norm(dout)" in cpp  # the docstring
     # the model writes the binding back as it was written
     assert "y, m, r: layer_norm(dout)" in op.to_yaml()
+
+
+AFFINE = ROOT / "tests" / "fixtures" / "affine.yaml"  # (also compiled and run by tests/test_jit.py)
+
+
+def test_guarded_let_is_bound_only_when_its_inputs_are_given() -> None:
+    # `if_given(w, if_given(b, f))` as a let's formula: computed only when w and b are both given
+    # (and a gradient needing it is), in C++ and in Python; a jvp let likewise, with w's tangent
+    ops = load_specs([ROOT / "op_specs"])
+    (op,) = load_specs([AFFINE], known=ops)
+    table = {o.name: o for o in ops + [op]}
+    cpp = next(r.text for r in render_op(op, table, "affine.yaml") if r.name == "affine.cpp")
+    assert ("if ((need_1 || need_2) && v_w && v_b) v_0 = ops::norm_affine_grad(v_dout, v_x, ones_like(v_x), "
+            "v_w, v_b, nullptr);") in cpp
+    assert "if (need_1 && v_w && v_b) v_dw = v_0[0];" in cpp and "if (need_2 && v_w && v_b) v_db = v_0[1];" in cpp
+    assert "(v_w ? (v_b ? v_dw : ops::sum_to_like(" in cpp
+    assert ("const TensorPtr v_tw = (v_w) ? ops::add(ops::mul(v_x_t, v_w), ops::mul(v_x, v_w_t)) : TensorPtr{};"
+            in cpp)
+    py = render_formulas([op], ["affine.yaml"], table).text
+    assert "v_0 = F.norm_affine_grad(v_dout, v_x, H.ones_like(v_x), v_w, v_b, None) if (need[1] or need[2]) " \
+        "and v_w is not None and v_b is not None else None" in py
+    assert "v_dw = v_0[0] if need[1] and v_w is not None and v_b is not None else None" in py
+    assert "v_tw = F.add(" in py and "if v_w is not None else None" in py
+    assert "let dw, db = if_given(w, if_given(b, norm_affine_grad(dout, x, ones_like(x), w, b)))" in cpp

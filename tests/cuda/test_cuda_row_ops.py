@@ -225,6 +225,44 @@ def test_column_sums_bias_grad_and_sum_to_like(shape: tuple[int, ...]) -> None:
     assert np.array_equal(first, host(ops.sum_to_like(d32, cuda(like, "float32"))))  # deterministic
 
 
+@pytest.mark.parametrize("shape", [(3, 5), (70_000, 33), (2, 100_003), (0, 4)], ids=str)
+def test_norm_affine_grad_fused_column_sums(shape: tuple[int, ...]) -> None:
+    # weight and bias gradients in one pass (a pair of sums per column), against norm_weight_grad
+    # and sum_to_like and float64 sums; bit-identical on a second run
+    rng = np.random.default_rng(6)
+    dy, x = rng.standard_normal(shape), rng.standard_normal(shape)
+    m, r = rng.standard_normal(shape[:1] + (1,)), rng.uniform(0.5, 2.0, shape[:1] + (1,))
+    w = np.ones(shape[-1:])
+    dw, db = ops.norm_affine_grad(cuda(dy), cuda(x), cuda(r), cuda(w), cuda(w), cuda(m))
+    np.testing.assert_allclose(host(dw), (dy * (x - m) * r).sum(0), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(host(db), dy.sum(0), rtol=1e-10, atol=1e-10)
+    np.testing.assert_array_equal(host(dw), host(ops.norm_weight_grad(cuda(dy), cuda(x), cuda(r), cuda(w), cuda(m))))
+    np.testing.assert_array_equal(host(db), host(ops.sum_to_like(cuda(dy), cuda(w))))
+    for dtype, (rtol, atol) in (("float32", (1e-4, 1e-3)), ("bfloat16", (3e-2, 0.5))):
+        args = [cuda(a, dtype) for a in (dy, x, r, w, w, m)]
+        first = [host(t) for t in ops.norm_affine_grad(*args)]
+        q = [host(a) for a in args]  # the values the dtype holds
+        np.testing.assert_allclose(first[0], (q[0] * (q[1] - q[5]) * q[2]).sum(0), rtol=rtol, atol=atol)
+        np.testing.assert_allclose(first[1], q[0].sum(0), rtol=rtol, atol=atol)
+        again = [host(t) for t in ops.norm_affine_grad(*args)]
+        assert all(np.array_equal(a, b) for a, b in zip(first, again))  # deterministic
+
+
+def test_norm_affine_grad_general_paths() -> None:
+    # bias of another shape than weight (the weight's column sums, the bias's sum to a shape), and
+    # a weight varying along the rows (the product by broadcasting): the cpu kernel's results
+    rng = np.random.default_rng(7)
+    dy, x = rng.standard_normal((4, 6, 10)), rng.standard_normal((4, 6, 10))
+    m, r = rng.standard_normal((4, 6, 1)), rng.uniform(0.5, 2.0, (4, 6, 1))
+    for w, b in (((6, 10), (10,)), ((6, 1), (6, 10)), ((10,), (1,))):
+        ins = (dy, x, r, np.ones(w), np.ones(b), m)
+        want = ops.norm_affine_grad(*(opforge.tensor(a) for a in ins))
+        got = ops.norm_affine_grad(*(cuda(a) for a in ins))
+        for g, e in zip(got, want):
+            assert g.shape == e.shape
+            np.testing.assert_allclose(host(g), e.numpy(), rtol=1e-10, atol=1e-10)
+
+
 def test_bias_add_and_its_gradient_in_both_formats() -> None:
     rng = np.random.default_rng(5)
     x, b = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal(3)

@@ -55,7 +55,7 @@ def test_rms_norm_bad_input() -> None:
         ops.rms_norm_backward(F32, F32, F32, kept)
 
 
-def test_norm_weight_grad_and_sum_to_like_bad_shapes() -> None:
+def test_norm_grad_ops_bad_shapes() -> None:
     kept = np.ones((2, 1), np.float32)
     with raises(ValueError, "[norm_weight_grad] weight of shape (5,) does not broadcast to "
                             "dy * (x - mean) * rstd of shape (2, 3)"):
@@ -63,6 +63,12 @@ def test_norm_weight_grad_and_sum_to_like_bad_shapes() -> None:
     with raises(ValueError, "[norm_weight_grad] shapes cannot be broadcast together: dy (2, 3), x (2, 3), "
                             "rstd (4, 1)"):
         ops.norm_weight_grad(F32, F32, np.ones((4, 1), np.float32), np.ones(3, np.float32))
+    w3 = np.ones(3, np.float32)
+    with raises(ValueError, "[norm_affine_grad] weight of shape (5,) does not broadcast to "
+                            "dy * (x - mean) * rstd of shape (2, 3)"):
+        ops.norm_affine_grad(F32, F32, kept, np.ones(5, np.float32), w3)
+    with raises(ValueError, "[norm_affine_grad] bias of shape (2, 2) does not broadcast to dy of shape (2, 3)"):
+        ops.norm_affine_grad(F32, F32, kept, w3, np.ones((2, 2), np.float32))
     with raises(ValueError, "[sum_to_like] like of shape (2, 2, 3) does not broadcast to x of shape (2, 3)"):
         ops.sum_to_like(F32, np.ones((2, 2, 3), np.float32))
     with raises(ValueError, "[sum_to_like] like of shape (4,) does not broadcast to x of shape (2, 3)"):
@@ -316,3 +322,6 @@ def test_fused_backward_ops_low_precision_parallel(dtype, tol) -> None:
     check(ops.norm_weight_grad(dyt, xt, rt, wt, mt), (dy * xh).sum(0))
     check(ops.norm_weight_grad(dyt, xt, rt, wt), (dy * x * r).sum(0))
     check(ops.sum_to_like(dyt, wt), dy.sum(0))
+    dw, db = ops.norm_affine_grad(dyt, xt, rt, wt, wt, mt)
+    check(dw, (dy * xh).sum(0))
+    check(db, dy.sum(0))

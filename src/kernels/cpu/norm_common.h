@@ -125,4 +125,20 @@ void sum_to_shape(const char* op, const TensorPtr& p, const Shape& target, const
   OPFORGE_NORM_DISPATCH(reduce_abc<T>, p->data<P>(), A, B, C, out->data<T>());
 }
 
+// out (weight's shape) = dy * (x - mean) * rstd (mean absent: dy * x * rstd) by broadcasting to
+// `full`, then summed down to out's shape: the weight gradient where no fused loop applies.
+template <typename T>
+void weight_grad_by_broadcast(const char* op, const TensorPtr& dy, const TensorPtr& x, const TensorPtr& rstd,
+                              const TensorPtr& mean, const Shape& full, const TensorPtr& out) {
+  using C = compute_t<T>;
+  auto p = empty(dtype_of<C>::value, full);
+  if (mean) {
+    elementwise<C, T, T, T, T>(*p, [](auto d, auto v, auto r, auto m) { return d * ((v - m) * r); },
+                               {dy.get(), x.get(), rstd.get(), mean.get()});
+  } else {
+    elementwise<C, T, T, T>(*p, [](auto d, auto v, auto r) { return d * (v * r); }, {dy.get(), x.get(), rstd.get()});
+  }
+  sum_to_shape<T, C>(op, p, out->shape(), out);
+}
+
 }  // namespace opforge::kernels::cpu::norm

@@ -244,4 +244,30 @@ void sum_to_shape(const char* op, const TensorPtr& p, const Shape& target, const
   col_sums<T, A>(op, p->device(), R, N, ReadAt<P, A>{p->data<P>(), N}, out->data<T>());
 }
 
+// out (weight's shape) = dy * (x - mean) * rstd (mean absent: dy * x * rstd) by broadcasting to
+// `full`, then summed down to out's shape: the weight gradient where the column sums do not apply.
+template <typename T>
+void weight_grad_by_broadcast(const char* op, const TensorPtr& dy, const TensorPtr& x, const TensorPtr& rstd,
+                              const TensorPtr& mean, const Shape& full, const TensorPtr& out) {
+  using C = compute_t<T>;
+  CurrentOpScope scope(op);
+  auto p = empty(dtype_of<C>::value, full, Format::Default, x->device());
+  if (mean) ::opforge::cuda::elementwise<C, T, T, T, T>(*p, MulSubMul{}, {dy.get(), x.get(), mean.get(), rstd.get()});
+  else ::opforge::cuda::elementwise<C, T, T, T>(*p, Mul{}, {dy.get(), x.get(), rstd.get()});
+  sum_to_shape<T, C>(op, p, out->shape(), out);
+}
+
+// dy[r, j] * (x[r, j] - mean[r]) * rstd[r] (no mean: x[r, j] * rstd[r]) in compute type C: the
+// weight gradient's term of the column sums.
+template <typename T>
+struct WeightGradTerm {
+  const T *dy, *x, *rstd, *mean;
+  int64_t N;
+  __device__ __forceinline__ compute_t<T> operator()(int64_t r, int64_t j) const {
+    using C = compute_t<T>;
+    const C v = convert<C>(x[r * N + j]) - (mean ? convert<C>(mean[r]) : C(0));
+    return convert<C>(dy[r * N + j]) * (v * convert<C>(rstd[r]));
+  }
+};
+
 }  // namespace opforge::kernels::cuda::norm

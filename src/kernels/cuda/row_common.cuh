@@ -88,6 +88,12 @@ template <typename C>
 struct Sum2 {
   C a, b;
 };
+template <typename C>
+__device__ __forceinline__ Sum2<C>& operator+=(Sum2<C>& x, const Sum2<C>& y) {
+  x.a += y.a;
+  x.b += y.b;
+  return x;
+}
 struct Sum2Add {
   template <typename C>
   __device__ __forceinline__ Sum2<C> operator()(const Sum2<C>& x, const Sum2<C>& y) const {
@@ -514,7 +520,7 @@ __global__ void col_partial_kernel(int64_t R, int64_t N, int64_t chunk, F f, A* 
   __shared__ A tile[kColRows][kColTile + 1];
   const int64_t j = int64_t(blockIdx.x) * kColTile + threadIdx.x;
   const int64_t r0 = int64_t(blockIdx.y) * chunk, r1 = std::min<int64_t>(R, r0 + chunk);
-  A acc = A(0);
+  A acc{};
   if (j < N) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kColRows) acc += f(r, j);
   }
@@ -542,11 +548,30 @@ __global__ void store_cols(int64_t N, const A* s, T* out) {
   }
 }
 
-// out[j] (N elements of T) = the sum over r < R of f(r, j) (values of A), on device's current
-// stream: rows split into chunks so that the device is busy, the chunks' partial sums then summed
-// in chunk order. The same inputs give the same bits on every run.
-template <typename T, typename A, typename F>
-void col_sums(const char* op, Device device, int64_t R, int64_t N, const F& f, T* out) {
+// Column sums' final store through a functor: store(j, sum of column j).
+template <typename A, typename Store>
+__global__ void store_cols_with(int64_t N, const A* s, Store store) {
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < N; j += int64_t(gridDim.x) * blockDim.x) {
+    store(j, s[j]);
+  }
+}
+
+// Stores a Sum2 column's sums (two per column from one pass: norm_affine_grad's weight and bias
+// gradients) into two outputs of dtype T.
+template <typename T, typename A>
+struct StoreSum2 {
+  T *a, *b;
+  __device__ __forceinline__ void operator()(int64_t j, const Sum2<A>& s) const {
+    a[j] = convert<T>(s.a);
+    b[j] = convert<T>(s.b);
+  }
+};
+
+// store(j, s) with s the sum over r < R of f(r, j) (values of A), for each column j < N, on
+// device's current stream: rows split into chunks so that the device is busy, the chunks' partial
+// sums then summed in chunk order. The same inputs give the same bits on every run.
+template <typename A, typename F, typename Store>
+void col_sums_with(const char* op, Device device, int64_t R, int64_t N, const F& f, const Store& store) {
   if (N == 0) return;
   DeviceGuard guard(op, device.index);
   const cudaStream_t stream = current_stream(op, device);
@@ -571,8 +596,21 @@ void col_sums(const char* op, Device device, int64_t R, int64_t N, const F& f, T
     check(op, cudaGetLastError());
     sums = tp;
   }
-  store_cols<T, A><<<::opforge::cuda::detail::blocks_for(N), ::opforge::cuda::kThreads, 0, stream>>>(N, sums, out);
+  store_cols_with<A, Store><<<::opforge::cuda::detail::blocks_for(N), ::opforge::cuda::kThreads, 0, stream>>>(
+      N, sums, store);
   check(op, cudaGetLastError());
+}
+
+template <typename T, typename A>
+struct StoreAs {
+  T* out;
+  __device__ __forceinline__ void operator()(int64_t j, const A& s) const { out[j] = convert<T>(s); }
+};
+
+// out[j] (N elements of T) = the sum over r < R of f(r, j) (values of A), as col_sums_with.
+template <typename T, typename A, typename F>
+void col_sums(const char* op, Device device, int64_t R, int64_t N, const F& f, T* out) {
+  col_sums_with<A>(op, device, R, N, f, StoreAs<T, A>{out});
 }
 
 // ---------------------------------------------------------------------------- index checks
