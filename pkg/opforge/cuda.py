@@ -42,7 +42,7 @@ import opforge._C as _C
 
 __all__ = ["is_available", "is_built", "device_count", "synchronize", "unavailable_reason", "runtime_version",
            "memory_allocated", "empty_cache", "Stream", "ExternalStream", "current_stream", "set_stream",
-           "CUDAGraph", "graph", "graph_memory"]
+           "CUDAGraph", "graph", "graph_memory", "set_index_checks", "index_checks"]
 
 
 def _name(device: Optional[Union[str, int]]) -> str:
@@ -85,6 +85,26 @@ def synchronize(device: Optional[Union[str, int]] = None) -> None:
     """Waits for all work queued on device (default: the current CUDA device). RuntimeError when no
     CUDA device is available."""
     _C._synchronize(_name(device))
+
+
+def set_index_checks(enabled: bool) -> bool:
+    """Whether the CUDA kernels that take indices (``cross_entropy``'s labels and its backward,
+    ``embedding`` and its gradient, ``take_along_axis``, ``scatter_add_along_axis``) wait for the
+    device after their work, to raise ``IndexError`` naming the op at the call when an index is out
+    of range: ``True`` (the default) costs one host wait per such call, which drains the stream.
+    ``False`` skips the wait and the error: a bad index still reads and writes nothing, and what it
+    affects holds zeros or NaN (a NaN loss, a zero row), as always inside a CUDA graph capture.
+    Process-wide (every thread and device); CPU kernels always check, at no such cost. Returns the
+    previous setting."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_index_checks: enabled must be a bool, got {type(enabled).__name__}")
+    return bool(_C._set_sync_index_checks(enabled))
+
+
+def index_checks() -> bool:
+    """Whether the CUDA kernels that take indices raise ``IndexError`` at the call
+    (:func:`set_index_checks`)."""
+    return bool(_C._sync_index_checks())
 
 
 def memory_allocated(device: Optional[Union[str, int]] = None) -> int:

@@ -1774,6 +1774,8 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     py::gil_scoped_release nogil;
     rt.synchronize("synchronize", d.index);
   }, py::arg("device"));
+  m.def("_set_sync_index_checks", [](bool on) { return set_sync_index_checks(on); }, py::arg("on"));
+  m.def("_sync_index_checks", []() { return sync_index_checks(); });
   m.def("_device_runtime_version", [](const std::string& type) -> std::string {
     DeviceRuntime* rt = find_device_runtime(parse_device("version", type).type);
     return rt ? rt->version() : "";

@@ -129,6 +129,13 @@ void check_caller_stream(const char* op, DeviceRuntime& rt, Device device, void*
   }
 }
 
+namespace {
+std::atomic<bool> g_sync_index_checks{true};
+}  // namespace
+
+bool sync_index_checks() noexcept { return g_sync_index_checks.load(std::memory_order_relaxed); }
+bool set_sync_index_checks(bool on) noexcept { return g_sync_index_checks.exchange(on); }
+
 CaptureKeeper* set_capture_keeper(CaptureKeeper* keeper) {
   CaptureKeeper* previous = t_keeper;
   t_keeper = keeper;

@@ -128,6 +128,15 @@ CaptureKeeper* set_capture_keeper(CaptureKeeper* keeper);
 // Hands t's storage to the calling thread's keeper, if any and t is not on the host. Cheap otherwise.
 void capture_keep(const Tensor& t);
 
+// Whether a device kernel that checks indices (cross_entropy's labels, embedding and its gradient,
+// take/scatter along an axis) waits for the device after its work to raise IndexError naming the
+// op at the call: on (the default), one host wait per such call. Off: no wait and no error; a bad
+// index still reads and writes nothing (the outputs it affects hold zeros or NaN), as inside a
+// CUDA graph capture. Process-wide; read once per call; the host's checks never wait and always
+// raise. set_sync_index_checks returns the previous setting.
+bool sync_index_checks() noexcept;
+bool set_sync_index_checks(bool on) noexcept;
+
 // Called once per type by the runtime that serves it (a static initializer of its TU).
 void register_device_runtime(DeviceType type, DeviceRuntime* runtime);
 // The runtime serving type, or null when this build has none.

@@ -317,6 +317,33 @@ def test_labels_and_indices_out_of_range_raise_on_cuda(bad: int) -> None:
     assert host(ops.cross_entropy(logits, cuda(np.array([0, 1, 4])))) == pytest.approx(np.log(5))
 
 
+def test_index_checks_off_skip_the_wait_and_touch_nothing() -> None:
+    # opforge.cuda.set_index_checks(False): no IndexError; a bad label's loss is NaN and its row's
+    # gradient the softmax alone, a bad index's row zeros; nothing read or written out of bounds
+    # (compute-sanitizer runs this file)
+    logits, labels = cuda(np.zeros((3, 5))), cuda(np.array([0, 7, 4]))
+    w, x = cuda(np.arange(20.0).reshape(5, 4)), cuda(np.ones((2, 5)))
+    idx = cuda(np.array([[0, -1], [1, 2]]))
+    assert opforge.cuda.index_checks()
+    before = opforge.cuda.set_index_checks(False)
+    try:
+        assert before is True and opforge.cuda.index_checks() is False
+        loss = host(ops.cross_entropy(logits, labels, reduction="none"))
+        assert loss[0] == pytest.approx(np.log(5)) and np.isnan(loss[1]) and loss[2] == pytest.approx(np.log(5))
+        g = host(ops.cross_entropy_backward(cuda(np.ones(3)), logits, labels, reduction="none"))
+        np.testing.assert_allclose(g[1], np.full(5, 0.2))
+        np.testing.assert_array_equal(host(ops.embedding(labels, w)), [[0, 1, 2, 3], [0, 0, 0, 0], [16, 17, 18, 19]])
+        gw = host(ops.embedding_backward(cuda(np.ones((3, 4))), labels, w))
+        np.testing.assert_array_equal(gw.sum(1), [4, 0, 0, 0, 4])
+        np.testing.assert_array_equal(host(ops.take_along_axis(x, idx)), [[1, 0], [1, 1]])
+        np.testing.assert_array_equal(host(ops.scatter_add_along_axis(cuda(np.ones((2, 2))), idx, x)),
+                                      [[1, 0, 0, 0, 0], [0, 1, 1, 0, 0]])
+    finally:
+        opforge.cuda.set_index_checks(before)
+    with pytest.raises(IndexError, match=r"\[cross_entropy\] label 7 is out of range for 5 classes"):
+        ops.cross_entropy(logits, labels)
+
+
 def test_embedding_gradient_is_deterministic_and_exact() -> None:
     rng = np.random.default_rng(6)
     idx = rng.integers(0, 50, (300, 7))  # many repeats per row

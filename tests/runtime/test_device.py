@@ -3,6 +3,8 @@ not there (the cpu wheel; the cu130 wheel on a machine without a driver or GPU: 
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -47,6 +49,30 @@ def test_cuda_queries_never_raise_without_a_device() -> None:
         assert reason and opforge.cuda.runtime_version().startswith("CUDA runtime 13")
     else:
         assert reason.endswith("the cuda wheel (opforge+cu130) has it") and opforge.cuda.runtime_version() == ""
+
+
+def test_index_checks_setting_is_process_wide_and_typed() -> None:
+    # (the CUDA kernels read it: tests/cuda/test_cuda_row_ops.py; any build can set it)
+    assert opforge.cuda.index_checks() is True
+    assert opforge.cuda.set_index_checks(False) is True
+    try:
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(opforge.cuda.index_checks()))
+        t.start()
+        t.join()
+        assert seen == [False] and opforge.cuda.set_index_checks(False) is False
+    finally:
+        opforge.cuda.set_index_checks(True)
+    assert opforge.cuda.index_checks() is True
+    with pytest.raises(TypeError, match=r"set_index_checks: enabled must be a bool, got int"):
+        opforge.cuda.set_index_checks(0)  # type: ignore[arg-type]
+    # the host's checks do not depend on it
+    opforge.cuda.set_index_checks(False)
+    try:
+        with pytest.raises(IndexError, match=r"\[embedding\] index 5 is out of range"):
+            opforge.ops.embedding(np.array([5]), np.ones((5, 2)))
+    finally:
+        opforge.cuda.set_index_checks(True)
 
 
 def test_the_build_says_its_targets() -> None:

@@ -618,21 +618,24 @@ void col_sums(const char* op, Device device, int64_t R, int64_t N, const F& f, T
 // Records the first (lowest) position whose index lies outside [0, limit): kernels call bad(i)
 // and skip the element; raise_if_bad() then waits for the stream and raises IndexError naming the
 // op with the index. While the stream is being captured into a CUDA graph nothing may wait for
-// it: the check is skipped there (the kernels still never touch memory through a bad index; the
-// affected outputs hold zeros or NaN).
+// it, and with sync_index_checks() off (opforge.cuda.set_index_checks(False)) nothing should: the
+// check is skipped there (the kernels still never touch memory through a bad index; the affected
+// outputs hold zeros or NaN). Off, nothing is recorded either: flag() is null.
 class IndexCheck {
  public:
-  IndexCheck(const char* op, Device device)
-      : op_(op), device_(device), flag_(::opforge::cuda::scratch(device, sizeof(unsigned long long))) {
+  IndexCheck(const char* op, Device device) : op_(op), device_(device), on_(sync_index_checks()) {
+    if (!on_) return;
+    flag_ = ::opforge::cuda::scratch(device, sizeof(unsigned long long));
     DeviceGuard guard(op, device.index);
     stream_ = current_stream(op, device);
     check(op, cudaMemsetAsync(flag_->raw_data(), 0xff, sizeof(unsigned long long), stream_));
   }
-  unsigned long long* flag() const { return static_cast<unsigned long long*>(flag_->raw_data()); }
+  unsigned long long* flag() const { return on_ ? static_cast<unsigned long long*>(flag_->raw_data()) : nullptr; }
 
   // IndexError "index I is out of range for <what>" (label for cross_entropy's wording) when a
   // kernel recorded a position of `indices`.
   void raise_if_bad(const int64_t* indices, const std::string& what, const char* word = "index") const {
+    if (!on_) return;
     DeviceGuard guard(op_, device_.index);
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     check(op_, cudaStreamIsCapturing(stream_, &capturing));
@@ -649,14 +652,16 @@ class IndexCheck {
  private:
   const char* op_;
   Device device_;
+  bool on_;
   TensorPtr flag_;
   cudaStream_t stream_ = nullptr;
 };
 
 // In a kernel: whether idx lies in [0, limit); if not, position i is recorded in flag.
+// (flag null: checks off, nothing recorded)
 __device__ __forceinline__ bool index_ok(int64_t idx, int64_t limit, int64_t i, unsigned long long* flag) {
   if (static_cast<uint64_t>(idx) < static_cast<uint64_t>(limit)) return true;
-  atomicMin(flag, static_cast<unsigned long long>(i));
+  if (flag) atomicMin(flag, static_cast<unsigned long long>(i));
   return false;
 }
 
