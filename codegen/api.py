@@ -430,7 +430,8 @@ def _lower_jvp(op: OpSpec, sigs: Mapping[str, OpSignature], lang: CppLang, prefi
     guards: dict[str, tuple[str, ...]] = {}
     for k, (names, f) in enumerate(op.jvp.lets):
         scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, companions=companions, guards=guards)
-        rows, kind = _lower_let(f"j{k}", names, f, scope, lang, guards)
+        # (a multi-output let's TensorList is v_<k>j: no spec name starts with a digit)
+        rows, kind = _lower_let(f"{k}j", names, f, scope, lang, guards)
         lets += rows
         for name in names:
             if kind.is_number:

@@ -74,3 +74,15 @@ def test_guarded_let_is_bound_only_when_its_inputs_are_given() -> None:
     assert "v_dw = v_0[0] if need[1] and v_w is not None and v_b is not None else None" in py
     assert "v_tw = F.add(" in py and "if v_w is not None else None" in py
     assert "let dw, db = if_given(w, if_given(b, norm_affine_grad(dout, x, ones_like(x), w, b)))" in cpp
+
+
+def test_jvp_let_names_never_meet_the_outputs_list(tmp_path: Path) -> None:
+    # a multi-output jvp let's TensorList is v_<k>j, which no spec name can take (j0 can)
+    spec = SPEC + "  jvp:\n    let:\n      y, m, r: layer_norm(x_t)\n      j0: y * r\n    out: j0 + m\n"
+    (tmp_path / "centered.yaml").write_text(textwrap.dedent(spec), encoding="utf-8")
+    ops = load_specs([ROOT / "op_specs"])
+    (op,) = load_specs([tmp_path], known=ops)
+    table = {o.name: o for o in ops + [op]}
+    cpp = next(r.text for r in render_op(op, table, "centered.yaml") if r.name == "centered.cpp")
+    assert "const TensorList v_0j = ops::layer_norm(v_x_t," in cpp
+    assert "const TensorPtr v_y = v_0j[0];" in cpp and "const TensorPtr v_j0 = ops::mul(v_y, v_r);" in cpp
