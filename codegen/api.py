@@ -372,8 +372,8 @@ def lower_formulas(op: OpSpec, table: Mapping[str, Callee], lang: CppLang = CPP)
             scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, guards=guards)
             refs = names_in(f.ast)
             rows, kind = _lower_let(str(k), names, f, scope, lang, guards)
-            lets += [(n, c, t, (n,) if len(names) == 1 or n != str(k) else names, given)
-                     for n, c, t, given in rows]
+            # (a multi-output let's row str(k) feeds each of its names; a spec name is never a number)
+            lets += [(n, c, t, names if n == str(k) else (n,), given) for n, c, t, given in rows]
             bscope_used |= scope.used_ops
             for name in names:
                 if kind.is_number:

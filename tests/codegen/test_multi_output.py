@@ -9,6 +9,7 @@ from pathlib import Path
 
 from codegen import load_specs
 from codegen.gen import render_formulas, render_op
+from codegen.model import OpSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,12 +33,19 @@ centered:
 """
 
 
+def rendered(specs: Path, file: str) -> tuple[OpSpec, dict[str, OpSpec], str]:
+    """The op of spec path ``specs`` (a file or folder) loaded with the shipped ones, the table, and
+    its generated C++ (``<op>.cpp``, its spec named ``file``)."""
+    ops = load_specs([ROOT / "op_specs"])
+    (op,) = load_specs([specs], known=ops)
+    table = {o.name: o for o in ops + [op]}
+    cpp = next(r.text for r in render_op(op, table, file) if r.name == f"{op.name}.cpp")
+    return op, table, cpp
+
+
 def test_select_and_bind_lower_to_cpp_and_python(tmp_path: Path) -> None:
     (tmp_path / "centered.yaml").write_text(textwrap.dedent(SPEC), encoding="utf-8")
-    ops = load_specs([ROOT / "op_specs"])
-    (op,) = load_specs([tmp_path], known=ops)
-    table = {o.name: o for o in ops + [op]}
-    cpp = next(r.text for r in render_op(op, table, "centered.yaml") if r.name == "centered.cpp")
+    op, table, cpp = rendered(tmp_path, "centered.yaml")
     assert "ops::sub(v_x, ops::layer_norm(v_x, nullptr, nullptr, std::vector<int64_t>{-1}, 1e-05)[1])" in cpp
     assert "TensorList v_0{};" in cpp
     assert "if (need_0) v_0 = ops::layer_norm(v_dout, nullptr, nullptr, std::vector<int64_t>{-1}, 1e-05);" in cpp
@@ -58,10 +66,7 @@ AFFINE = ROOT / "tests" / "fixtures" / "affine.yaml"  # (also compiled and run b
 def test_guarded_let_is_bound_only_when_its_inputs_are_given() -> None:
     # `if_given(w, if_given(b, f))` as a let's formula: computed only when w and b are both given
     # (and a gradient needing it is), in C++ and in Python; a jvp let likewise, with w's tangent
-    ops = load_specs([ROOT / "op_specs"])
-    (op,) = load_specs([AFFINE], known=ops)
-    table = {o.name: o for o in ops + [op]}
-    cpp = next(r.text for r in render_op(op, table, "affine.yaml") if r.name == "affine.cpp")
+    op, table, cpp = rendered(AFFINE, "affine.yaml")
     assert ("if ((need_1 || need_2) && v_w && v_b) v_0 = ops::norm_affine_grad(v_dout, v_x, ones_like(v_x), "
             "v_w, v_b, nullptr);") in cpp
     assert "if (need_1 && v_w && v_b) v_dw = v_0[0];" in cpp and "if (need_2 && v_w && v_b) v_db = v_0[1];" in cpp
@@ -80,9 +85,6 @@ def test_jvp_let_names_never_meet_the_outputs_list(tmp_path: Path) -> None:
     # a multi-output jvp let's TensorList is v_<k>j, which no spec name can take (j0 can)
     spec = SPEC + "  jvp:\n    let:\n      y, m, r: layer_norm(x_t)\n      j0: y * r\n    out: j0 + m\n"
     (tmp_path / "centered.yaml").write_text(textwrap.dedent(spec), encoding="utf-8")
-    ops = load_specs([ROOT / "op_specs"])
-    (op,) = load_specs([tmp_path], known=ops)
-    table = {o.name: o for o in ops + [op]}
-    cpp = next(r.text for r in render_op(op, table, "centered.yaml") if r.name == "centered.cpp")
+    _, _, cpp = rendered(tmp_path, "centered.yaml")
     assert "const TensorList v_0j = ops::layer_norm(v_x_t," in cpp
     assert "const TensorPtr v_y = v_0j[0];" in cpp and "const TensorPtr v_j0 = ops::mul(v_y, v_r);" in cpp
