@@ -17,6 +17,7 @@ namespaces the adapter passes in: ``F``, the framework's own registered opforge 
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 
@@ -95,6 +96,20 @@ class OpDef(NamedTuple):
 
     def input_index(self, name: str) -> int:
         return next(k for k, i in enumerate(self.inputs) if i.name == name)
+
+    def axis_indexed(self) -> set[int]:
+        """The inputs its axis attrs index (the spec's ``axis_of``)."""
+        return {self.input_index(n) for a in self.attrs for n in a.axis_of}
+
+    def outputs_follow_axes(self) -> bool:
+        """Whether every output's shape comes from inputs its axis attrs index, so that a batch
+        dim put first on those inputs is dim 0 of every output (vmap's axes rule); not so for
+        layer_norm_affine_backward, whose dweight is shaped like weight, which no axis indexes."""
+        names = {i.name for i in self.inputs}
+        indexed = self.axis_indexed()
+        return all(self.input_index(n) in indexed for o in self.outputs
+                   for n in re.findall(r"[A-Za-z_]\w*", " ".join([o.shape, *map(str, o.shape_args)]))
+                   if n in names)
 
 
 def axes(value: Any, rank: int) -> list[int]:

@@ -332,7 +332,7 @@ class _Op:
             moved[k] = jnp.moveaxis(ins[k], in_dims[k], 0)
             return self._bind(moved, attrs), out_dims
         axis_attrs = [k for k, a in enumerate(op.attrs) if a.axis_of]
-        if axis_attrs:
+        if axis_attrs and op.outputs_follow_axes():
             out = self._batch_axes(ins, in_dims, attrs, axis_attrs, size)
             if out is not None:
                 return out, out_dims
@@ -366,7 +366,7 @@ class _Op:
         apply (a batched input no axis indexes, a 0-d input, an axis out of range)."""
         op = self.op
         names = [i.name for i in op.inputs]
-        indexed = {names.index(n) for k in axis_attrs for n in op.attrs[k].axis_of}
+        indexed = op.axis_indexed()
         if any(x is not None and d is not None and k not in indexed for k, (x, d) in enumerate(zip(ins, dims))):
             return None
         reference = names.index(op.attrs[axis_attrs[0]].axis_of[0])

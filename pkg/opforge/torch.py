@@ -504,8 +504,9 @@ def _batching_rule(op: OpDef, overload: Any) -> Callable[..., Any]:
     elementwise = op.impl == "expr"
     names = [i.name for i in op.inputs]
     axis_attrs = [k for k, a in enumerate(op.attrs) if a.axis_of]
-    indexed = {names.index(n) for k in axis_attrs for n in op.attrs[k].axis_of}
+    indexed = op.axis_indexed()
     reference = names.index(op.attrs[axis_attrs[0]].axis_of[0]) if axis_attrs else -1
+    follows = op.outputs_follow_axes()
     matmul = len(op.outputs) == 1 and op.outputs[0].shape == "matmul"
 
     def shifted_axes(info: Any, ins: tuple[Any, ...], attrs: tuple[Any, ...], dims: tuple[Any, ...]) -> Any:
@@ -544,7 +545,7 @@ def _batching_rule(op: OpDef, overload: Any) -> Callable[..., Any]:
             moved = list(ins)
             moved[k] = ins[k].movedim(dims[k], 0)
             return overload(*moved, *attrs), (0 if n_out == 1 else (0,) * n_out)
-        if axis_attrs:
+        if axis_attrs and follows:
             out = shifted_axes(info, ins, attrs, dims)
             if out is not None:
                 return out, (0 if n_out == 1 else (0,) * n_out)

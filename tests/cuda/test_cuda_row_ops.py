@@ -377,3 +377,44 @@ def test_take_and_scatter_along_axis_and_transpose() -> None:
     for shape in [(33, 65), (3, 1, 4099), (2, 0, 5), (70_000, 3)]:
         a = rng.integers(-100, 100, shape).astype(np.int16)
         np.testing.assert_array_equal(ops.transpose(cuda(a)).cpu().numpy(), np.swapaxes(a, -1, -2))
+
+
+@pytest.mark.parametrize("shape", [(5000, 7), (5000, 1000), (3000, 1024), (600, 4096), (300, 8192), (40, 8200),
+                                   (3, 100_003), (0, 64)], ids=str)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_layer_norm_affine_backward_fused_rows(shape: tuple[int, int], dtype: str) -> None:
+    # dx, dweight and dbias from one read of each row (rows held in registers: warp rows up to 1024,
+    # block rows up to 8192 (4096 in float64), per-block column sums in shared memory added in block
+    # order; longer rows run the two ops): dx has layer_norm_backward's bits, dweight and dbias match
+    # norm_affine_grad's and float64 sums of the values the dtype holds; bit-identical on a second run
+    rng = np.random.default_rng(12)
+    dy, x = rng.standard_normal(shape), rng.standard_normal(shape)
+    m, r = rng.standard_normal(shape[:1] + (1,)), rng.uniform(0.5, 2.0, shape[:1] + (1,))
+    dm, dr = rng.standard_normal(shape[:1] + (1,)), rng.standard_normal(shape[:1] + (1,))
+    w, b = rng.standard_normal(shape[-1:]), rng.standard_normal(shape[-1:])
+    args = [cuda(a, dtype) for a in (dy, x, m, r, dm, dr, w, b)]
+    first = [host(t) for t in ops.layer_norm_affine_backward(*args)]
+    np.testing.assert_array_equal(first[0], host(ops.layer_norm_backward(*args[:7])))
+    q = [host(a) for a in args]  # the values the dtype holds
+    rtol, atol = {"float64": (1e-10, 1e-9), "float32": (1e-4, 1e-3), "bfloat16": (2e-2, 0.05)}[dtype]
+    atol *= np.sqrt(max(shape[0], 1))
+    want = [(q[0] * (q[1] - q[2]) * q[3]).sum(0), q[0].sum(0)]
+    for got, e, sep in zip(first[1:], want, ops.norm_affine_grad(args[0], args[1], args[3], args[6], args[7], args[2])):
+        np.testing.assert_allclose(got, e, rtol=rtol, atol=atol)
+        np.testing.assert_allclose(got, host(sep), rtol=rtol, atol=atol)
+    again = [host(t) for t in ops.layer_norm_affine_backward(*args)]
+    assert all(np.array_equal(a, c) for a, c in zip(first, again))  # deterministic
+
+
+def test_layer_norm_affine_backward_unaligned_rows() -> None:
+    # rows 4 bytes past a 16-byte boundary: the per-element loads, the accumulators by plain column
+    rng = np.random.default_rng(13)
+    dy, x = rng.standard_normal((2000, 1000)), rng.standard_normal((2000, 1000))
+    m, r = x.mean(-1, keepdims=True), 1 / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    w, b = rng.standard_normal(1000), rng.standard_normal(1000)
+    rest = [cuda(a, "float32") for a in (x, m, r, np.zeros_like(m), np.zeros_like(m), w, b)]
+    dx, dw, db = ops.layer_norm_affine_backward(unaligned(dy), *rest)
+    np.testing.assert_array_equal(host(dx), host(ops.layer_norm_backward(unaligned(dy), *rest[:6])))
+    q = [host(a) for a in rest]
+    np.testing.assert_allclose(host(dw), (dy.astype(np.float32) * (q[0] - q[1]) * q[2]).sum(0), rtol=1e-4, atol=2e-2)
+    np.testing.assert_allclose(host(db), dy.astype(np.float32).astype(np.float64).sum(0), rtol=1e-4, atol=2e-2)

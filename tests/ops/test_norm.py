@@ -69,6 +69,12 @@ def test_norm_grad_ops_bad_shapes() -> None:
         ops.norm_affine_grad(F32, F32, kept, np.ones(5, np.float32), w3)
     with raises(ValueError, "[norm_affine_grad] bias of shape (2, 2) does not broadcast to dy of shape (2, 3)"):
         ops.norm_affine_grad(F32, F32, kept, w3, np.ones((2, 2), np.float32))
+    with raises(ValueError, "[layer_norm_affine_backward] shapes cannot be broadcast together: x (2, 3), bias (2, 2)"):
+        ops.layer_norm_affine_backward(F32, F32, kept, kept, kept, kept, w3, np.ones((2, 2), np.float32))
+    with raises(ValueError, "[layer_norm_affine_backward] shapes cannot be broadcast together: x (2, 3), weight (5,)"):
+        ops.layer_norm_affine_backward(F32, F32, kept, kept, kept, kept, np.ones(5, np.float32), w3)
+    with raises(ValueError, "[layer_norm_affine_backward] dy of shape (2, 2) must have shape (2, 3) (the shape of x)"):
+        ops.layer_norm_affine_backward(np.ones((2, 2), np.float32), F32, kept, kept, kept, kept, w3, w3)
     with raises(ValueError, "[sum_to_like] like of shape (2, 2, 3) does not broadcast to x of shape (2, 3)"):
         ops.sum_to_like(F32, np.ones((2, 2, 3), np.float32))
     with raises(ValueError, "[sum_to_like] like of shape (4,) does not broadcast to x of shape (2, 3)"):
@@ -325,3 +331,28 @@ def test_fused_backward_ops_low_precision_parallel(dtype, tol) -> None:
     dw, db = ops.norm_affine_grad(dyt, xt, rt, wt, wt, mt)
     check(dw, (dy * xh).sum(0))
     check(db, dy.sum(0))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("shape, axis, wshape, bshape", [
+    ((256, 300), [-1], (300,), (300,)),         # the fused rows, in parallel
+    ((3, 5, 7), [-2, -1], (5, 7), (5, 7)),       # fused, two normalized dims, one thread
+    ((0, 6), [-1], (6,), (6,)),                  # no rows: zero gradients
+    ((4, 6, 5), [-1], (6, 5), (5,)),             # weight along the rows: the two ops' general paths
+    ((6, 4, 5), [0], (6, 1, 1), (6, 1, 1)),      # leading axis
+], ids=str)
+def test_layer_norm_affine_backward_is_the_two_ops(dtype, shape, axis, wshape, bshape) -> None:
+    # one read of dy and x, the bits of layer_norm_backward (dx) and norm_affine_grad (dweight, dbias)
+    rng = np.random.default_rng(11)
+    kept = tuple(1 if (d in axis or d - len(shape) in axis) else n for d, n in enumerate(shape))
+    dy, x, w, b = (opforge.tensor(rng.standard_normal(s)).astype(dtype) for s in (shape, shape, wshape, bshape))
+    m, dm, dr = (opforge.tensor(rng.standard_normal(kept)).astype(dtype) for _ in range(3))
+    r = opforge.tensor(rng.uniform(0.5, 2.0, kept)).astype(dtype)
+    dx, dw, db = ops.layer_norm_affine_backward(dy, x, m, r, dm, dr, w, b, axis=axis)
+    assert (dx.shape, dw.shape, db.shape) == (shape, wshape, bshape)
+    want = [ops.layer_norm_backward(dy, x, m, r, dm, dr, w, axis=axis), *ops.norm_affine_grad(dy, x, r, w, b, m)]
+    for got, e in zip((dx, dw, db), want):
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got.astype("float64").numpy(), e.astype("float64").numpy())
+    if shape[0] == 0:
+        assert not dw.astype("float64").numpy().any() and not db.astype("float64").numpy().any()
