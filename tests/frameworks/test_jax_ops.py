@@ -175,6 +175,25 @@ def vmap_equals_the_loop(case: Case, in_dim: int) -> None:
                                    rtol=1e-12, atol=1e-12)
 
 
+def test_vmap_of_an_output_shaped_after_an_unindexed_input() -> None:
+    """layer_norm_affine_backward's axes index dy and x, not weight: with only dy batched, each
+    example runs alone (one call on the batch would sum dweight over it)."""
+    rng = np.random.default_rng(0)
+    x, w, b = (jnp.asarray(rng.standard_normal(s)) for s in ((4, 6), 6, 6))
+    m, r = x.mean(-1, keepdims=True), 1 / jnp.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    dm, dr = jnp.asarray(rng.standard_normal((4, 1))), jnp.asarray(rng.standard_normal((4, 1)))
+    dys = jnp.asarray(rng.standard_normal((3, 4, 6)))
+
+    def call(dy: Any) -> Any:
+        return oj.ops.layer_norm_affine_backward(dy, x, m, r, dm, dr, w, b)
+
+    got = jax.vmap(call)(dys)
+    assert [g.shape for g in got] == [(3, 4, 6), (3, 6), (3, 6)]
+    for k, g in enumerate(got):
+        want = np.stack([np.asarray(call(dy)[k]) for dy in dys])
+        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-12, atol=1e-12)
+
+
 def test_vmap_of_an_elementwise_op_is_one_call() -> None:
     """Elementwise ops batch in one call (the batch axes moved first and padded); others too where
     their axis attrs allow; the rest loop (jax.lax.map)."""

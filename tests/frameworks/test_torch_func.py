@@ -175,6 +175,26 @@ def test_vmap_equals_the_loop(case: Case, in_dim: int) -> None:
         torch.testing.assert_close(g, torch.stack([_tuple(e)[k] for e in expected]))
 
 
+def test_vmap_of_an_output_shaped_after_an_unindexed_input() -> None:
+    """layer_norm_affine_backward's axes index dy and x, not weight: with only dy batched, one call
+    on the batch would sum dweight over it, so each example runs alone (dweight (batch, n))."""
+    torch.manual_seed(0)
+    f64 = torch.float64
+    x, w, b = torch.randn(4, 6, dtype=f64), torch.randn(6, dtype=f64), torch.randn(6, dtype=f64)
+    m, r = x.mean(-1, keepdim=True), x.var(-1, keepdim=True).rsqrt()
+    dm, dr = torch.randn(4, 1, dtype=f64), torch.randn(4, 1, dtype=f64)
+    dys = torch.randn(3, 4, 6, dtype=f64)
+
+    def call(dy: Any) -> Any:
+        return ot.ops.layer_norm_affine_backward(dy, x, m, r, dm, dr, w, b)
+
+    got = torch.func.vmap(call)(dys)
+    expected = [call(dy) for dy in dys]
+    assert [g.shape for g in got] == [(3, 4, 6), (3, 6), (3, 6)]
+    for k, g in enumerate(got):
+        torch.testing.assert_close(g, torch.stack([e[k] for e in expected]))
+
+
 @pytest.mark.parametrize("name, make, kwargs", [
     ("mul", lambda: (torch.randn(4, 3, 5), torch.randn(5)), {}),               # elementwise: broadcast
     ("softmax", lambda: (torch.randn(4, 3, 5),), {"axis": -1}),               # axis shifted past the batch
