@@ -19,10 +19,16 @@ namespace {
 
 using namespace norm;
 
-// One row's dx, and its terms added into the group's accumulators acc: 2 * n values of C, the
-// weight's terms dy * (x - mean) * rstd then the bias's dy, by column. On the 16-byte path column
-// i = c * K + k is kept at k * (n / K) + c, so that a warp's lanes (consecutive c) hit distinct
-// shared-memory banks.
+// A column's two accumulators in shared memory, aligned so that one access moves both.
+template <typename C>
+struct alignas(2 * sizeof(C)) Pair {
+  C w, b;
+};
+
+// One row's dx, and its terms added into the group's accumulators acc: n pairs of C, (the weight's
+// term dy * (x - mean) * rstd, the bias's dy) by column, one 8-byte (16 for double) shared-memory
+// load and store per element. On the 16-byte path column i = c * K + k is kept at k * (n / K) + c,
+// so that a warp's lanes (consecutive c) hit consecutive pairs.
 template <typename T>
 struct AffineBackwardRow {
   const T *dy, *x, *w, *mean, *rstd, *dmean, *drstd;
@@ -30,7 +36,7 @@ struct AffineBackwardRow {
   int64_t n;
   bool vec;
   template <int G>
-  __device__ __forceinline__ void row(int64_t r, int lane, compute_t<T>* acc) const {
+  __device__ __forceinline__ void row(int64_t r, int lane, Pair<compute_t<T>>* acc) const {
     using C = compute_t<T>;
     constexpr int64_t K = kPack<T>;
     const T* const in[2] = {dy + r * n, x + r * n};
@@ -50,8 +56,10 @@ struct AffineBackwardRow {
     src.store(dx + r * n, [&](int64_t i, C d, C v, C wv) {
       const C xh = (v - mu) * rs;
       const int64_t p = vec ? (i % K) * q + i / K : i;
-      acc[p] += d * xh;
-      acc[n + p] += d;
+      Pair<C> a2 = acc[p];
+      a2.w += d * xh;
+      a2.b += d;
+      acc[p] = a2;
       return rs * (d * wv - a - xh * b) + (dm - ds * rs * rs * xh) * inv_n;
     }, w);
   }
@@ -66,23 +74,27 @@ __global__ void __launch_bounds__(G == kWarp ? kWarp * kShortRows : G, G == kWar
   constexpr int kGroups = G == kWarp ? kShortRows : 1;
   constexpr int64_t K = kPack<T>;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
-  C* smem = reinterpret_cast<C*>(smem_bytes);
-  const int64_t n = op.n, width = 2 * n;
-  for (int64_t j = threadIdx.x; j < kGroups * width; j += blockDim.x) smem[j] = C(0);
+  Pair<C>* smem = reinterpret_cast<Pair<C>*>(smem_bytes);
+  const int64_t n = op.n;
+  for (int64_t j = threadIdx.x; j < kGroups * n; j += blockDim.x) smem[j] = Pair<C>{C(0), C(0)};
   __syncthreads();
   const int group = static_cast<int>(threadIdx.x / G), lane = static_cast<int>(threadIdx.x % G);
   for (int64_t r = int64_t(blockIdx.x) * kGroups + group; r < rows; r += int64_t(gridDim.x) * kGroups) {
-    op.template row<G>(r, lane, smem + group * width);
+    op.template row<G>(r, lane, smem + group * n);
   }
   __syncthreads();
   const int64_t q = n / K;
-  C* out = part + int64_t(blockIdx.x) * width;
-  for (int64_t j = threadIdx.x; j < width; j += blockDim.x) {
-    C s = smem[j];
+  C* out = part + int64_t(blockIdx.x) * 2 * n;
+  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
+    Pair<C> s = smem[p];
 #pragma unroll
-    for (int g = 1; g < kGroups; ++g) s += smem[g * width + j];
-    const int64_t plane = j / n, p = j - plane * n;
-    out[plane * n + (op.vec ? (p % q) * K + p / q : p)] = s;
+    for (int g = 1; g < kGroups; ++g) {
+      s.w += smem[g * n + p].w;
+      s.b += smem[g * n + p].b;
+    }
+    const int64_t i = op.vec ? (p % q) * K + p / q : p;
+    out[i] = s.w;
+    out[n + i] = s.b;
   }
 }
 
@@ -103,7 +115,7 @@ bool fused(const char* op, Device dev, int64_t R, int64_t n, const AffineBackwar
   using C = compute_t<T>;
   constexpr int kThreads = G == kWarp ? kWarp * kShortRows : G;
   constexpr int kGroups = G == kWarp ? kShortRows : 1;
-  const size_t smem = static_cast<size_t>(kGroups) * 2 * static_cast<size_t>(n) * sizeof(C);
+  const size_t smem = static_cast<size_t>(kGroups) * static_cast<size_t>(n) * sizeof(Pair<C>);
   DeviceGuard guard(op, dev.index);
   const cudaStream_t stream = current_stream(op, dev);
   const auto kernel = affine_backward_kernel<G, T>;
