@@ -1,7 +1,7 @@
 // Kernel of op `layer_norm_affine_backward` on cuda: layer_norm's dx, dweight and dbias. Fast path
 // (trailing axes, weight and bias of the normalized shape, rows held in registers as
 // row_common.cuh's with_row holds them): each row of dy and x is read once, for its dx (the
-// arithmetic of layer_norm_backward's rows, the same bits) and for its terms of dweight and dbias,
+// arithmetic of layer_norm_backward's rows) and for its terms of dweight and dbias,
 // which each thread adds into its own columns' accumulators in shared memory (no atomics). The grid
 // is as many blocks as the device holds at once, each taking rows in turn; each block writes its
 // column sums to a scratch row, and row_common.cuh's column sums add those rows in block order
@@ -163,7 +163,7 @@ void layer_norm_affine_backward(const TensorPtr& dy, const TensorPtr& x, const T
                                    vec_ok<T>(N, {dy->raw_data(), x->raw_data(), dx->raw_data(), weight->raw_data()})};
     T* dw = dweight->data<T>();
     T* db = dbias->data<T>();
-    // (the groups launch_rows would give these rows, so dx has layer_norm_backward's bits)
+    // (the groups launch_rows would give these rows, as layer_norm_backward's)
     if (R > 0 && N <= kShortRow && N <= int64_t(kWarp) * kHeld<T>) {
       if (fused<kWarp, T>(op, dev, R, N, row, dw, db)) return;
     } else if (R > 0 && N > kShortRow && N <= int64_t(kLongThreads) * kHeld<T>) {
