@@ -423,3 +423,27 @@ def test_layer_norm_affine_backward_unaligned_rows() -> None:
     q = [host(a) for a in rest]
     np.testing.assert_allclose(host(dw), (dy.astype(np.float32) * (q[0] - q[1]) * q[2]).sum(0), rtol=1e-4, atol=2e-2)
     np.testing.assert_allclose(host(db), dy.astype(np.float32).astype(np.float64).sum(0), rtol=1e-4, atol=2e-2)
+
+
+@pytest.mark.parametrize("shape", [(5000, 7), (3000, 1024), (600, 4096), (300, 8192), (40, 8200), (0, 64)], ids=str)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_rms_norm_affine_backward_fused_rows(shape: tuple[int, int], dtype: str) -> None:
+    # dx and dweight from one read of each row, as for layer_norm above: dx as rms_norm_backward's,
+    # dweight as norm_weight_grad's and float64 sums of the values the dtype holds; deterministic
+    rng = np.random.default_rng(14)
+    dy, x = rng.standard_normal(shape), rng.standard_normal(shape)
+    r, dr = rng.uniform(0.5, 2.0, shape[:1] + (1,)), rng.standard_normal(shape[:1] + (1,))
+    w = rng.standard_normal(shape[-1:])
+    args = [cuda(a, dtype) for a in (dy, x, r, dr, w)]
+    first = [host(t) for t in ops.rms_norm_affine_backward(*args)]
+    dx = host(ops.rms_norm_backward(*args))
+    np.testing.assert_allclose(first[0], dx, rtol={"float64": 1e-13, "float32": 1e-5, "bfloat16": 1e-2}[dtype],
+                               atol=1e-6 * np.abs(dx).max(initial=0))
+    q = [host(a) for a in args]
+    rtol, atol = {"float64": (1e-10, 1e-9), "float32": (1e-4, 1e-3), "bfloat16": (2e-2, 0.05)}[dtype]
+    atol *= np.sqrt(max(shape[0], 1))
+    np.testing.assert_allclose(first[1], (q[0] * q[1] * q[2]).sum(0), rtol=rtol, atol=atol)
+    np.testing.assert_allclose(first[1], host(ops.norm_weight_grad(args[0], args[1], args[2], args[4])),
+                               rtol=rtol, atol=atol)
+    again = [host(t) for t in ops.rms_norm_affine_backward(*args)]
+    assert all(np.array_equal(a, c) for a, c in zip(first, again))

@@ -75,6 +75,9 @@ def test_norm_grad_ops_bad_shapes() -> None:
         ops.layer_norm_affine_backward(F32, F32, kept, kept, kept, kept, np.ones(5, np.float32), w3)
     with raises(ValueError, "[layer_norm_affine_backward] dy of shape (2, 2) must have shape (2, 3) (the shape of x)"):
         ops.layer_norm_affine_backward(np.ones((2, 2), np.float32), F32, kept, kept, kept, kept, w3, w3)
+    with raises(ValueError, "[rms_norm_affine_backward] drstd of shape (2, 3) must have shape (2, 1) "
+                            "(x reduced over axis, kept dims)"):
+        ops.rms_norm_affine_backward(F32, F32, kept, F32, w3)
     with raises(ValueError, "[sum_to_like] like of shape (2, 2, 3) does not broadcast to x of shape (2, 3)"):
         ops.sum_to_like(F32, np.ones((2, 2, 3), np.float32))
     with raises(ValueError, "[sum_to_like] like of shape (4,) does not broadcast to x of shape (2, 3)"):
@@ -356,3 +359,27 @@ def test_layer_norm_affine_backward_is_the_two_ops(dtype, shape, axis, wshape, b
         np.testing.assert_array_equal(got.astype("float64").numpy(), e.astype("float64").numpy())
     if shape[0] == 0:
         assert not dw.astype("float64").numpy().any() and not db.astype("float64").numpy().any()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("shape, axis, wshape", [
+    ((256, 300), [-1], (300,)),       # the fused rows, in parallel
+    ((3, 5, 7), [-2, -1], (5, 7)),    # fused, two normalized dims, one thread
+    ((0, 6), [-1], (6,)),             # no rows: a zero gradient
+    ((4, 6, 5), [-1], (6, 5)),        # weight along the rows: the two ops' general paths
+    ((6, 4, 5), [0], (6, 1, 1)),      # leading axis
+], ids=str)
+def test_rms_norm_affine_backward_is_the_two_ops(dtype, shape, axis, wshape) -> None:
+    # one read of dy and x, the bits of rms_norm_backward (dx) and norm_weight_grad (dweight)
+    rng = np.random.default_rng(12)
+    kept = tuple(1 if (d in axis or d - len(shape) in axis) else n for d, n in enumerate(shape))
+    dy, x, w = (opforge.tensor(rng.standard_normal(s)).astype(dtype) for s in (shape, shape, wshape))
+    dr = opforge.tensor(rng.standard_normal(kept)).astype(dtype)
+    r = opforge.tensor(rng.uniform(0.5, 2.0, kept)).astype(dtype)
+    dx, dw = ops.rms_norm_affine_backward(dy, x, r, dr, w, axis=axis)
+    assert (dx.shape, dw.shape) == (shape, wshape)
+    for got, e in zip((dx, dw), (ops.rms_norm_backward(dy, x, r, dr, w, axis=axis), ops.norm_weight_grad(dy, x, r, w))):
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got.astype("float64").numpy(), e.astype("float64").numpy())
+    if shape[0] == 0:
+        assert not dw.astype("float64").numpy().any()

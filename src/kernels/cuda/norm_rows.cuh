@@ -1,5 +1,6 @@
-// The normalization group on cuda (layer_norm, rms_norm, their backward ops, norm_weight_grad,
-// sum_to_like, bias_add_grad). Fast path, as on the cpu (kernels/layout.h decides): the
+// The normalization group on cuda (layer_norm, rms_norm, their backward ops and whole backward ops
+// (layer_norm_affine_backward, rms_norm_affine_backward), norm_weight_grad, sum_to_like,
+// bias_add_grad). Fast path, as on the cpu (kernels/layout.h decides): the
 // normalized axes are the trailing dims and the parameters have the normalized shape; then each
 // row is one group of threads (row_common.cuh): one pass for the statistics (Welford's mean and
 // variance, merged across the group in a fixed order), one pass writing the row. Otherwise the
@@ -147,6 +148,166 @@ struct NormBackwardRow {
     });
   }
 };
+
+// ---------------------------------------------------------------------------- whole backward, fused
+
+// layer_norm_affine_backward and rms_norm_affine_backward (kRms): each row of dy and x read once,
+// for its dx (NormBackwardRow's arithmetic) and its terms of the weight's column sums, dy * (x -
+// mean) * rstd (rms: dy * x * rstd), and of the bias's, dy (layer_norm only). Rows are held in
+// registers (with_row's Held); each thread adds its own columns' terms into the accumulators of its
+// group in shared memory (no atomics). The grid is as many blocks as the device holds at once, each
+// taking rows in turn; each block writes its column sums to a scratch row, and the column-sum kernel
+// adds those rows in block order (deterministic on a given device).
+
+// A column's two accumulators (weight's, bias's), aligned so that one access moves both.
+template <typename C>
+struct alignas(2 * sizeof(C)) Pair {
+  C w, b;
+};
+
+template <typename T, bool kRms>
+using affine_acc_t = std::conditional_t<kRms, compute_t<T>, Pair<compute_t<T>>>;
+
+// One row's dx, and its terms added into its group's n accumulators acc, by column; on the 16-byte
+// path column i = c * K + k is kept at k * (n / K) + c, so that a warp's lanes (consecutive c) hit
+// consecutive accumulators. (kRms: mean and dmean unused.)
+template <typename T, bool kRms>
+struct AffineBackwardRow {
+  const T *dy, *x, *w, *mean, *rstd, *dmean, *drstd;
+  T* dx;
+  int64_t n;
+  bool vec;
+  template <int G>
+  __device__ __forceinline__ void row(int64_t r, int lane, affine_acc_t<T, kRms>* acc) const {
+    using C = compute_t<T>;
+    constexpr int64_t K = kPack<T>;
+    const T* const in[2] = {dy + r * n, x + r * n};
+    const C mu = kRms ? C(0) : convert<C>(mean[r]), rs = convert<C>(rstd[r]);
+    const Held<G, T, 2> src(in, n, lane, vec);
+    Sum2<C> s{C(0), C(0)};
+    src.each([&](int64_t, C d, C v, C wv) {
+      const C g = d * wv;
+      s.a += g;
+      s.b += g * ((v - mu) * rs);
+    }, w);
+    s = group_reduce<G>(s, Sum2Add{});
+    const C inv_n = C(1) / C(n);
+    const C a = kRms ? C(0) : s.a * inv_n, b = s.b * inv_n;
+    const C dm = kRms ? C(0) : convert<C>(dmean[r]), ds = convert<C>(drstd[r]);
+    const int64_t q = n / K;
+    src.store(dx + r * n, [&](int64_t i, C d, C v, C wv) {
+      const C xh = (v - mu) * rs;
+      const int64_t p = vec ? (i % K) * q + i / K : i;
+      if constexpr (kRms) {
+        acc[p] += d * xh;
+      } else {
+        Pair<C> a2 = acc[p];
+        a2.w += d * xh;
+        a2.b += d;
+        acc[p] = a2;
+      }
+      return rs * (d * wv - a - xh * b) + (dm - ds * rs * rs * xh) * inv_n;
+    }, w);
+  }
+};
+
+// Rows r, r + gridDim.x * groups, ... for each group of G threads; then the block's accumulators,
+// its groups' added in order, into part[blockIdx.x]: n weight sums (then n bias sums).
+template <int G, typename T, bool kRms>
+__global__ void __launch_bounds__(G == kWarp ? kWarp * kShortRows : G, G == kWarp ? 1 : 2)
+    affine_backward_kernel(int64_t rows, AffineBackwardRow<T, kRms> op, compute_t<T>* part) {
+  using C = compute_t<T>;
+  using Acc = affine_acc_t<T, kRms>;
+  constexpr int kGroups = G == kWarp ? kShortRows : 1;
+  constexpr int64_t K = kPack<T>;
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  Acc* smem = reinterpret_cast<Acc*>(smem_bytes);
+  const int64_t n = op.n;
+  for (int64_t j = threadIdx.x; j < kGroups * n; j += blockDim.x) smem[j] = Acc{};
+  __syncthreads();
+  const int group = static_cast<int>(threadIdx.x / G), lane = static_cast<int>(threadIdx.x % G);
+  for (int64_t r = int64_t(blockIdx.x) * kGroups + group; r < rows; r += int64_t(gridDim.x) * kGroups) {
+    op.template row<G>(r, lane, smem + group * n);
+  }
+  __syncthreads();
+  const int64_t q = n / K;
+  C* out = part + int64_t(blockIdx.x) * (kRms ? 1 : 2) * n;
+  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
+    Acc s = smem[p];
+#pragma unroll
+    for (int g = 1; g < kGroups; ++g) {
+      if constexpr (kRms) {
+        s += smem[g * n + p];
+      } else {
+        s.w += smem[g * n + p].w;
+        s.b += smem[g * n + p].b;
+      }
+    }
+    const int64_t i = op.vec ? (p % q) * K + p / q : p;
+    if constexpr (kRms) {
+      out[i] = s;
+    } else {
+      out[i] = s.w;
+      out[n + i] = s.b;
+    }
+  }
+}
+
+// (part's rows as the column sums' terms: (weight's, bias's) at (block r, column j))
+template <typename C>
+struct PairPart {
+  const C* part;
+  int64_t n;
+  __device__ __forceinline__ Sum2<C> operator()(int64_t r, int64_t j) const {
+    return {part[r * 2 * n + j], part[r * 2 * n + n + j]};
+  }
+};
+
+// The fused rows with groups of G threads; false when the device cannot hold a block of it (its
+// shared memory), and nothing ran.
+template <int G, typename T, bool kRms>
+bool affine_backward_groups(const char* op, Device dev, int64_t R, int64_t n, const AffineBackwardRow<T, kRms>& row,
+                            T* dw, T* db) {
+  using C = compute_t<T>;
+  constexpr int kThreads = G == kWarp ? kWarp * kShortRows : G;
+  constexpr int kGroups = G == kWarp ? kShortRows : 1;
+  const size_t smem = static_cast<size_t>(kGroups) * static_cast<size_t>(n) * sizeof(affine_acc_t<T, kRms>);
+  DeviceGuard guard(op, dev.index);
+  const cudaStream_t stream = current_stream(op, dev);
+  const auto kernel = affine_backward_kernel<G, T, kRms>;
+  if (smem > 48 * 1024 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  int per_sm = 0, sms = 0;
+  check(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  check(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev.index));
+  if (per_sm < 1) return false;
+  const int64_t grid = std::clamp<int64_t>(int64_t(sms) * per_sm, 1, (R + kGroups - 1) / kGroups);
+  const int64_t width = (kRms ? 1 : 2) * n;
+  const TensorPtr part = ::opforge::cuda::scratch(dev, static_cast<size_t>(grid * width) * sizeof(C));
+  C* pp = static_cast<C*>(part->raw_data());
+  kernel<<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(R, row, pp);
+  check(op, cudaGetLastError());
+  if constexpr (kRms) {
+    col_sums<T, C>(op, dev, grid, n, ReadPart<C>{pp, n}, dw);
+  } else {
+    col_sums_with<Sum2<C>>(op, dev, grid, n, PairPart<C>{pp, n}, StoreSum2<T, C>{dw, db});
+  }
+  return true;
+}
+
+// The fused rows over R > 0 rows of n > 0 when they are held in registers (in the groups that
+// launch_rows gives them, as layer_norm_backward's and rms_norm_backward's); false when they are
+// not, and nothing ran.
+template <typename T, bool kRms>
+bool affine_backward(const char* op, Device dev, int64_t R, int64_t n, const AffineBackwardRow<T, kRms>& row, T* dw,
+                     T* db) {
+  if (R <= 0 || n <= 0) return false;
+  if (n <= kShortRow) return n <= int64_t(kWarp) * kHeld<T> && affine_backward_groups<kWarp>(op, dev, R, n, row, dw, db);
+  return n <= int64_t(kLongThreads) * kHeld<T> && affine_backward_groups<kLongThreads>(op, dev, R, n, row, dw, db);
+}
 
 // ---------------------------------------------------------------------------- general path
 
