@@ -199,7 +199,7 @@ step_graphs() {
   return 0
 }
 # (one line: pytest refuses a -k expression with a newline in it)
-SANITIZE_K='edge_shapes or every_layout or max_min or logsumexp or strided or double_backward or out_of_range or embedding or take_and_scatter or column_sums or bias_add or (rows and (1025 or 7) and float32)'
+SANITIZE_K='edge_shapes or every_layout or max_min or logsumexp or strided or double_backward or out_of_range or embedding or take_and_scatter or column_sums or bias_add or (rows and (1025 or 7) and float32) or (affine_backward and float32 and (4096 or 64)) or affine_backward_unaligned'
 step_sanitize() {
   ensure_built || return 1
   run_py timeout "$(cap 150)" compute-sanitizer --tool memcheck --target-processes all --leak-check no --error-exitcode 9 \
