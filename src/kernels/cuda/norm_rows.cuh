@@ -9,6 +9,7 @@
 // kernel when the kept dims are the trailing block, else the runtime's reduction.
 #pragma once
 
+#include <atomic>
 #include <vector>
 
 #include "kernels/layout.h"
@@ -275,10 +276,19 @@ bool affine_backward_groups(const char* op, Device dev, int64_t R, int64_t n, co
   DeviceGuard guard(op, dev.index);
   const cudaStream_t stream = current_stream(op, dev);
   const auto kernel = affine_backward_kernel<G, T, kRms>;
-  if (smem > 48 * 1024 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
+  if (smem > 48 * 1024) {  // (the opt-in above 48 KB: once per device, for the largest n it can take)
+    constexpr int kDevices = 64;
+    static std::atomic<bool> opted[kDevices] = {};
+    const size_t most = static_cast<size_t>(kGroups) * G * kHeld<T> * sizeof(affine_acc_t<T, kRms>);
+    if (dev.index < 0 || dev.index >= kDevices || smem > most) return false;
+    if (!opted[dev.index].load(std::memory_order_acquire)) {
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)) !=
+          cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+      }
+      opted[dev.index].store(true, std::memory_order_release);
+    }
   }
   int per_sm = 0, sms = 0;
   check(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
