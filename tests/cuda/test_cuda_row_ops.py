@@ -379,13 +379,14 @@ def test_take_and_scatter_along_axis_and_transpose() -> None:
         np.testing.assert_array_equal(ops.transpose(cuda(a)).cpu().numpy(), np.swapaxes(a, -1, -2))
 
 
-@pytest.mark.parametrize("shape", [(5000, 7), (5000, 1000), (3000, 1024), (600, 4096), (300, 8192), (40, 8200),
-                                   (3, 100_003), (0, 64)], ids=str)
+@pytest.mark.parametrize("shape", [(5000, 7), (5000, 1000), (3000, 1024), (600, 4096), (200, 6144), (300, 8192),
+                                   (40, 8200), (3, 100_003), (0, 64)], ids=str)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
 def test_layer_norm_affine_backward_fused_rows(shape: tuple[int, int], dtype: str) -> None:
     # dx, dweight and dbias from one read of each row (rows held in registers: warp rows up to 1024,
     # block rows up to 8192 (4096 in float64), per-block column sums in shared memory added in block
-    # order; longer rows run the two ops): dx as layer_norm_backward's (the same arithmetic; an FMA
+    # order, 48 KB of them at 6144 with the block's static shared memory on top; longer rows run the
+    # two ops): dx as layer_norm_backward's (the same arithmetic; an FMA
     # contracted otherwise may move a last bit), dweight and dbias as norm_affine_grad's and float64
     # sums of the values the dtype holds; bit-identical on a second run
     rng = np.random.default_rng(12)

@@ -276,7 +276,9 @@ bool affine_backward_groups(const char* op, Device dev, int64_t R, int64_t n, co
   DeviceGuard guard(op, dev.index);
   const cudaStream_t stream = current_stream(op, dev);
   const auto kernel = affine_backward_kernel<G, T, kRms>;
-  if (smem > 48 * 1024) {  // (the opt-in above 48 KB: once per device, for the largest n it can take)
+  // The block rows opt in to more than 48 KB of shared memory (static and dynamic together: their
+  // group_reduce has static shared memory too), once per device, for the largest n they take.
+  if constexpr (G != kWarp) {
     constexpr int kDevices = 64;
     static std::atomic<bool> opted[kDevices] = {};
     const size_t most = static_cast<size_t>(kGroups) * G * kHeld<T> * sizeof(affine_acc_t<T, kRms>);
