@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
+import numpy as np
+
 from opforge import _formulas
 import opforge._C as _C
 
@@ -87,7 +89,7 @@ def synchronize(device: Optional[Union[str, int]] = None) -> None:
     _C._synchronize(_name(device))
 
 
-def set_index_checks(enabled: bool) -> bool:
+def set_index_checks(enabled: Union[bool, np.bool_]) -> bool:
     """Whether the CUDA kernels that take indices (``cross_entropy``'s labels and its backward,
     ``embedding`` and its gradient, ``take_along_axis``, ``scatter_add_along_axis``) wait for the
     device after their work, to raise ``IndexError`` naming the op at the call when an index is out
@@ -95,10 +97,10 @@ def set_index_checks(enabled: bool) -> bool:
     ``False`` skips the wait and the error: a bad index still reads and writes nothing, and what it
     affects holds zeros or NaN (a NaN loss, a zero row), as always inside a CUDA graph capture.
     Process-wide (every thread and device); CPU kernels always check, at no such cost. Returns the
-    previous setting."""
-    if not isinstance(enabled, bool):
+    previous setting. A Python or NumPy bool; anything else is a TypeError."""
+    if not isinstance(enabled, (bool, np.bool_)):
         raise TypeError(f"set_index_checks: enabled must be a bool, got {type(enabled).__name__}")
-    return bool(_C._set_sync_index_checks(enabled))
+    return bool(_C._set_sync_index_checks(bool(enabled)))
 
 
 def index_checks() -> bool:

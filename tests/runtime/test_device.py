@@ -66,6 +66,9 @@ def test_index_checks_setting_is_process_wide_and_typed() -> None:
     assert opforge.cuda.index_checks() is True
     with pytest.raises(TypeError, match=r"set_index_checks: enabled must be a bool, got int"):
         opforge.cuda.set_index_checks(0)  # type: ignore[arg-type]
+    assert opforge.cuda.set_index_checks(np.False_) is True  # (a NumPy bool: a bool)
+    assert opforge.cuda.set_index_checks(np.True_) is False
+    assert opforge.cuda.index_checks() is True
     # the host's checks do not depend on it
     opforge.cuda.set_index_checks(False)
     try:
