@@ -229,6 +229,7 @@ class _Op:
         self.number = _handler.register(kernel)
         self.n_in, self.n_out = len(op.inputs), len(op.outputs)
         self.diff_out = [k for k, o in enumerate(op.outputs) if o.differentiable]
+        self.axes_batch = op.outputs_follow_axes()  # (whether vmap's axes rule may apply)
         self.prim = Primitive(f"{prefix}.{op.name}")
         self.prim.multiple_results = True
         self.prim.def_impl(functools.partial(xla.apply_primitive, self.prim))
@@ -332,7 +333,7 @@ class _Op:
             moved[k] = jnp.moveaxis(ins[k], in_dims[k], 0)
             return self._bind(moved, attrs), out_dims
         axis_attrs = [k for k, a in enumerate(op.attrs) if a.axis_of]
-        if axis_attrs and op.outputs_follow_axes():
+        if axis_attrs and self.axes_batch:
             out = self._batch_axes(ins, in_dims, attrs, axis_attrs, size)
             if out is not None:
                 return out, out_dims

@@ -47,6 +47,25 @@ inline bool row_shaped(const TensorPtr& t, const Shape& xs, int64_t k) {
   return true;
 }
 
+// A norm's fused rows over x: rows (R rows of N) when the normalized axes are x's trailing dims and
+// every parameter given (a null TensorPtr: absent) has the normalized shape; else rows is false.
+struct NormRows {
+  bool rows = false;
+  int64_t R = 0, N = 0;
+};
+inline NormRows norm_rows(const char* op, const Shape& xs, const Axes& axes,
+                          std::initializer_list<const TensorPtr*> params) {
+  const int64_t nd = static_cast<int64_t>(xs.size());
+  const int64_t k = trailing_start(normalize_axes(op, axes, nd), nd);
+  NormRows p;
+  if (k < 0) return p;
+  for (const TensorPtr* t : params) {
+    if (!row_shaped(*t, xs, k)) return p;
+  }
+  p = {true, prod(xs, 0, static_cast<size_t>(k)), prod(xs, static_cast<size_t>(k), xs.size())};
+  return p;
+}
+
 // t is absent or holds one value per leading row: shape xs[:k] + [1]*(nd - k).
 inline bool kept_shaped(const TensorPtr& t, const Shape& xs, int64_t k) {
   if (!t) return true;

@@ -21,10 +21,7 @@ void layer_norm_affine_backward(const TensorPtr& dy, const TensorPtr& x, const T
   layout::check_norm_backward(op, dy, x, {{"mean", &mean}, {"rstd", &rstd}, {"dmean", &dmean}, {"drstd", &drstd}},
                               weight, axes);
   norm::check_broadcasts_to(op, "bias", bias, x, "x");
-  const auto ax = normalize_axes(op, axes, x->dim());
-  const int64_t k = norm::trailing_start(ax, x->dim());
-  if (k >= 0 && norm::row_shaped(weight, xs, k) && norm::row_shaped(bias, xs, k)) {
-    const int64_t R = norm::prod(xs, 0, static_cast<size_t>(k)), N = norm::prod(xs, static_cast<size_t>(k), xs.size());
+  if (const auto [rows, R, N] = layout::norm_rows(op, xs, axes, {&weight, &bias}); rows) {
     if (N == 0) return;
     norm::hint_huge_pages(dx);
     OPFORGE_NORM_DISPATCH(layer_norm_affine_backward_rows<T>, dy->data<T>(), x->data<T>(), weight->data<T>(),

@@ -18,10 +18,7 @@ void rms_norm_affine_backward(const TensorPtr& dy, const TensorPtr& x, const Ten
   const Shape& xs = x->shape();
   const Axes axes(attrs.axis);
   layout::check_norm_backward(op, dy, x, {{"rstd", &rstd}, {"drstd", &drstd}}, weight, axes);
-  const auto ax = normalize_axes(op, axes, x->dim());
-  const int64_t k = norm::trailing_start(ax, x->dim());
-  if (k >= 0 && norm::row_shaped(weight, xs, k)) {
-    const int64_t R = norm::prod(xs, 0, static_cast<size_t>(k)), N = norm::prod(xs, static_cast<size_t>(k), xs.size());
+  if (const auto [rows, R, N] = layout::norm_rows(op, xs, axes, {&weight}); rows) {
     if (N == 0) return;
     norm::hint_huge_pages(dx);
     OPFORGE_NORM_DISPATCH(rms_norm_affine_backward_rows<T>, dy->data<T>(), x->data<T>(), weight->data<T>(),

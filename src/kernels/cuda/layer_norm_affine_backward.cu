@@ -23,10 +23,7 @@ void layer_norm_affine_backward(const TensorPtr& dy, const TensorPtr& x, const T
   check_norm_backward(op, dy, x, {{"mean", &mean}, {"rstd", &rstd}, {"dmean", &dmean}, {"drstd", &drstd}}, weight,
                       axes);
   check_broadcasts_to(op, "bias", bias, x, "x");
-  const auto ax = normalize_axes(op, axes, x->dim());
-  const int64_t k = trailing_start(ax, x->dim());
-  if (k >= 0 && row_shaped(weight, xs, k) && row_shaped(bias, xs, k)) {
-    const int64_t R = prod(xs, 0, static_cast<size_t>(k)), N = prod(xs, static_cast<size_t>(k), xs.size());
+  if (const auto [rows, R, N] = norm_rows(op, xs, axes, {&weight, &bias}); rows) {
     if (N == 0) return;
     const AffineBackwardRow<T, false> row{
         dy->data<T>(), x->data<T>(), weight->data<T>(), mean->data<T>(), rstd->data<T>(), dmean->data<T>(),

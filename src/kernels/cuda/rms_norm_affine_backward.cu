@@ -20,10 +20,7 @@ void rms_norm_affine_backward(const TensorPtr& dy, const TensorPtr& x, const Ten
   const Shape& xs = x->shape();
   const Axes axes(attrs.axis);
   check_norm_backward(op, dy, x, {{"rstd", &rstd}, {"drstd", &drstd}}, weight, axes);
-  const auto ax = normalize_axes(op, axes, x->dim());
-  const int64_t k = trailing_start(ax, x->dim());
-  if (k >= 0 && row_shaped(weight, xs, k)) {
-    const int64_t R = prod(xs, 0, static_cast<size_t>(k)), N = prod(xs, static_cast<size_t>(k), xs.size());
+  if (const auto [rows, R, N] = norm_rows(op, xs, axes, {&weight}); rows) {
     if (N == 0) return;
     const AffineBackwardRow<T, true> row{
         dy->data<T>(), x->data<T>(), weight->data<T>(), nullptr, rstd->data<T>(), nullptr, drstd->data<T>(),
