@@ -99,6 +99,17 @@ struct Launch {
   static constexpr int G = G_, Threads = Threads_, MinBlocks = MinBlocks_;
 };
 
+// The blocks per SM launch_rows() asks for: rows::RowMinBlocks, or in a base tree from before it,
+// 1 for warp rows and 2 for block rows.
+template <int G, typename Op>
+constexpr int today_min_blocks() {
+#ifdef OPFORGE_ROW_MIN_BLOCKS
+  return rows::RowMinBlocks<G, Op>::value;
+#else
+  return G == rows::kWarp ? 1 : 2;
+#endif
+}
+
 template <typename L, typename Op>
 void run_case(Timer& timer, const char* op_name, const char* dtype, int64_t R, int64_t N, double bytes, double copy_bw,
               const Op& op) {
@@ -111,14 +122,16 @@ void run_case(Timer& timer, const char* op_name, const char* dtype, int64_t R, i
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(int64_t(1) << 20, (R + kPerBlock - 1) / kPerBlock));
   const float ms = timer.median_ms([&] { kernel<<<blocks, L::Threads>>>(R, op); });
   CHECK(cudaGetLastError());
-  std::printf("%s,%s,%lldx%lld,%d,%d,%d,%d,%d,%.4f,%.3f,%.2f\n", op_name, dtype, static_cast<long long>(R),
+  const bool today = (L::G == rows::kWarp ? L::Threads == rows::kWarp * rows::kShortRows : L::Threads == rows::kLongThreads) &&
+                     L::MinBlocks == today_min_blocks<L::G, Op>();
+  std::printf("%s,%s,%lldx%lld,%d,%d,%d,%d,%d,%.4f,%.3f,%.2f,%d\n", op_name, dtype, static_cast<long long>(R),
               static_cast<long long>(N), L::G, L::Threads, L::MinBlocks, attr.numRegs, resident, ms, bytes / ms * 1e-6,
-              bytes / ms / copy_bw);
+              bytes / ms / copy_bw, today ? 1 : 0);
   std::fflush(stdout);
 }
 
 // The launch shapes tried: a warp per row (rows of up to 1024 elements), 4 or 8 rows to a block;
-// a block per row (longer rows). The first of each is what launch_rows() runs today.
+// a block per row (longer rows). The `today` column marks what launch_rows() runs.
 using ShortRows = std::tuple<Launch<32, 128, 1>, Launch<32, 128, 4>, Launch<32, 128, 6>, Launch<32, 128, 8>,
                              Launch<32, 256, 2>, Launch<32, 256, 3>, Launch<32, 256, 4>>;
 using LongRows = std::tuple<Launch<256, 256, 2>, Launch<256, 256, 3>, Launch<256, 256, 4>, Launch<512, 512, 1>,
@@ -176,9 +189,10 @@ void col_sums_sweep(Timer& timer, const Buffers& buf, int64_t R, int64_t N, doub
                                                                                static_cast<T*>(buf.y));
     });
     CHECK(cudaGetLastError());
-    std::printf("col_sums,%s,%lldx%lld,%lld,%d,%d,%d,%d,%.4f,%.3f,%.2f\n", name_of<T>(), static_cast<long long>(R),
+    std::printf("col_sums,%s,%lldx%lld,%lld,%d,%d,%d,%d,%.4f,%.3f,%.2f,%d\n", name_of<T>(), static_cast<long long>(R),
                 static_cast<long long>(N), static_cast<long long>(chunks), rows::kColTile * rows::kColRows,
-                chunks == today ? 1 : 0, attr.numRegs, resident, ms, bytes / ms * 1e-6, bytes / ms / copy_bw);
+                chunks == today ? 1 : 0, attr.numRegs, resident, ms, bytes / ms * 1e-6, bytes / ms / copy_bw,
+                chunks == today ? 1 : 0);
     std::fflush(stdout);
   }
   CHECK(cudaFree(part));
@@ -236,7 +250,7 @@ void fill_all(const Buffers& buf, int64_t R, int64_t N) {
 
 int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) != "--no-header") {
-    std::printf("op,dtype,shape,group,threads,min_blocks,registers,blocks_per_sm,ms,GB/s,share_of_copy\n");
+    std::printf("op,dtype,shape,group,threads,min_blocks,registers,blocks_per_sm,ms,GB/s,share_of_copy,today\n");
   }
   Timer timer;
   // (8192 x 32,000: cross_entropy's shape in benchmarks/cuda.py, rows streamed from memory)

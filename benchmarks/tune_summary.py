@@ -11,12 +11,15 @@ import csv
 import sys
 from collections import defaultdict
 
-# the launch shape launch_rows() runs today: a warp per row, 4 rows to a block, no register cap;
-# 256-thread blocks, two per SM (col_sums rows mark their own choice with min_blocks 1)
+# the launch shape launch_rows() ran before the harness marked it (the `today` column): a warp per
+# row, 4 rows to a block, no register cap; 256-thread blocks, two per SM (col_sums rows mark their
+# own choice with min_blocks 1)
 TODAY = {("32", "128", "1"), ("256", "256", "2")}
 
 
 def today(row: dict[str, str]) -> bool:
+    if row.get("today"):
+        return row["today"] == "1"
     if row["op"] == "col_sums":
         return row["min_blocks"] == "1"
     return (row["group"], row["threads"], row["min_blocks"]) in TODAY

@@ -162,7 +162,7 @@ step_tune() {
     done
   done
   for k in "${pids[@]}"; do wait "$k"; done
-  { echo "tree,op,dtype,shape,group,threads,min_blocks,registers,blocks_per_sm,ms,GB/s,share_of_copy"
+  { echo "tree,op,dtype,shape,group,threads,min_blocks,registers,blocks_per_sm,ms,GB/s,share_of_copy,today"
     for r in "${!roots[@]}"; do
       for k in 0 1 2 3 4 5 6; do
         if [ -x "$d/tune_${r}_$k" ]; then

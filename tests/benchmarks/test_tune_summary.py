@@ -29,3 +29,17 @@ def test_table_of_today_fastest_and_base(tmp_path: Path) -> None:
     assert lines[2] == ("| softmax | float32 | 65536x1024 | 0.1500 (0.87) | 32/128/4 (128 regs, 4 blocks/SM) "
                         "| 0.1200 (1.08) | 1.25 | 0.1600 |")
     assert lines[3] == "| col_sums | bfloat16 | 8192x8192 | 0.0800 (0.41) | 2 chunks | 0.0800 (0.41) | 1.00 |  |"
+
+
+def test_the_harness_marks_today_s_launch_shape(tmp_path: Path) -> None:
+    # (a tree with rows::RowMinBlocks: 16-bit warp rows run 4 blocks per SM; the old rule would pick 32/128/1)
+    (tmp_path / "tune.csv").write_text(
+        "tree,op,dtype,shape,group,threads,min_blocks,registers,blocks_per_sm,ms,GB/s,share_of_copy,today\n"
+        "here,softmax,bfloat16,65536x1024,32,128,1,140,3,0.1345,1995.862,0.51,0\n"
+        "here,softmax,bfloat16,65536x1024,32,128,4,127,4,0.1170,2294.477,0.59,1\n"
+        "base,softmax,bfloat16,65536x1024,32,128,1,96,5,0.1225,2191.954,0.56,\n")
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tune_summary.py"), str(tmp_path / "tune.csv")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[2] == ("| softmax | bfloat16 | 65536x1024 | 0.1170 (0.59) | 32/128/4 (127 regs, "
+                                        "4 blocks/SM) | 0.1170 (0.59) | 1.00 | 0.1225 |")

@@ -93,6 +93,25 @@ def test_a_training_step_replays_as_eager_steps() -> None:
         np.testing.assert_allclose(mine.cpu().numpy(), theirs.cpu().numpy(), rtol=1e-6, atol=1e-7)
 
 
+def test_a_tensor_made_before_the_capture_may_be_freed_inside_it() -> None:
+    # (its block belongs to the eager stream: freeing it there while the thread captures would be
+    # an unsafe call, invalidating the capture; zero_grad() does this in a captured training step)
+    settle()
+    before = opforge.cuda.memory_allocated()
+    x = cuda(rng_array(0, 64, 130))
+    eager = [ops.mul(x, x) for _ in range(3)]
+    g = opforge.cuda.CUDAGraph()
+    with opforge.cuda.graph(g):
+        del eager[:]
+        gc.collect()
+        y = ops.add(x, x)
+    g.replay()
+    np.testing.assert_array_equal(y.cpu().numpy(), 2 * x.cpu().numpy())
+    del g, y, x
+    settle()
+    assert opforge.cuda.memory_allocated() == before
+
+
 def test_blocks_freed_in_the_capture_are_reused_and_none_outlive_the_graph() -> None:
     settle()
     before_bytes, before_graphs = opforge.cuda.memory_allocated(), opforge.cuda.graph_memory()

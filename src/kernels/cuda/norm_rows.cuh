@@ -24,6 +24,8 @@ using namespace ::opforge::kernels::layout;
 
 template <typename T>
 struct LayerNormRow {
+  using row_value = T;  // (rows::RowMinBlocks)
+  static constexpr int kRowInputs = 1;
   const T *x, *w, *b;
   T *y, *mean, *rstd;
   int64_t n;
@@ -84,6 +86,8 @@ struct LayerNormRow {
 
 template <typename T>
 struct RmsNormRow {
+  using row_value = T;  // (rows::RowMinBlocks)
+  static constexpr int kRowInputs = 1;
   const T *x, *w;
   T *y, *rstd;
   int64_t n;
@@ -112,6 +116,8 @@ struct RmsNormRow {
 // g = dy * weight and xhat = (x - mean) * rstd; rms_norm (kRms): no mean, no mean(g), no dmean.
 template <typename T, bool kRms>
 struct NormBackwardRow {
+  using row_value = T;  // (rows::RowMinBlocks)
+  static constexpr int kRowInputs = 2;
   const T *dy, *x, *w, *mean, *rstd, *dmean, *drstd;
   T* dx;
   int64_t n;

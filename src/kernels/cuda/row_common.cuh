@@ -456,9 +456,28 @@ inline bool vec_ok(int64_t n, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
+// The blocks per SM that row_kernel's launch bounds ask for (ptxas then caps each thread's
+// registers at what that many blocks leave it). An op that declares `using row_value = T` and
+// kRowInputs (how many rows of T each thread holds: 1 forward, 2 backward) gets more blocks for
+// 16-bit rows, whose streams need more rows in flight: 4 blocks of warp rows (128 registers), and
+// 3 block rows per SM (80 registers) when it holds one row. Measured on an H200 by
+// tools/gpu_run.sh tune (2026-11-27, benchmarks/results/cuda.md): 1.0x-1.23x faster for every
+// bfloat16 row shape tried, no spills; float32 rows and 16-bit block rows holding two inputs were
+// as fast or faster with the bounds below, which the others keep.
+#define OPFORGE_ROW_MIN_BLOCKS 1  // (benchmarks/cuda_rows_tune.cu: this tree has RowMinBlocks)
+template <int G, typename Op, typename = void>
+struct RowMinBlocks {
+  static constexpr int value = G == kWarp ? 1 : 2;
+};
+template <int G, typename Op>
+struct RowMinBlocks<G, Op, std::void_t<typename Op::row_value>> {
+  static constexpr bool k16 = sizeof(typename Op::row_value) == 2;
+  static constexpr int value = G == kWarp ? (k16 ? 4 : 1) : (k16 && Op::kRowInputs == 1 ? 3 : 2);
+};
+
 // Runs op.template row<G>(r, lane) for every row r, a group of G threads to a row.
 template <int G, typename Op>
-__global__ void __launch_bounds__(G == kWarp ? kWarp * kShortRows : G, G == kWarp ? 1 : 2)
+__global__ void __launch_bounds__(G == kWarp ? kWarp * kShortRows : G, (RowMinBlocks<G, Op>::value))
     row_kernel(int64_t rows, Op op) {
   constexpr int kPerBlock = G == kWarp ? kShortRows : 1;
   const int lane = static_cast<int>(threadIdx.x % G);

@@ -23,6 +23,8 @@ __device__ __forceinline__ Lse<compute_t<T>> row_lse(const T* x, int64_t n, int 
 
 template <typename T, Kind K>
 struct ForwardRow {
+  using row_value = T;  // (rows::RowMinBlocks)
+  static constexpr int kRowInputs = 1;
   const T* x;
   T* y;
   int64_t n;
@@ -87,6 +89,8 @@ struct ForwardLane {
 // softmax: dx = y * (g - sum(g * y)); log_softmax: dx = g - exp(y) * sum(g).
 template <typename T, Kind K>
 struct BackwardRow {
+  using row_value = T;  // (rows::RowMinBlocks)
+  static constexpr int kRowInputs = 2;
   const T* g;
   const T* y;
   T* dx;

@@ -511,12 +511,27 @@ class CudaRuntime final : public DeviceRuntime {
       free_now(std::move(now));
       return true;
     }
-    if (captures_.load(std::memory_order_acquire) == 0 || !stream) return false;
-    CudaGraph* g = capturing_graph_locked(stream);
-    if (!g) return false;
-    g->deferred.emplace_back(index, p);
-    allocated_[index] -= nbytes;
-    return true;
+    if (captures_.load(std::memory_order_acquire) == 0) return false;
+    if (CudaGraph* g = stream ? capturing_graph_locked(stream) : nullptr) {
+      g->deferred.emplace_back(index, p);
+      allocated_[index] -= nbytes;
+      return true;
+    }
+    // A block of the legacy stream (eager work before the capture: a gradient that zero_grad()
+    // drops inside a captured step), or any block freed by the capturing thread: its cudaFreeAsync
+    // now would be an unsafe call there, which invalidates the capture. It waits in pending_ for
+    // the end of the last capture (free_now: after a device synchronization, on the legacy stream).
+    if (!stream || this_thread_captures()) {
+      pending_.deferred.emplace_back(index, p);
+      allocated_[index] -= nbytes;
+      return true;
+    }
+    return false;
+  }
+  static bool this_thread_captures() noexcept {
+    CaptureKeeper* keeper = set_capture_keeper(nullptr);
+    set_capture_keeper(keeper);
+    return keeper != nullptr;
   }
   void forget_block_locked(void* p) {
     auto it = blocks_.find(p);
