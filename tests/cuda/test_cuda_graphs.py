@@ -90,7 +90,7 @@ def test_a_training_step_replays_as_eager_steps() -> None:
     np.testing.assert_allclose(losses, eager, rtol=1e-6, atol=1e-7)
     assert losses[-1] < losses[0]
     for mine, theirs in zip(params, eager_params):
-        np.testing.assert_allclose(mine.cpu().numpy(), theirs.cpu().numpy(), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(mine.detach().cpu().numpy(), theirs.detach().cpu().numpy(), rtol=1e-6, atol=1e-7)
 
 
 def test_a_tensor_made_before_the_capture_may_be_freed_inside_it() -> None:
