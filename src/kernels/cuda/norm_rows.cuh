@@ -24,8 +24,8 @@ using namespace ::opforge::kernels::layout;
 
 template <typename T>
 struct LayerNormRow {
-  using row_value = T;  // (rows::RowMinBlocks)
-  static constexpr int kRowInputs = 1;
+  using row_value = T;  // 16-bit rows: blocks per SM (rows::RowMinBlocks)
+  static constexpr int kWarpBlocks16 = 4, kBlockBlocks16 = 3;
   const T *x, *w, *b;
   T *y, *mean, *rstd;
   int64_t n;
@@ -86,8 +86,8 @@ struct LayerNormRow {
 
 template <typename T>
 struct RmsNormRow {
-  using row_value = T;  // (rows::RowMinBlocks)
-  static constexpr int kRowInputs = 1;
+  using row_value = T;  // 16-bit rows: blocks per SM (rows::RowMinBlocks)
+  static constexpr int kWarpBlocks16 = 8, kBlockBlocks16 = 4;
   const T *x, *w;
   T *y, *rstd;
   int64_t n;
@@ -116,8 +116,8 @@ struct RmsNormRow {
 // g = dy * weight and xhat = (x - mean) * rstd; rms_norm (kRms): no mean, no mean(g), no dmean.
 template <typename T, bool kRms>
 struct NormBackwardRow {
-  using row_value = T;  // (rows::RowMinBlocks)
-  static constexpr int kRowInputs = 2;
+  using row_value = T;  // 16-bit rows: blocks per SM (rows::RowMinBlocks)
+  static constexpr int kWarpBlocks16 = 4, kBlockBlocks16 = 2;
   const T *dy, *x, *w, *mean, *rstd, *dmean, *drstd;
   T* dx;
   int64_t n;

@@ -457,13 +457,13 @@ inline bool vec_ok(int64_t n, std::initializer_list<const void*> ptrs) {
 }
 
 // The blocks per SM that row_kernel's launch bounds ask for (ptxas then caps each thread's
-// registers at what that many blocks leave it). An op that declares `using row_value = T` and
-// kRowInputs (how many rows of T each thread holds: 1 forward, 2 backward) gets more blocks for
-// 16-bit rows, whose streams need more rows in flight: 4 blocks of warp rows (128 registers), and
-// 3 block rows per SM (80 registers) when it holds one row. Measured on an H200 by
-// tools/gpu_run.sh tune (2026-11-27, benchmarks/results/cuda.md): 1.0x-1.23x faster for every
-// bfloat16 row shape tried, no spills; float32 rows and 16-bit block rows holding two inputs were
-// as fast or faster with the bounds below, which the others keep.
+// registers at what that many blocks leave it). 16-bit rows stream half the bytes per register of
+// float32 rows and need more rows in flight: an op that declares `using row_value = T` says how
+// many blocks its 16-bit rows take, kWarpBlocks16 for warp rows (blocks of 128 threads) and
+// kBlockBlocks16 for block rows (256 threads), its fastest shapes as tools/gpu_run.sh tune
+// measured them on an H200 (bfloat16 (65536, 1024) and (8192, 8192), 2026-11-27;
+// benchmarks/results/cuda.md). Other ops and element types keep 1 and 2 (float32 rows were as
+// fast or faster with them).
 #define OPFORGE_ROW_MIN_BLOCKS 1  // (benchmarks/cuda_rows_tune.cu: this tree has RowMinBlocks)
 template <int G, typename Op, typename = void>
 struct RowMinBlocks {
@@ -472,7 +472,7 @@ struct RowMinBlocks {
 template <int G, typename Op>
 struct RowMinBlocks<G, Op, std::void_t<typename Op::row_value>> {
   static constexpr bool k16 = sizeof(typename Op::row_value) == 2;
-  static constexpr int value = G == kWarp ? (k16 ? 4 : 1) : (k16 && Op::kRowInputs == 1 ? 3 : 2);
+  static constexpr int value = G == kWarp ? (k16 ? Op::kWarpBlocks16 : 1) : (k16 ? Op::kBlockBlocks16 : 2);
 };
 
 // Runs op.template row<G>(r, lane) for every row r, a group of G threads to a row.

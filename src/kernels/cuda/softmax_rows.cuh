@@ -23,8 +23,8 @@ __device__ __forceinline__ Lse<compute_t<T>> row_lse(const T* x, int64_t n, int 
 
 template <typename T, Kind K>
 struct ForwardRow {
-  using row_value = T;  // (rows::RowMinBlocks)
-  static constexpr int kRowInputs = 1;
+  using row_value = T;  // 16-bit rows: blocks per SM (rows::RowMinBlocks)
+  static constexpr int kWarpBlocks16 = K == Kind::LogSoftmax ? 6 : 4, kBlockBlocks16 = 3;
   const T* x;
   T* y;
   int64_t n;
@@ -89,8 +89,8 @@ struct ForwardLane {
 // softmax: dx = y * (g - sum(g * y)); log_softmax: dx = g - exp(y) * sum(g).
 template <typename T, Kind K>
 struct BackwardRow {
-  using row_value = T;  // (rows::RowMinBlocks)
-  static constexpr int kRowInputs = 2;
+  using row_value = T;  // 16-bit rows: blocks per SM (rows::RowMinBlocks)
+  static constexpr int kWarpBlocks16 = 4, kBlockBlocks16 = 2;
   const T* g;
   const T* y;
   T* dx;
