@@ -374,10 +374,17 @@ struct Held {
   }
 };
 
-// body(view) on the row's N inputs, held in registers when they fit (see above).
+// body(view) on the row's N inputs, held in registers when they fit (see above). A warp's row is
+// at most kShortRow elements (launch_rows gives longer rows a block), which a warp holds for every
+// type but 8-byte ones: there the streamed path is not compiled at all, since a kernel's
+// registers are those of its hungriest path, taken or not (float32 softmax warp rows: 162 -> 124
+// registers, 3 -> 4 blocks per SM; bfloat16 at 6 blocks per SM: a 112-byte spill -> 8 bytes).
 template <int G, typename T, int N, typename Body>
 __device__ __forceinline__ void with_row(const T* const (&x)[N], int64_t n, int lane, bool vec, Body&& body) {
-  if (n <= int64_t(G) * kHeld<T>) {
+  if constexpr (G == kWarp && int64_t(kWarp) * kHeld<T> >= kShortRow) {
+    Held<G, T, N> held(x, n, lane, vec);
+    body(held);
+  } else if (n <= int64_t(G) * kHeld<T>) {
     Held<G, T, N> held(x, n, lane, vec);
     body(held);
   } else {
