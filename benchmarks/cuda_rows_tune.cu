@@ -38,15 +38,33 @@ using ::opforge::BFloat16;
     }                                                                                 \
   } while (0)
 
-// row_kernel's body with the launch shape as parameters: Threads per block, G per row group.
-template <int G, int Threads, int MinBlocks, typename Op>
+// row_kernel's body with the launch shape as parameters: Threads per block, G per row group; Held
+// (a tree with rows::RowPath): the kernel compiles only the path rows that fit in registers take,
+// else only the streamed one, as launch_rows() launches block rows (a base tree: both, per row).
+template <int G, int Threads, int MinBlocks, typename Op, bool Held>
 __global__ void __launch_bounds__(Threads, MinBlocks) tune_kernel(int64_t rows_, Op op) {
   static_assert(Threads % G == 0 && (G == rows::kWarp || G == Threads), "warp groups or one group per block");
   constexpr int kPerBlock = Threads / G;
   const int lane = static_cast<int>(threadIdx.x % G);
   for (int64_t r = int64_t(blockIdx.x) * kPerBlock + threadIdx.x / G; r < rows_; r += int64_t(gridDim.x) * kPerBlock) {
+#ifdef OPFORGE_ROW_PATHS
+    constexpr rows::RowPath kPath = G == rows::kWarp ? rows::RowPath::Any : Held ? rows::RowPath::Held : rows::RowPath::Streamed;
+    op.template row<G, kPath>(r, lane);
+#else
     op.template row<G>(r, lane);
+#endif
   }
+}
+
+// Whether op's rows of n elements fit in the registers of a group of G (a base tree without
+// row_value: the answer does not matter, its kernels decide per row).
+template <int G, typename Op>
+bool held_rows(int64_t n) {
+#ifdef OPFORGE_ROW_PATHS
+  return n <= int64_t(G) * rows::kHeld<typename Op::row_value>;
+#else
+  return n >= 0;
+#endif
 }
 
 template <typename T>
@@ -113,7 +131,8 @@ constexpr int today_min_blocks() {
 template <typename L, typename Op>
 void run_case(Timer& timer, const char* op_name, const char* dtype, int64_t R, int64_t N, double bytes, double copy_bw,
               const Op& op) {
-  auto kernel = tune_kernel<L::G, L::Threads, L::MinBlocks, Op>;
+  auto kernel = held_rows<L::G, Op>(N) ? tune_kernel<L::G, L::Threads, L::MinBlocks, Op, true>
+                                       : tune_kernel<L::G, L::Threads, L::MinBlocks, Op, false>;
   cudaFuncAttributes attr{};
   CHECK(cudaFuncGetAttributes(&attr, kernel));
   int resident = 0;

@@ -13,13 +13,15 @@ namespace {
 
 template <typename T>
 struct LossRow {
+  using row_value = T;  // 16-bit rows: blocks per SM (rows::RowMinBlocks; not tuned)
+  static constexpr int kWarpBlocks16 = 1, kBlockBlocks16 = 2;
   const T* x;
   const int64_t* labels;
   double* loss;
   int64_t classes;
   bool vec;
   unsigned long long* bad;
-  template <int G>
+  template <int G, rows::RowPath = rows::RowPath::Any>
   __device__ __forceinline__ void row(int64_t r, int lane) const {
     const auto p = smx::row_lse<G>(x + r * classes, classes, lane, vec);
     if (lane != 0) return;

@@ -12,6 +12,8 @@ namespace {
 
 template <typename T>
 struct GradRow {
+  using row_value = T;  // 16-bit rows: blocks per SM (rows::RowMinBlocks; not tuned)
+  static constexpr int kWarpBlocks16 = 1, kBlockBlocks16 = 2;
   const T* dy;
   bool one;
   double scale;
@@ -21,14 +23,14 @@ struct GradRow {
   int64_t classes;
   bool vec;
   unsigned long long* bad;
-  template <int G>
+  template <int G, rows::RowPath P = rows::RowPath::Any>
   __device__ __forceinline__ void row(int64_t r, int lane) const {
     using C = compute_t<T>;
     const T* const in[1] = {x + r * classes};
     const C w = static_cast<C>(convert<double>(dy[one ? 0 : r]) * scale);
     const int64_t l = labels[r];
     if (lane == 0) rows::index_ok(l, classes, r, bad);
-    rows::with_row<G, T, 1>(in, classes, lane, vec, [&](auto& src) {
+    rows::with_row<G, T, 1, P>(in, classes, lane, vec, [&](auto& src) {
       C m, f;
       if constexpr (std::decay_t<decltype(src)>::kHeld) {  // held: the max, then independent exponentials
         m = rows::neg_inf<C>();

@@ -31,11 +31,11 @@ struct LayerNormRow {
   int64_t n;
   compute_t<T> eps;
   bool vec;
-  template <int G>
+  template <int G, RowPath P = RowPath::Any>
   __device__ __forceinline__ void row(int64_t r, int lane) const {
     using C = compute_t<T>;
     const T* const in[1] = {x + r * n};
-    with_row<G, T, 1>(in, n, lane, vec, [&](auto& src) {
+    with_row<G, T, 1, P>(in, n, lane, vec, [&](auto& src) {
       const C nan = std::numeric_limits<C>::quiet_NaN();
       C mu, var;
       if constexpr (std::decay_t<decltype(src)>::kHeld) {  // held: the mean, then the squared deviations
@@ -93,11 +93,11 @@ struct RmsNormRow {
   int64_t n;
   compute_t<T> eps;
   bool vec;
-  template <int G>
+  template <int G, RowPath P = RowPath::Any>
   __device__ __forceinline__ void row(int64_t r, int lane) const {
     using C = compute_t<T>;
     const T* const in[1] = {x + r * n};
-    with_row<G, T, 1>(in, n, lane, vec, [&](auto& src) {
+    with_row<G, T, 1, P>(in, n, lane, vec, [&](auto& src) {
       C ss = C(0);
       src.each([&](int64_t, C v) { ss += v * v; });
       ss = group_reduce<G>(ss, Add{});
@@ -122,12 +122,12 @@ struct NormBackwardRow {
   T* dx;
   int64_t n;
   bool vec;
-  template <int G>
+  template <int G, RowPath P = RowPath::Any>
   __device__ __forceinline__ void row(int64_t r, int lane) const {
     using C = compute_t<T>;
     const T* const in[2] = {dy + r * n, x + r * n};
     const C mu = kRms ? C(0) : convert<C>(mean[r]), rs = convert<C>(rstd[r]);
-    with_row<G, T, 2>(in, n, lane, vec, [&](auto& src) {
+    with_row<G, T, 2, P>(in, n, lane, vec, [&](auto& src) {
       // (the weight: a column input, loaded 16 bytes at a time with the row where it is)
       Sum2<C> s{C(0), C(0)};
       auto add = [&](C g, C v) {

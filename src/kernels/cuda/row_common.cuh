@@ -374,16 +374,27 @@ struct Held {
   }
 };
 
-// body(view) on the row's N inputs, held in registers when they fit (see above). A warp's row is
-// at most kShortRow elements (launch_rows gives longer rows a block), which a warp holds for every
-// type but 8-byte ones: there the streamed path is not compiled at all, since a kernel's
-// registers are those of its hungriest path, taken or not (float32 softmax warp rows: 162 -> 124
-// registers, 3 -> 4 blocks per SM; bfloat16 at 6 blocks per SM: a 112-byte spill -> 8 bytes).
-template <int G, typename T, int N, typename Body>
+// Which of with_row's views a kernel compiles: a kernel's registers are those of its hungriest
+// path, taken or not, so launch_rows launches a kernel for rows that fit in registers (Held) and
+// another for longer ones (Streamed); Any decides per row (the tune harness, a base tree's way).
+// A warp's row is at most kShortRow elements, which a warp holds for every type but 8-byte ones:
+// held only, whatever the path. Static effect (nvcc 13.0, sm_90): float32 softmax warp rows 162 ->
+// 124 registers (3 -> 4 blocks per SM); bfloat16 softmax block rows at 3 blocks per SM: a 112-byte
+// spill -> 16 bytes, layer_norm's 56 -> 0.
+enum class RowPath { Any, Held, Streamed };
+#define OPFORGE_ROW_PATHS 1  // (benchmarks/cuda_rows_tune.cu: this tree has RowPath)
+
+// body(view) on the row's N inputs, held in registers when they fit (see above).
+template <int G, typename T, int N, RowPath P = RowPath::Any, typename Body>
 __device__ __forceinline__ void with_row(const T* const (&x)[N], int64_t n, int lane, bool vec, Body&& body) {
-  if constexpr (G == kWarp && int64_t(kWarp) * kHeld<T> >= kShortRow) {
+  if constexpr (P == RowPath::Held || (G == kWarp && int64_t(kWarp) * kHeld<T> >= kShortRow)) {
     Held<G, T, N> held(x, n, lane, vec);
     body(held);
+  } else if constexpr (P == RowPath::Streamed) {
+    Streamed<G, T, N> streamed{{}, n, lane, vec};
+#pragma unroll
+    for (int q = 0; q < N; ++q) streamed.x[q] = x[q];
+    body(streamed);
   } else if (n <= int64_t(G) * kHeld<T>) {
     Held<G, T, N> held(x, n, lane, vec);
     body(held);
@@ -464,38 +475,34 @@ inline bool vec_ok(int64_t n, std::initializer_list<const void*> ptrs) {
 }
 
 // The blocks per SM that row_kernel's launch bounds ask for (ptxas then caps each thread's
-// registers at what that many blocks leave it). 16-bit rows stream half the bytes per register of
-// float32 rows and need more rows in flight: an op that declares `using row_value = T` says how
-// many blocks its 16-bit rows take, kWarpBlocks16 for warp rows (blocks of 128 threads) and
-// kBlockBlocks16 for block rows (256 threads), its fastest shapes as tools/gpu_run.sh tune
-// measured them on an H200 (bfloat16 (65536, 1024) and (8192, 8192), 2026-11-27;
-// benchmarks/results/cuda.md). Other ops and element types keep 1 and 2 (float32 rows were as
-// fast or faster with them).
+// registers at what that many blocks leave it). Every op launched by launch_rows declares its
+// element type (`using row_value = T`) and how many blocks its 16-bit rows take: kWarpBlocks16
+// for warp rows (blocks of 128 threads), kBlockBlocks16 for block rows (256 threads). 16-bit rows
+// stream half the bytes per register of float32 rows and need more rows in flight; the figures
+// are each op's fastest shapes as tools/gpu_run.sh tune measured them on an H200 (bfloat16
+// (65536, 1024) and (8192, 8192), 2026-11-27; benchmarks/results/cuda.md). Other element types
+// keep 1 and 2 (float32 rows were as fast or faster with them).
 #define OPFORGE_ROW_MIN_BLOCKS 1  // (benchmarks/cuda_rows_tune.cu: this tree has RowMinBlocks)
-template <int G, typename Op, typename = void>
-struct RowMinBlocks {
-  static constexpr int value = G == kWarp ? 1 : 2;
-};
 template <int G, typename Op>
-struct RowMinBlocks<G, Op, std::void_t<typename Op::row_value>> {
+struct RowMinBlocks {
   static constexpr bool k16 = sizeof(typename Op::row_value) == 2;
   static constexpr int value = G == kWarp ? (k16 ? Op::kWarpBlocks16 : 1) : (k16 ? Op::kBlockBlocks16 : 2);
 };
 
-// Runs op.template row<G>(r, lane) for every row r, a group of G threads to a row.
-template <int G, typename Op>
+// Runs op.template row<G, P>(r, lane) for every row r, a group of G threads to a row.
+template <int G, RowPath P, typename Op>
 __global__ void __launch_bounds__(G == kWarp ? kWarp * kShortRows : G, (RowMinBlocks<G, Op>::value))
     row_kernel(int64_t rows, Op op) {
   constexpr int kPerBlock = G == kWarp ? kShortRows : 1;
   const int lane = static_cast<int>(threadIdx.x % G);
   for (int64_t r = int64_t(blockIdx.x) * kPerBlock + threadIdx.x / G; r < rows;
        r += int64_t(gridDim.x) * kPerBlock) {
-    op.template row<G>(r, lane);
+    op.template row<G, P>(r, lane);
   }
 }
 
 // Launches op over `rows` rows of n elements on device's current stream: a warp per row for short
-// rows, a block per row for long ones.
+// rows, a block per row for long ones, held in registers when they fit (RowPath).
 template <typename Op>
 void launch_rows(const char* op_name, Device device, int64_t rows, int64_t n, const Op& op) {
   if (rows == 0) return;
@@ -504,10 +511,14 @@ void launch_rows(const char* op_name, Device device, int64_t rows, int64_t n, co
   constexpr int64_t kMaxBlocks = int64_t(1) << 20;
   if (n <= kShortRow) {
     const auto blocks = static_cast<unsigned>(std::min(kMaxBlocks, (rows + kShortRows - 1) / kShortRows));
-    row_kernel<kWarp, Op><<<blocks, kWarp * kShortRows, 0, stream>>>(rows, op);
+    row_kernel<kWarp, RowPath::Any, Op><<<blocks, kWarp * kShortRows, 0, stream>>>(rows, op);
   } else {
     const auto blocks = static_cast<unsigned>(std::min(kMaxBlocks, rows));
-    row_kernel<kLongThreads, Op><<<blocks, kLongThreads, 0, stream>>>(rows, op);
+    if (n <= int64_t(kLongThreads) * kHeld<typename Op::row_value>) {
+      row_kernel<kLongThreads, RowPath::Held, Op><<<blocks, kLongThreads, 0, stream>>>(rows, op);
+    } else {
+      row_kernel<kLongThreads, RowPath::Streamed, Op><<<blocks, kLongThreads, 0, stream>>>(rows, op);
+    }
   }
   check(op_name, cudaGetLastError());
 }

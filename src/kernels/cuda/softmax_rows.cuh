@@ -29,12 +29,12 @@ struct ForwardRow {
   T* y;
   int64_t n;
   bool vec;
-  template <int G>
+  template <int G, RowPath P = RowPath::Any>
   __device__ __forceinline__ void row(int64_t r, int lane) const {
     using C = compute_t<T>;
     const T* const in[1] = {x + r * n};
     T* yr = y + r * n;
-    with_row<G, T, 1>(in, n, lane, vec, [&](auto& src) {
+    with_row<G, T, 1, P>(in, n, lane, vec, [&](auto& src) {
       if constexpr (std::decay_t<decltype(src)>::kHeld) {
         // held: the max, then independent exponentials (a +inf or NaN max makes every term NaN,
         // and an all -inf row a NaN max - max: the cpu's results)
@@ -96,12 +96,12 @@ struct BackwardRow {
   T* dx;
   int64_t n;
   bool vec;
-  template <int G>
+  template <int G, RowPath P = RowPath::Any>
   __device__ __forceinline__ void row(int64_t r, int lane) const {
     using C = compute_t<T>;
     const T* const in[2] = {g + r * n, y + r * n};
     T* out = dx + r * n;
-    with_row<G, T, 2>(in, n, lane, vec, [&](auto& src) {
+    with_row<G, T, 2, P>(in, n, lane, vec, [&](auto& src) {
       C d = C(0);
       src.each([&](int64_t, C gv, C yv) { d += K == Kind::Softmax ? gv * yv : gv; });
       d = group_reduce<G>(d, Add{});
