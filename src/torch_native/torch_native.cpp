@@ -434,7 +434,9 @@ struct Metas {
 struct OpBackward final : torch::autograd::Node {
   explicit OpBackward(std::shared_ptr<OpData> data) : d(std::move(data)) {}
 
-  std::string name() const override { return "opforge::" + d->name + "_backward"; }
+  // (named as torch names an overload: "<op>_backward" would be another op's name, e.g.
+  // layer_norm_backward, which layer_norm's bprop may call; an op name has no dot)
+  std::string name() const override { return "opforge::" + d->name + ".backward"; }
 
   void release_variables() override {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -43,12 +43,12 @@ def test_cpu_tables_name_each_sides_ops(tmp_path: Path) -> None:
     # one forward and one backward op per step through opforge.torch, torch's own ops on the other side
     assert "| opforge::cross_entropy | 1 |" in ce and "| opforge::cross_entropy_backward | 1 |" in ce
     assert "aten::nll_loss" in ce and "opforge::" not in ce.split("torch: each op")[1]
-    # layer_norm's backward: dx, the weight's and the bias's gradients in one op (opforge::layer_norm_backward
-    # is also the name of the autograd node that calls it)
+    # layer_norm's backward: dx, the weight's and the bias's gradients in one op, called by the autograd
+    # node opforge::layer_norm.backward (its own row where the native kernel runs)
     for op in ("layer_norm", "layer_norm_affine_backward"):
         assert f"| opforge::{op} |" in ln, ln
-    for op in ("norm_affine_grad", "norm_weight_grad", "sum_to_like"):
-        assert op not in ln, ln
+    for op in ("layer_norm_backward", "norm_affine_grad", "norm_weight_grad", "sum_to_like"):
+        assert f"opforge::{op} " not in ln, ln
     assert "| opforge | " in ln and "| torch | " in ln
     with pytest.raises(subprocess.CalledProcessError):
         subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--cases", "nope"], check=True,

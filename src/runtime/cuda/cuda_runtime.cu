@@ -517,11 +517,12 @@ class CudaRuntime final : public DeviceRuntime {
       allocated_[index] -= nbytes;
       return true;
     }
-    // A block of the legacy stream (eager work before the capture: a gradient that zero_grad()
-    // drops inside a captured step), or any block freed by the capturing thread: its cudaFreeAsync
-    // now would be an unsafe call there, which invalidates the capture. It waits in pending_ for
-    // the end of the last capture (free_now: after a device synchronization, on the legacy stream).
-    if (!stream || this_thread_captures()) {
+    // A block the capturing thread frees outside the capture (eager work before it: a gradient that
+    // zero_grad() drops inside a captured step, a block of the legacy stream): its cudaFreeAsync
+    // would be an unsafe call there, which invalidates the capture (thread-local mode: other
+    // threads free as usual). It waits in pending_ for the end of the last capture (free_now:
+    // after a device synchronization, on the legacy stream).
+    if (this_thread_captures()) {
       pending_.deferred.emplace_back(index, p);
       allocated_[index] -= nbytes;
       return true;
