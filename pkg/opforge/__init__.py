@@ -192,10 +192,8 @@ Tensor.__neg__ = lambda self: ops.neg(self)
 
 def _to(self: Tensor, device: str) -> Tensor:
     """This tensor on device ("cpu", "cuda", "cuda:N"): itself when already there, else a copy
-    (ordered on the device's current stream; a copy to the host returns once it is complete)."""
-    if self.requires_grad and is_grad_enabled() and _C._check_device("to", str(device)) != self.device:
-        raise RuntimeError(f"[to] moving a tensor that requires grad from {self.device} to {device} is not "
-                           "differentiable in opforge yet: detach() it, or move it before requires_grad is set")
+    (ordered on the device's current stream; a copy to the host returns once it is complete).
+    Differentiable, as torch's: the gradient of the copy goes back to this tensor's device."""
     return _C._to(self, str(device))
 
 

@@ -1837,7 +1837,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
   m.def("_to", [](const TensorPtr& t, const std::string& text) {
     Device d = parse_device("to", text);
     py::gil_scoped_release nogil;
-    return to_device("to", t, d);
+    return to(t, d);  // (differentiable: recorded when t requires grad)
   }, py::arg("tensor"), py::arg("device"));
   m.attr("built_targets") = built_targets();
 }

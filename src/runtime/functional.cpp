@@ -358,6 +358,19 @@ struct CastFn : Function<CastFn> {
   }
 };
 
+// A copy to another device, differentiable (as torch's .to()): the gradient goes back to the
+// input's device, the tangent comes along.
+struct ToFn : Function<ToFn> {
+  static constexpr const char* kName = "to";
+  static TensorPtr Forward(AutogradContext*, const TensorPtr& x, Device device) { return to_device("to", x, device); }
+  static TensorList Backward(AutogradContext* ctx, TensorList g) {
+    return {ctx->NeedsInputGrad(0) ? to(g[0], ctx->input_meta(0).device) : nullptr};
+  }
+  static TensorList Jvp(const TensorList& t, const TensorList&, const TensorPtr&, Device device) {
+    return {to(t[0], device)};
+  }
+};
+
 struct SumToFn : Function<SumToFn> {
   static constexpr const char* kName = "sum_to";
   static TensorPtr Forward(AutogradContext*, const TensorPtr& x, const Shape& shape) {
@@ -501,6 +514,11 @@ TensorPtr make_dual(const TensorPtr& primal, const TensorPtr& tangent) {
 }
 
 TensorPtr cast(const TensorPtr& x, DType dtype) { return CastFn::Apply(x, dtype); }
+TensorPtr to(const TensorPtr& x, Device device) {
+  if (device.type != DeviceType::CPU) device_runtime("to", device);  // (checks it, resolves a bare index)
+  if (x->device() == device) return x;  // (itself, as torch's .to())
+  return ToFn::Apply(x, device);
+}
 TensorPtr sum_to(const TensorPtr& x, const Shape& shape) { return SumToFn::Apply(x, shape); }
 TensorPtr broadcast_to(const TensorPtr& x, const Shape& shape) { return BroadcastToFn::Apply(x, shape); }
 TensorPtr reshape(const TensorPtr& x, const Shape& shape) { return ReshapeFn::Apply(x, shape); }

@@ -76,6 +76,8 @@ TensorPtr sum_kernel(const char* op, const TensorPtr& x, const Axes& axes, bool 
 
 // ---- differentiable helpers (record autograd when grad mode is on)
 TensorPtr cast(const TensorPtr& x, DType dtype);
+// x on device (itself when already there), differentiable: gradients go back to x's device.
+TensorPtr to(const TensorPtr& x, Device device);
 TensorPtr sum_to(const TensorPtr& x, const Shape& shape);
 TensorPtr broadcast_to(const TensorPtr& x, const Shape& shape);
 TensorPtr reshape(const TensorPtr& x, const Shape& shape);

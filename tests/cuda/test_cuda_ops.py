@@ -298,3 +298,22 @@ def test_double_backward_on_cuda_matches_the_cpu() -> None:
         results[device] = (g.detach().cpu().numpy(), gg.cpu().numpy())
     for a, b in zip(results["cpu"], results["cuda"]):
         np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
+
+
+def test_moves_between_devices_are_differentiable() -> None:
+    a = np.linspace(-1.0, 1.0, 7)
+    x = opforge.tensor(a, device="cuda", requires_grad=True)
+    y = ops.sum(ops.mul(x.cpu(), x.cpu()))  # the loss on the host, x on the device
+    assert y.device == "cpu"
+    y.backward()
+    assert x.grad.device == "cuda:0"
+    np.testing.assert_allclose(x.grad.cpu().numpy(), 2 * a, rtol=1e-12)
+    h = opforge.tensor(a, requires_grad=True)
+    (g,) = opforge.gradients([ops.sum(ops.exp(h.to("cuda")))], [h])
+    assert g.device == "cpu"
+    np.testing.assert_allclose(g.numpy(), np.exp(a), rtol=1e-12)
+    # forward mode: the tangent comes along to the other device
+    value, tangent = opforge.jvp(lambda t: ops.sum(ops.mul(t.cpu(), t.cpu())), (x.detach(),),
+                                 (opforge.tensor(np.ones(7), device="cuda"),))
+    assert tangent.device == "cpu"
+    np.testing.assert_allclose(tangent.numpy(), 2 * a.sum(), rtol=1e-12)

@@ -20,6 +20,13 @@ def test_tensors_are_on_the_cpu() -> None:
     assert opforge.tensor([1.0], device="cpu").device == "cpu"
 
 
+def test_to_its_own_device_is_the_tensor_itself_and_keeps_its_gradient() -> None:
+    x = opforge.tensor(np.arange(3.0), requires_grad=True)
+    assert x.to("cpu") is x and x.cpu() is x
+    opforge.ops.sum(opforge.ops.mul(x.cpu(), x)).backward()
+    np.testing.assert_array_equal(x.grad.numpy(), 2 * np.arange(3.0))
+
+
 @pytest.mark.parametrize("name", ["gpu", "cuda:", "cuda:-1", "cuda:x", "CPU", "cuda:99999", ""])
 def test_unknown_device_names_are_value_errors(name: str) -> None:
     with pytest.raises(ValueError, match=r"\[tensor\] unknown device '.*': one of 'cpu', 'cuda', 'cuda:N'"):
