@@ -387,22 +387,24 @@ enum class RowPath { Any, Held, Streamed };
 // body(view) on the row's N inputs, held in registers when they fit (see above).
 template <int G, typename T, int N, RowPath P = RowPath::Any, typename Body>
 __device__ __forceinline__ void with_row(const T* const (&x)[N], int64_t n, int lane, bool vec, Body&& body) {
+  const auto held = [&] {
+    Held<G, T, N> view(x, n, lane, vec);
+    body(view);
+  };
+  const auto streamed = [&] {
+    Streamed<G, T, N> view{{}, n, lane, vec};
+#pragma unroll
+    for (int q = 0; q < N; ++q) view.x[q] = x[q];
+    body(view);
+  };
   if constexpr (P == RowPath::Held || (G == kWarp && int64_t(kWarp) * kHeld<T> >= kShortRow)) {
-    Held<G, T, N> held(x, n, lane, vec);
-    body(held);
+    held();
   } else if constexpr (P == RowPath::Streamed) {
-    Streamed<G, T, N> streamed{{}, n, lane, vec};
-#pragma unroll
-    for (int q = 0; q < N; ++q) streamed.x[q] = x[q];
-    body(streamed);
+    streamed();
   } else if (n <= int64_t(G) * kHeld<T>) {
-    Held<G, T, N> held(x, n, lane, vec);
-    body(held);
+    held();
   } else {
-    Streamed<G, T, N> streamed{{}, n, lane, vec};
-#pragma unroll
-    for (int q = 0; q < N; ++q) streamed.x[q] = x[q];
-    body(streamed);
+    streamed();
   }
 }
 
