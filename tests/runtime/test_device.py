@@ -46,6 +46,16 @@ def test_cuda_without_a_device_is_a_runtime_error_with_the_reason(name: str) -> 
         assert "this opforge was built without cuda (its wheel's targets: cpu)" in text
     with pytest.raises(RuntimeError, match=r"\[synchronize\] device 'cuda'"):
         opforge.cuda.synchronize()
+    x = opforge.tensor([1.0], requires_grad=True)  # (a tensor that requires grad: the same error)
+    with pytest.raises(RuntimeError, match=rf"\[to\] device '{name}': "):
+        x.to(name)
+
+
+@pytest.mark.parametrize("name", ["gpu", "cuda:x", ""])
+def test_to_an_unknown_device_is_a_value_error(name: str) -> None:
+    x = opforge.tensor([1.0], requires_grad=True)
+    with pytest.raises(ValueError, match=r"\[to\] unknown device '.*': one of 'cpu', 'cuda', 'cuda:N'"):
+        x.to(name)
 
 
 @no_gpu
