@@ -310,10 +310,18 @@ def _lower_let(key: str, names: tuple[str, ...], f: Formula, scope: GraphScope, 
     return rows, kind
 
 
+def _fewest(when: set[frozenset[int]]) -> tuple[tuple[int, ...], ...]:
+    """A let's condition (any of the sets of inputs whose gradients are all asked for), without a
+    set that holds another (need_0 && need_1 || need_1 is need_1), in a fixed order."""
+    kept = [w for w in when if not any(v < w for v in when)]
+    return tuple(sorted((tuple(sorted(w)) for w in kept), key=lambda t: (len(t), t)))
+
+
 @dataclass(frozen=True)
 class LoweredBprop:
-    # (name, C++ code, C++ type, inputs needing it, tests of the optional inputs it needs)
-    lets: tuple[tuple[str, str, str, tuple[int, ...], tuple[str, ...]], ...]
+    # (name, C++ code, C++ type, when it is computed: any of these sets of inputs whose gradients
+    # are all asked for, tests of the optional inputs it needs)
+    lets: tuple[tuple[str, str, str, tuple[tuple[int, ...], ...], tuple[str, ...]], ...]
     grads: tuple[tuple[int, str, str], ...]               # (input index, input name, C++ code)
     saved: tuple[tuple[str, tuple[int, ...]], ...]        # (tensor name, input indices needing it)
     uses_attrs: bool
@@ -363,17 +371,21 @@ def lower_formulas(op: OpSpec, table: Mapping[str, Callee], lang: CppLang = CPP)
         tensors.update({o.grad_name: f"v_{o.grad_name}" for o in op.outputs if o.differentiable})
         optional = {i.name for i in op.inputs if i.optional}
         index = {i.name: k for k, i in enumerate(op.inputs)}
+        differentiable = {i.name: k for k, i in enumerate(op.inputs) if i.differentiable}
         deps: dict[str, set[str]] = {}
         lets: list[LetRow] = []  # (name, code, C++ type, names it feeds, tests of the inputs it needs)
+        let_uses: list[tuple[tuple[str, ...], dict[str, list[frozenset[int]]]]] = []  # (names, what it reads)
         guards: dict[str, tuple[str, ...]] = {}
         bscope_used: set[str] = set()
         scalars = _attr_scope(op, prefix)
         for k, (names, f) in enumerate(op.bprop.lets):
-            scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, guards=guards)
+            scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, guards=guards,
+                               needs=differentiable)
             refs = names_in(f.ast)
             rows, kind = _lower_let(str(k), names, f, scope, lang, guards)
             # (a multi-output let's row str(k) feeds each of its names; a spec name is never a number)
             lets += [(n, c, t, names if n == str(k) else (n,), given) for n, c, t, given in rows]
+            let_uses.append((names, scope.uses))
             bscope_used |= scope.used_ops
             for name in names:
                 if kind.is_number:
@@ -384,8 +396,11 @@ def lower_formulas(op: OpSpec, table: Mapping[str, Callee], lang: CppLang = CPP)
                 deps[name] = set().union(*[{r} | deps.get(r, set()) for r in refs]) if refs else set()
         grads: list[tuple[int, str, str]] = []
         needers: dict[str, set[int]] = {}
+        # when each let is computed: sets of inputs, each set's gradients all asked for at a use
+        when: dict[str, set[frozenset[int]]] = {}
         for name, f in op.bprop.grads:
-            scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, guards=guards)
+            scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, guards=guards,
+                               needs=differentiable)
             code, kind = lower_graph(f, scope, lang)
             if not kind.is_tensor:
                 raise f.error(0, f"a gradient must be a tensor, got {kind}")
@@ -394,9 +409,15 @@ def lower_formulas(op: OpSpec, table: Mapping[str, Callee], lang: CppLang = CPP)
             for r in names_in(f.ast):
                 for needed in {r} | deps.get(r, set()):
                     needers.setdefault(needed, set()).add(index[name])
+            for r, paths in scope.uses.items():
+                when.setdefault(r, set()).update(p | {index[name]} for p in paths)
+        for names, uses in reversed(let_uses):  # a let's uses of earlier lets, when it is computed
+            outer = set().union(*[when.get(n, set()) for n in names])
+            for r, paths in uses.items():
+                when.setdefault(r, set()).update(w | p for w in outer for p in paths)
         saveable = [i.name for i in op.inputs] + [o.name for o in op.outputs]
         saved = tuple((n, tuple(sorted(needers[n]))) for n in saveable if n in needers)
-        let_rows = tuple((n, c, t, tuple(sorted(set().union(*[needers.get(m, set()) for m in feeds]))), given)
+        let_rows = tuple((n, c, t, _fewest(set().union(*[when.get(m, set()) for m in feeds])), given)
                          for n, c, t, feeds, given in lets)
         uses_attrs = any(a.name in needers for a in op.attrs)
         bprop = LoweredBprop(let_rows, tuple(grads), saved, uses_attrs, tuple(sorted(bscope_used)))

@@ -8,6 +8,7 @@ from typing import Any, Mapping, Optional
 
 from .. import api, escape
 from ..formula import dims
+from ..formula.lang import CPP
 from ..api import Lowered, LoweredBprop
 from ..model import (AotImpl, Attr, AttrType, CppImpl, DType, ExprImpl, OpSpec, PyfuncImpl,
                      ShapeKind, ShapeRule)
@@ -282,12 +283,9 @@ def _backward(op: OpSpec, lb: LoweredBprop) -> list[str]:
         bw.append(f"const {op.class_name}Attrs& attrs = ctx->GetAttrs<{op.class_name}Attrs>();")
     for k in sorted({k for k, _, _ in lb.grads}):
         bw.append(f"const bool need_{k} = ctx->NeedsInputGrad({k});")
-    for n, code, ctype, ks, given in lb.lets:
-        cond = " || ".join(f"need_{k}" for k in ks) or "false"
-        if given:  # bound only when the optional inputs it needs are given
-            cond = " && ".join([f"({cond})" if len(ks) > 1 else cond, *given])
+    for n, code, ctype, when, given in lb.lets:
         bw.append(f"{ctype} v_{n}{{}};")
-        bw.append(f"if ({cond}) v_{n} = {code};")
+        bw.append(f"if ({CPP.let_condition(when, given)}) v_{n} = {code};")
     bw.append(f"TensorList grads({len(op.inputs)});")
     for k, n, code in lb.grads:
         bw.append(f"if (need_{k}) grads[{k}] = ctx->ReduceGrad({k}, {code});")

@@ -21,11 +21,8 @@ def _tuple(items: Sequence[str]) -> str:
 def _bprop(op: OpSpec, lb: api.LoweredBprop) -> list[str]:
     """The body of ``_bprop_<op>``: lets, then one reduced gradient (or None) per input."""
     lines = []
-    for n, code, _, ks, given in lb.lets:
-        cond = " or ".join(f"need[{k}]" for k in ks) or "False"
-        if given:  # bound only when the optional inputs it needs are given
-            cond = " and ".join([f"({cond})" if len(ks) > 1 else cond, *given])
-        lines.append(f"v_{n} = {code} if {cond} else None")
+    for n, code, _, when, given in lb.lets:
+        lines.append(f"v_{n} = {code} if {PY.let_condition(when, given)} else None")
     grads = {k: code for k, _, code in lb.grads}
     lines.append("return (")
     for k, _ in enumerate(op.inputs):

@@ -23,6 +23,7 @@ class Param(StrEnum):
     AXES = "axes"          # an optional list[int] (an int is one axis)
     BOOL = "bool"
     OPTIONAL = "optional"  # an optional input or attr (if_given's test)
+    INPUT = "input"        # a differentiable input (if_needs's test)
     ANY = "any"
 
 
@@ -36,6 +37,7 @@ HELPERS: Mapping[str, tuple[tuple[Param, ...], Optional[VType]]] = {
     "numel": ((Param.TENSOR,), NUMBER),
     "expand_reduced": ((Param.TENSOR, Param.TENSOR, Param.AXES, Param.BOOL), TENSOR),
     "if_given": ((Param.OPTIONAL, Param.ANY, Param.ANY), None),
+    "if_needs": ((Param.INPUT, Param.ANY, Param.ANY), None),
 }
 
 
@@ -70,6 +72,11 @@ class GraphScope:
     companions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # lets bound only when optional inputs are given (``a: if_given(w, f)``): name -> those inputs
     guards: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # bprop formulas only: the differentiable inputs, name -> index (if_needs's tests)
+    needs: Optional[Mapping[str, int]] = None
+    # each use of a tensor name: name -> the inputs whose gradients if_needs branches around the
+    # use ask for (so a let is computed only where a taken branch reads it)
+    uses: dict[str, list[frozenset[int]]] = field(default_factory=dict)
 
     def unlock(self, name: str) -> list[str]:
         """Mark optional input ``name`` given (with its companions); returns what to mark back."""
@@ -89,6 +96,7 @@ class _Lowering:
         self.scope = scope
         self.lang = lang
         self.counter = 0
+        self.needed: frozenset[int] = frozenset()  # the if_needs first branches around the node
 
     def error(self, pos: int, message: str) -> SpecError:
         return self.formula.error(pos, message)
@@ -134,7 +142,9 @@ class _Lowering:
             return self.select(node)
         if isinstance(node, Call):
             if node.func in HELPERS:
-                return self.if_given(node) if node.func == "if_given" else self.helper(node)
+                if node.func == "if_given":
+                    return self.if_given(node)
+                return self.if_needs(node) if node.func == "if_needs" else self.helper(node)
             if node.func == "where" and len(node.args) == 3 and not node.kwargs:
                 chosen = self.static_where(node)
                 if chosen is not None:
@@ -173,8 +183,10 @@ class _Lowering:
                                  f"{'is' if len(scope.guards[node.id]) == 1 else 'are'} given; use it in "
                                  + " inside ".join(f"if_given({g}, ..., ...)" for g in absent)
                                  + "'s first branch")
+            scope.uses.setdefault(node.id, []).append(self.needed)
             return scope.tensors[node.id], TENSOR
         if node.id in scope.attrs:
+            scope.uses.setdefault(node.id, []).append(self.needed)
             atype, code = scope.attrs[node.id]
             return code, atype
         known = list(scope.tensors) + list(scope.attrs)
@@ -324,6 +336,32 @@ class _Lowering:
             raise self.error(node.pos, "if_given(): both branches must be tensors or both numbers")
         return lang.choose(test, ac, bc), ak
 
+    def if_needs(self, node: Call) -> Lowered:
+        """``if_needs(x, a, b)``: a when this backward computes input x's gradient (x is then
+        given), else b. A cheaper formula for the inputs that need one (a frozen weight's
+        gradient is never asked for)."""
+        self.check_helper_arity(node)
+        scope = self.scope
+        if scope.needs is None:
+            raise self.error(node.pos, "if_needs() is for bprop formulas: only a backward knows which "
+                             "gradients are asked for")
+        cond = node.args[0]
+        if not (isinstance(cond, Name) and cond.id in scope.needs):
+            raise self.error(cond.pos, "if_needs() needs a differentiable input as its first argument"
+                             f" ({', '.join(scope.needs)})")
+        k = scope.needs[cond.id]
+        unlocked = scope.unlock(cond.id)  # (an input whose gradient is asked for is given)
+        outer, self.needed = self.needed, self.needed | {k}
+        try:
+            ac, ak = self.go(node.args[1])
+        finally:
+            scope.optional.update(unlocked)
+            self.needed = outer
+        bc, bk = self.go(node.args[2])
+        if ak.is_tensor != bk.is_tensor:
+            raise self.error(node.pos, "if_needs(): both branches must be tensors or both numbers")
+        return self.lang.choose(self.lang.need(k), ac, bc), ak
+
     def helper(self, node: Call) -> Lowered:
         params = self.check_helper_arity(node)
         codes = []
@@ -336,7 +374,7 @@ class _Lowering:
                 raise self.error(arg.pos, f"{node.func}(): expected {want}, got {kind}")
             codes.append(converted)
         result = HELPERS[node.func][1]
-        assert result is not None  # (if_given, whose type is its branches', is lowered apart)
+        assert result is not None  # (if_given and if_needs, typed by their branches, are lowered apart)
         return self.lang.helper(node.func, codes), result
 
 

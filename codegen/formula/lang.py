@@ -60,6 +60,27 @@ class CppLang:
     def choose(self, test: str, a: str, b: str) -> str:
         return f"({test} ? {a} : {b})"
 
+    def need(self, k: int) -> str:
+        """Whether a backward computes input k's gradient."""
+        return f"need_{k}"
+
+    def let_condition(self, when: tuple[tuple[int, ...], ...], given: tuple[str, ...]) -> str:
+        """When a backward computes a let: some set of inputs in ``when`` all need their gradients,
+        and the optional inputs it needs are ``given`` (their tests)."""
+        terms = [self.all_of([self.need(k) for k in ks]) for ks in when]
+        cond = self.any_of(terms) if terms else self.boolean(False)
+        if given:
+            return self.all_of([f"({cond})" if len(terms) > 1 else cond, *given])
+        return cond
+
+    def all_of(self, terms: list[str]) -> str:
+        return " && ".join(terms)
+
+    def any_of(self, terms: list[str]) -> str:
+        if len(terms) == 1:
+            return terms[0]
+        return " || ".join(f"({t})" if " && " in t else t for t in terms)
+
     def helper(self, name: str, args: list[str]) -> str:
         return f"{name}({', '.join(args)})"
 
@@ -144,6 +165,17 @@ class PyLang(CppLang):
 
     def choose(self, test: str, a: str, b: str) -> str:
         return f"({a} if {test} else {b})"
+
+    def need(self, k: int) -> str:
+        return f"need[{k}]"
+
+    def all_of(self, terms: list[str]) -> str:
+        return " and ".join(terms)
+
+    def any_of(self, terms: list[str]) -> str:
+        if len(terms) == 1:
+            return terms[0]
+        return " or ".join(f"({t})" if " and " in t else t for t in terms)
 
     def helper(self, name: str, args: list[str]) -> str:
         return f"H.{name}({', '.join(args)})"

@@ -88,3 +88,59 @@ def test_jvp_let_names_never_meet_the_outputs_list(tmp_path: Path) -> None:
     _, _, cpp = rendered(tmp_path, "centered.yaml")
     assert "const TensorList v_0j = ops::layer_norm(v_x_t," in cpp
     assert "const TensorPtr v_y = v_0j[0];" in cpp and "const TensorPtr v_j0 = ops::mul(v_y, v_r);" in cpp
+
+
+NEEDS = """\
+scaled:
+  doc: x times an optional weight, plus an optional bias, with a fused gradient of both.
+  inputs:
+    x: T
+    w: {dtype: T, optional: true}
+    b: {dtype: T, optional: true}
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float32, float64]
+  targets:
+    cpu: {}
+  impl:
+    composite: if_given(w, x * w, x) + if_given(b, b, zeros_like(x))
+  bprop:
+    let:
+      dw, db: if_given(w, if_given(b, norm_affine_grad(dout, x, ones_like(x), w, b)))
+      gx: if_given(w, dout * w, dout)
+      twice: gx + gx
+    x: if_needs(w, gx, if_needs(b, twice * 0.5, dout * if_given(w, w, ones_like(dout))))
+    w: if_given(w, if_given(b, dw, sum_to_like(dout * x, w)), dout)
+    b: if_given(b, if_given(w, db, sum_to_like(dout, b)), dout)
+"""
+
+
+def test_if_needs_branches_on_the_gradients_asked_for(tmp_path: Path) -> None:
+    # if_needs(w, a, b): a when the backward computes w's gradient (w is then given), else b; a let
+    # is computed only when some taken branch reads it: gx when x's gradient is and w's or b's is
+    # (twice, which reads gx, when b's is), the fused dw, db only for w's or b's gradient
+    (tmp_path / "scaled.yaml").write_text(NEEDS, encoding="utf-8")
+    op, table, cpp = rendered(tmp_path, "scaled.yaml")
+    assert "if ((need_1 || need_2) && v_w && v_b) v_0 = ops::norm_affine_grad(" in cpp
+    assert "if (need_1 && v_w && v_b) v_dw = v_0[0];" in cpp
+    assert "if ((need_0 && need_1) || (need_0 && need_2)) v_gx = (v_w ? ops::mul(v_dout, v_w) : v_dout);" in cpp
+    assert "if (need_0 && need_2) v_twice = ops::add(v_gx, v_gx);" in cpp
+    assert "grads[0] = ctx->ReduceGrad(0, (need_1 ? v_gx : (need_2 ? " in cpp
+    py = render_formulas([op], ["scaled.yaml"], table).text
+    assert "v_gx = (F.mul(v_dout, v_w) if v_w is not None else v_dout) if (need[0] and need[1]) or " \
+        "(need[0] and need[2]) else None" in py
+    assert "v_twice = F.add(v_gx, v_gx) if need[0] and need[2] else None" in py
+    assert "H.reduce_grad((v_gx if need[1] else (" in py
+    assert "x: if_needs(w, gx, if_needs(b, twice * 0.5, dout * if_given(w, w, ones_like(dout))))" in op.to_yaml()
+
+
+def test_frozen_norm_parameters_skip_the_fused_parameter_gradients() -> None:
+    # layer_norm and rms_norm: the fused backward that also sums the parameters' gradients runs
+    # only when one of them is trained; x's gradient alone is layer_norm_backward/rms_norm_backward
+    ops = {o.name: o for o in load_specs([ROOT / "op_specs"])}
+    for name, fused, cond in (("layer_norm", "layer_norm_affine_backward", "(need_1 || need_2) && v_weight && v_bias"),
+                              ("rms_norm", "rms_norm_affine_backward", "need_1 && v_weight")):
+        cpp = next(r.text for r in render_op(ops[name], ops, f"{name}.yaml") if r.name == f"{name}.cpp")
+        assert f"if ({cond}) v_0 = ops::{fused}(" in cpp, name
+        assert "(need_1 ? v_dx : " in cpp, name

@@ -475,6 +475,17 @@ CASES = [
          scale("    x: if_given(w, dout * w, dout)", "    let:\n      g: if_given(w, dout * w)\n    x: g"),
          "specs/scale.yaml:17:8: bprop.x: let 'g' is bound only when w is given; use it in "
          "if_given(w, ..., ...)'s first branch"),
+    case("if-needs-in-a-jvp", "scale", SCALE + "  jvp:\n    out: if_needs(x, x_t, x_t)\n",
+         "specs/scale.yaml:18:10: jvp.out: if_needs() is for bprop formulas: only a backward knows which "
+         "gradients are asked for"),
+    case("if-needs-of-an-output", "scale", scale("if_given(w, dout * w, dout)", "if_needs(out, dout, dout)"),
+         "specs/scale.yaml:15:17: bprop.x: if_needs() needs a differentiable input as its first argument (x, w)"),
+    case("if-needs-of-a-non-differentiable-input", "scale",
+         scale("    w: {dtype: T, optional: true}", "    w: {dtype: T, optional: true, differentiable: false}").replace(
+             "    x: if_given(w, dout * w, dout)\n    w: dout * x\n", "    x: if_needs(w, dout, dout)\n"),
+         "specs/scale.yaml:15:17: bprop.x: if_needs() needs a differentiable input as its first argument (x)"),
+    case("if-needs-branches-of-two-kinds", "scale", scale("if_given(w, dout * w, dout)", "if_needs(w, dout * w, 1.0)"),
+         "specs/scale.yaml:15:8: bprop.x: if_needs(): both branches must be tensors or both numbers"),
     case("guarded-let-two-argument-if-given-elsewhere", "scale", scale("if_given(w, dout * w, dout)", "if_given(w, dout * w)"),
          "specs/scale.yaml:15:8: bprop.x: if_given() with two arguments (no value when absent) may only be a "
          "let's whole formula, binding the let only when the input is given"),

@@ -166,6 +166,26 @@ def test_norm_block_rows_and_gradients_with_weight_and_bias(n: int, dtype: str) 
             np.testing.assert_allclose(a, want, rtol=rtol * 3, atol=atol * 3 * scale, err_msg=f"{label} {name}")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_frozen_norm_parameters_take_the_dx_only_backward(dtype: str) -> None:
+    # weight and bias given but frozen: x's gradient is layer_norm_backward's/rms_norm_backward's
+    # with a weight (not the fused op that also sums the parameters' gradients), as the trained case's
+    rng = np.random.default_rng(7)
+    x, w, b, dy = rng.standard_normal((64, 1024)), rng.standard_normal(1024), rng.standard_normal(1024), \
+        rng.standard_normal((64, 1024))
+    for name, op, params in (("layer_norm", ops.layer_norm, (w, b)), ("rms_norm", ops.rms_norm, (w,))):
+        got = {}
+        for trained in (True, False):
+            xt = opforge.tensor(x, device="cuda", dtype=dtype, requires_grad=True)
+            ps = [opforge.tensor(p, device="cuda", dtype=dtype, requires_grad=trained) for p in params]
+            (gx,) = opforge.gradients([op(xt, *ps)[0]], [xt], [cuda(dy, dtype)], create_graph=True)
+            assert gx.grad_fn == (f"{name}_affine_backward" if trained else f"{name}_backward"), (name, trained)
+            got[trained] = host(gx)
+        rtol, atol = TOL[dtype]
+        np.testing.assert_allclose(got[False], got[True], rtol=rtol * 3, atol=atol * 3 * np.abs(got[True]).max(),
+                                   err_msg=name)
+
+
 def test_norm_rows_with_an_unaligned_weight_or_long_row_match_aligned_ones() -> None:
     # unaligned weight and bias (4 bytes past 16) turn the column packs off; an unaligned row too
     # long to hold runs the tile loop without vectors

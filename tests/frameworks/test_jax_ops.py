@@ -87,6 +87,21 @@ def test_every_op_is_a_jax_function() -> None:
     assert "stablehlo.custom_call @opforge" in text and "opforge.op" in text
 
 
+def test_the_norms_fuse_parameter_gradients_only_when_they_are_asked_for() -> None:
+    # layer_norm's bprop: if_needs(weight/bias, the fused dx-dweight-dbias op, dx alone); transpose
+    # asks for the gradients of the live tangents only
+    x, w, b = jnp.ones((4, 8)), jnp.full(8, 2.0), jnp.zeros(8)
+
+    def loss(x, w, b):
+        return oj.ops.layer_norm(x, w, b)[0].sum()
+
+    assert "opforge.layer_norm_affine_backward" in str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, w, b))
+    only_x = str(jax.make_jaxpr(jax.grad(loss))(x, w, b))
+    assert "opforge.layer_norm_backward" in only_x and "affine" not in only_x
+    xs = jnp.asarray(np.random.default_rng(0).standard_normal((4, 8)))
+    np.testing.assert_allclose(jax.grad(loss)(xs, w, b), jax.grad(loss, argnums=(0, 1))(xs, w, b)[0], rtol=1e-6)
+
+
 def test_cases_cover_every_op() -> None:
     assert {c.op.name for c in CASES} == set(_formulas.OPS)
 

@@ -55,6 +55,26 @@ def test_the_graph_node_is_a_cpp_node_running_the_specs_bprop() -> None:
     torch.testing.assert_close(only_b, (g * a).sum(0))
 
 
+def test_the_norms_fuse_parameter_gradients_only_when_they_are_asked_for() -> None:
+    # layer_norm's bprop: if_needs(weight/bias, the fused dx-dweight-dbias op, dx alone); the node's
+    # need flags are torch's (trained parameters, the inputs torch.autograd.grad asks for)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    w, b = (torch.randn(8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    g = torch.randn(4, 8, generator=gen, dtype=torch.float64)
+    dx, dw, _ = torch.autograd.grad(ops.layer_norm(x, w, b)[0], (x, w, b), g, create_graph=True)
+    assert dx.grad_fn.name() == "opforge::layer_norm_affine_backward.backward"
+    (only_x,) = torch.autograd.grad(ops.layer_norm(x, w, b)[0], (x,), g, create_graph=True)
+    assert only_x.grad_fn.name() == "opforge::layer_norm_backward.backward"
+    frozen = ops.layer_norm(x, w.detach(), b.detach())[0]
+    (frozen_x,) = torch.autograd.grad(frozen, (x,), g, create_graph=True)
+    assert frozen_x.grad_fn.name() == "opforge::layer_norm_backward.backward"
+    torch.testing.assert_close(only_x, dx)
+    torch.testing.assert_close(frozen_x, dx)
+    want = torch.autograd.grad(torch.nn.functional.layer_norm(x, (8,), w, b), (x, w), g)
+    torch.testing.assert_close((dx, dw), want)
+
+
 def test_gradients_of_gradients_through_native_nodes() -> None:
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(5, generator=gen, dtype=torch.float64, requires_grad=True)

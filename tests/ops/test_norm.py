@@ -383,3 +383,22 @@ def test_rms_norm_affine_backward_is_the_two_ops(dtype, shape, axis, wshape) -> 
         np.testing.assert_array_equal(got.astype("float64").numpy(), e.astype("float64").numpy())
     if shape[0] == 0:
         assert not dw.astype("float64").numpy().any()
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_frozen_parameters_take_the_dx_only_backward(rms) -> None:
+    # weight (and bias) given but frozen: x's gradient is layer_norm_backward's/rms_norm_backward's
+    # (dx alone), with the same values as when the parameters train and the fused op runs
+    rng = np.random.default_rng(5)
+    x, w, b, dy = (rng.standard_normal(s) for s in ((6, 40), (40,), (40,), (6, 40)))
+    fused, alone = ("rms_norm_affine_backward", "rms_norm_backward") if rms else \
+        ("layer_norm_affine_backward", "layer_norm_backward")
+    grads = {}
+    for trained in (True, False):
+        xt = opforge.tensor(x, requires_grad=True)
+        params = [opforge.tensor(a, requires_grad=trained) for a in ((w,) if rms else (w, b))]
+        y = (ops.rms_norm if rms else ops.layer_norm)(xt, *params)[0]
+        (gx,) = opforge.gradients([y], [xt], [opforge.tensor(dy)], create_graph=True)
+        assert gx.grad_fn == (fused if trained else alone), trained
+        grads[trained] = gx.numpy()
+    np.testing.assert_allclose(grads[False], grads[True], rtol=1e-12, atol=1e-12)
