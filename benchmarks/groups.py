@@ -202,6 +202,16 @@ def norms() -> list[dict]:
         t_o2, t_t2 = bench(o_step, 0.3, 5), bench(t_step, 0.3, 5)
         rows.append(row("norms", f"{name} 4096×4096 forward+backward", t_o2, None, t_t2, "≤ 1.0× torch",
                         t_o2 <= t_t2))
+        if name in ("layer_norm", "rms_norm"):  # frozen parameters: x's gradient alone (if_needs)
+            def o_frozen():
+                of_fn(oxg, ow, ob).backward(og)
+
+            def t_frozen():
+                t_fn(txg, tw, tb).backward(tg)
+
+            t_o3, t_t3 = bench(o_frozen, 0.3, 5), bench(t_frozen, 0.3, 5)
+            rows.append(row("norms", f"{name} 4096×4096 forward+backward, parameters frozen", t_o3, None, t_t3,
+                            "≤ 1.0× torch", t_o3 <= t_t3))
     return rows
 
 

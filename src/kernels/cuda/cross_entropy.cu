@@ -15,6 +15,7 @@ template <typename T>
 struct LossRow {
   using row_value = T;  // 16-bit rows: blocks per SM (rows::RowMinBlocks; not tuned)
   static constexpr int kWarpBlocks16 = 1, kBlockBlocks16 = 2;
+  static constexpr bool kOnePath = true;  // (row_lse streams every row: no held path)
   const T* x;
   const int64_t* labels;
   double* loss;

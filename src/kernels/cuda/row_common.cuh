@@ -503,6 +503,13 @@ __global__ void __launch_bounds__(G == kWarp ? kWarp * kShortRows : G, (RowMinBl
   }
 }
 
+// An op whose rows take one path whatever their length (`static constexpr bool kOnePath = true`:
+// cross_entropy's online log-sum-exp) gets one block-row kernel, not two identical ones.
+template <typename Op, typename = void>
+struct OnePath : std::false_type {};
+template <typename Op>
+struct OnePath<Op, std::void_t<decltype(Op::kOnePath)>> : std::bool_constant<Op::kOnePath> {};
+
 // Launches op over `rows` rows of n elements on device's current stream: a warp per row for short
 // rows, a block per row for long ones, held in registers when they fit (RowPath).
 template <typename Op>
@@ -516,7 +523,9 @@ void launch_rows(const char* op_name, Device device, int64_t rows, int64_t n, co
     row_kernel<kWarp, RowPath::Any, Op><<<blocks, kWarp * kShortRows, 0, stream>>>(rows, op);
   } else {
     const auto blocks = static_cast<unsigned>(std::min(kMaxBlocks, rows));
-    if (n <= int64_t(kLongThreads) * kHeld<typename Op::row_value>) {
+    if constexpr (OnePath<Op>::value) {
+      row_kernel<kLongThreads, RowPath::Any, Op><<<blocks, kLongThreads, 0, stream>>>(rows, op);
+    } else if (n <= int64_t(kLongThreads) * kHeld<typename Op::row_value>) {
       row_kernel<kLongThreads, RowPath::Held, Op><<<blocks, kLongThreads, 0, stream>>>(rows, op);
     } else {
       row_kernel<kLongThreads, RowPath::Streamed, Op><<<blocks, kLongThreads, 0, stream>>>(rows, op);
