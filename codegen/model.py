@@ -1024,7 +1024,7 @@ class _Builder:
     def elementwise_jvp(inputs: list[Input], diff_out: list[Output], bprop: Optional[Bprop]) -> Optional[Jvp]:
         """PyTorch's auto_element_wise case: one differentiable output o whose shape is same() or
         broadcast() of the inputs, and a written gradient of each differentiable input that is
-        elementwise and linear in do (its lets inlined): the Jacobian is diagonal per input, so the
+        elementwise and linear in do (its lets inlined, if_needs's second branches taken): the Jacobian is diagonal per input, so the
         tangent of o is Σ_x (x's gradient formula with do replaced by x_t). The written formulas'
         choices at kinks (relu at 0, pow at 0) hold in forward mode too."""
         if bprop is None or bprop.derived or len(diff_out) != 1 or any(i.optional for i in inputs):
@@ -1039,7 +1039,7 @@ class _Builder:
             lets[names[0]] = derive.inline(f.ast, lets)
         total = None
         for x, f in bprop.grads:
-            body = derive.inline(f.ast, lets)
+            body = derive.without_if_needs(derive.inline(f.ast, lets))
             if not derive.is_linear_in(body, o.grad_name):
                 return None
             term = derive.substitute(body, o.grad_name, derive.tangent(x))

@@ -518,6 +518,27 @@ def substitute(n: Node, name: str, by: str) -> Node:
     return n
 
 
+def without_if_needs(n: Node) -> Node:
+    """n with each ``if_needs(x, a, b)`` replaced by b: both branches give the same gradient, and
+    outside a backward (a jvp derived from the bprop) no gradient is asked for."""
+    if isinstance(n, Call) and n.func == "if_needs" and len(n.args) == 3:
+        return without_if_needs(n.args[2])
+    if isinstance(n, Unary):
+        return Unary(n.op, without_if_needs(n.operand), _P)
+    if isinstance(n, Binary):
+        return Binary(n.op, without_if_needs(n.left), without_if_needs(n.right), _P)
+    if isinstance(n, Call):
+        return Call(n.func, tuple(without_if_needs(a) for a in n.args),
+                    tuple((k, without_if_needs(v), p) for k, v, p in n.kwargs), _P)
+    if isinstance(n, Select):
+        c = without_if_needs(n.call)
+        assert isinstance(c, Call)
+        return Select(c, n.name, _P)
+    if isinstance(n, ListLit):
+        return ListLit(tuple(without_if_needs(i) for i in n.items), _P)
+    return n
+
+
 def inline(n: Node, lets: dict[str, Node]) -> Node:
     """n with each Name bound in ``lets`` replaced by its tree."""
     for name, tree in lets.items():

@@ -297,7 +297,7 @@ def parse(text: str) -> Node:
 
 
 def names_in(node: Node) -> set[str]:
-    """Every plain name a formula refers to (not function names)."""
+    """Every plain name a formula reads (not function names, nor if_needs's test)."""
     if isinstance(node, Name):
         return {node.id}
     if isinstance(node, Select):
@@ -311,7 +311,8 @@ def names_in(node: Node) -> set[str]:
         for item in node.items:
             out |= names_in(item)
     if isinstance(node, Call):
-        for a in node.args:
+        # (if_needs's first argument asks whether a gradient is computed: no read of the tensor)
+        for a in node.args[1:] if node.func == "if_needs" else node.args:
             out |= names_in(a)
         for _, a, _ in node.kwargs:
             out |= names_in(a)

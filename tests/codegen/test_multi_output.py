@@ -144,3 +144,32 @@ def test_frozen_norm_parameters_skip_the_fused_parameter_gradients() -> None:
         cpp = next(r.text for r in render_op(ops[name], ops, f"{name}.yaml") if r.name == f"{name}.cpp")
         assert f"if ({cond}) v_0 = ops::{fused}(" in cpp, name
         assert "(need_1 ? v_dx : " in cpp, name
+
+
+def test_if_needs_reads_nothing_and_a_derived_jvp_takes_its_second_branch(tmp_path: Path) -> None:
+    # if_needs's test is no read of the tensor (Forward saves x only for y's gradient, which reads
+    # it, and y for nothing); the jvp derived from an elementwise bprop linear in dout takes
+    # if_needs's second branch
+    spec = """\
+scaled2:
+  doc: x times y, plus y.
+  inputs:
+    x: T
+    y: T
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float32, float64]
+  targets:
+    cpu: {}
+  impl:
+    composite: x * 2.0 + y
+  bprop:
+    x: if_needs(y, dout * 2.0, dout + dout)
+    y: if_needs(x, dout, dout * x / x)
+"""
+    (tmp_path / "scaled2.yaml").write_text(spec, encoding="utf-8")
+    op, _, cpp = rendered(tmp_path, "scaled2.yaml")
+    assert "ctx->SaveForBackward({(need_1) ? v_x : nullptr});" in cpp
+    assert op.jvp is not None and op.jvp.derived == "bprop"
+    assert [f.text for _, f in op.jvp.tangents] == ["x_t + x_t + y_t * x / x"]
