@@ -187,6 +187,16 @@ def row_figures(tsync: Callable[[], None], osync: Callable[[], None], copy_tbs: 
                     moved = passes * nbytes
                     rows.append((f"{label}{kind} {shape[0]}x{shape[1]} {name}", mine * 1e3, theirs * 1e3,
                                  mine / theirs, moved / mine / 1e12, moved / mine / 1e12 / copy_tbs))
+            # frozen parameters: x's gradient alone (the bprop's if_needs: no fused parameter sums)
+            frozen = [("layer_norm", lambda: grad(ot.ops.layer_norm(ag, w, bias), [ag]),
+                       lambda: grad(F.layer_norm(ag, (d,), w, bias), [ag])),
+                      ("rms_norm", lambda: grad(ot.ops.rms_norm(ag, w), [ag]),
+                       lambda: grad(F.rms_norm(ag, (d,), w, 1e-6), [ag]))]
+            for label, mine_fn, theirs_fn in frozen:
+                mine, theirs = timed(mine_fn, tsync, 10), timed(theirs_fn, tsync, 10)
+                moved = 5 * nbytes  # (x read, y written; dy and x read, dx written)
+                rows.append((f"{label} fwd+bwd, parameters frozen {shape[0]}x{shape[1]} {name}", mine * 1e3,
+                             theirs * 1e3, mine / theirs, moved / mine / 1e12, moved / mine / 1e12 / copy_tbs))
             del a, g, w, bias, x, ow, ob, ag, wg, bg
     torch.cuda.empty_cache()
     opforge.cuda.empty_cache()
