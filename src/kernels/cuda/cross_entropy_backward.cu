@@ -37,7 +37,7 @@ struct GradRow {
         src.each([&](int64_t, C v) { m = rows::max_nan(m, v); });
         m = rows::group_reduce<G>(m, rows::MaxNan{});
         C s = C(0);
-        src.each([&](int64_t, C v) { s += rows::exp_(v - m); });
+        src.each([&](int64_t, C v) { s += rows::exp_row<T>(v - m); });
         f = w / rows::group_reduce<G>(s, rows::Add{});
       } else {  // streamed: (m, s) tile by tile
         const rows::Lse<C> p = smx::row_lse<G>(x + r * classes, classes, lane, vec);
@@ -45,7 +45,7 @@ struct GradRow {
         f = w / p.s;
       }
       src.store(dx + r * classes, [&](int64_t i, C v) {
-        const C o = rows::exp_(v - m) * f;
+        const C o = rows::exp_row<T>(v - m) * f;
         return i == l ? o - w : o;  // (a bad label matches no i)
       });
     });

@@ -447,7 +447,7 @@ __device__ __forceinline__ Lse<compute_t<T>> thread_lse(const T* x, int64_t n, i
     C m = neg_inf<C>();
     tile.each([&](int64_t, C v) { m = max_nan(m, v); });
     C sum = C(0);
-    if (m != neg_inf<C>()) tile.each([&](int64_t, C v) { sum += exp_(v - m); });
+    if (m != neg_inf<C>()) tile.each([&](int64_t, C v) { sum += exp_row<T>(v - m); });
     p = LseCombine{}(p, Lse<C>{m, sum});
   }
   return p;

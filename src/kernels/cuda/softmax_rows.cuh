@@ -108,7 +108,7 @@ struct BackwardRow {
       C d = C(0);
       src.each([&](int64_t, C gv, C yv) { d += K == Kind::Softmax ? gv * yv : gv; });
       d = group_reduce<G>(d, Add{});
-      src.store(out, [&](int64_t, C gv, C yv) { return K == Kind::Softmax ? yv * (gv - d) : gv - exp_(yv) * d; });
+      src.store(out, [&](int64_t, C gv, C yv) { return K == Kind::Softmax ? yv * (gv - d) : gv - exp_row<T>(yv) * d; });
     });
   }
 };
