@@ -338,8 +338,8 @@ class _Lowering:
 
     def if_needs(self, node: Call) -> Lowered:
         """``if_needs(x, a, b)``: a when this backward computes input x's gradient (x is then
-        given), else b. A cheaper formula for the inputs that need one (a frozen weight's
-        gradient is never asked for)."""
+        given), else b: two ways to the same gradient, the cheaper one for the gradients asked for
+        (a frozen weight's is not, but under MindSpore, which asks for every given input's)."""
         self.check_helper_arity(node)
         scope = self.scope
         if scope.needs is None:
