@@ -498,45 +498,38 @@ def is_linear_in(n: Node, g: str) -> bool:
     return False
 
 
-def substitute(n: Node, name: str, by: str) -> Node:
-    """n with every Name ``name`` replaced by ``by``."""
-    if isinstance(n, Name):
-        return Name(by, _P) if n.id == name else n
+def _rewrite(n: Node, fn: Callable[[Node], Optional[Node]]) -> Node:
+    """n rebuilt bottom-up where ``fn`` gives a replacement for a node (None: keep it, rewrite
+    its children)."""
+    got = fn(n)
+    if got is not None:
+        return got
     if isinstance(n, Unary):
-        return Unary(n.op, substitute(n.operand, name, by), _P)
+        return Unary(n.op, _rewrite(n.operand, fn), _P)
     if isinstance(n, Binary):
-        return Binary(n.op, substitute(n.left, name, by), substitute(n.right, name, by), _P)
+        return Binary(n.op, _rewrite(n.left, fn), _rewrite(n.right, fn), _P)
     if isinstance(n, Call):
-        return Call(n.func, tuple(substitute(a, name, by) for a in n.args),
-                    tuple((k, substitute(v, name, by), p) for k, v, p in n.kwargs), _P)
+        return Call(n.func, tuple(_rewrite(a, fn) for a in n.args),
+                    tuple((k, _rewrite(v, fn), p) for k, v, p in n.kwargs), _P)
     if isinstance(n, Select):
-        c = substitute(n.call, name, by)
+        c = _rewrite(n.call, fn)
         assert isinstance(c, Call)
         return Select(c, n.name, _P)
     if isinstance(n, ListLit):
-        return ListLit(tuple(substitute(i, name, by) for i in n.items), _P)
+        return ListLit(tuple(_rewrite(i, fn) for i in n.items), _P)
     return n
+
+
+def substitute(n: Node, name: str, by: str) -> Node:
+    """n with every Name ``name`` replaced by ``by``."""
+    return _replace_name(n, name, Name(by, _P))
 
 
 def without_if_needs(n: Node) -> Node:
     """n with each ``if_needs(x, a, b)`` replaced by b: both branches give the same gradient, and
     outside a backward (a jvp derived from the bprop) no gradient is asked for."""
-    if isinstance(n, Call) and n.func == "if_needs" and len(n.args) == 3:
-        return without_if_needs(n.args[2])
-    if isinstance(n, Unary):
-        return Unary(n.op, without_if_needs(n.operand), _P)
-    if isinstance(n, Binary):
-        return Binary(n.op, without_if_needs(n.left), without_if_needs(n.right), _P)
-    if isinstance(n, Call):
-        return Call(n.func, tuple(without_if_needs(a) for a in n.args),
-                    tuple((k, without_if_needs(v), p) for k, v, p in n.kwargs), _P)
-    if isinstance(n, Select):
-        c = without_if_needs(n.call)
-        assert isinstance(c, Call)
-        return Select(c, n.name, _P)
-    if isinstance(n, ListLit):
-        return ListLit(tuple(without_if_needs(i) for i in n.items), _P)
-    return n
+    return _rewrite(n, lambda m: without_if_needs(m.args[2])
+                    if isinstance(m, Call) and m.func == "if_needs" and len(m.args) == 3 else None)
 
 
 def inline(n: Node, lets: dict[str, Node]) -> Node:
@@ -547,19 +540,4 @@ def inline(n: Node, lets: dict[str, Node]) -> Node:
 
 
 def _replace_name(n: Node, name: str, tree: Node) -> Node:
-    if isinstance(n, Name):
-        return tree if n.id == name else n
-    if isinstance(n, Unary):
-        return Unary(n.op, _replace_name(n.operand, name, tree), _P)
-    if isinstance(n, Binary):
-        return Binary(n.op, _replace_name(n.left, name, tree), _replace_name(n.right, name, tree), _P)
-    if isinstance(n, Call):
-        return Call(n.func, tuple(_replace_name(a, name, tree) for a in n.args),
-                    tuple((k, _replace_name(v, name, tree), p) for k, v, p in n.kwargs), _P)
-    if isinstance(n, Select):
-        c = _replace_name(n.call, name, tree)
-        assert isinstance(c, Call)
-        return Select(c, n.name, _P)
-    if isinstance(n, ListLit):
-        return ListLit(tuple(_replace_name(i, name, tree) for i in n.items), _P)
-    return n
+    return _rewrite(n, lambda m: tree if isinstance(m, Name) and m.id == name else None)

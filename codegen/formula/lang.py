@@ -13,6 +13,7 @@ class CppLang:
 
     null = "nullptr"
     untyped_empty_list = "{}"  # [] where the attr's list type is not known yet
+    AND, OR = " && ", " || "
 
     def attr_default(self, cpp: str, py: str) -> str:
         """An attr's default value (given in both languages) as code in this one."""
@@ -74,12 +75,12 @@ class CppLang:
         return cond
 
     def all_of(self, terms: list[str]) -> str:
-        return " && ".join(terms)
+        return self.AND.join(terms)
 
     def any_of(self, terms: list[str]) -> str:
         if len(terms) == 1:
             return terms[0]
-        return " || ".join(f"({t})" if " && " in t else t for t in terms)
+        return self.OR.join(f"({t})" if self.AND in t else t for t in terms)
 
     def helper(self, name: str, args: list[str]) -> str:
         return f"{name}({', '.join(args)})"
@@ -132,6 +133,7 @@ class PyLang(CppLang):
 
     null = "None"
     untyped_empty_list = "[]"
+    AND, OR = " and ", " or "
 
     def attr_default(self, cpp: str, py: str) -> str:
         return py
@@ -168,14 +170,6 @@ class PyLang(CppLang):
 
     def need(self, k: int) -> str:
         return f"need[{k}]"
-
-    def all_of(self, terms: list[str]) -> str:
-        return " and ".join(terms)
-
-    def any_of(self, terms: list[str]) -> str:
-        if len(terms) == 1:
-            return terms[0]
-        return " or ".join(f"({t})" if " and " in t else t for t in terms)
 
     def helper(self, name: str, args: list[str]) -> str:
         return f"H.{name}({', '.join(args)})"
