@@ -270,7 +270,7 @@ def lowered_expr(op: OpSpec) -> Optional[LoweredExpr]:
     value of its one output, or a tuple of one value per output."""
     if not isinstance(op.impl, ExprImpl):
         return None
-    scope = expr_scope(op.inputs, op.attrs)
+    scope = expr_scope(op.inputs, op.attrs, op.outputs, dict(op.typevars))
     flags: dict[str, str] = {}
     codes = [lower_expr(f, scope, flags).code for _, f in op.impl.formulas]
     code = codes[0] if len(codes) == 1 else "std::make_tuple(" + ", ".join(codes) + ")"

@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Callable, ClassVar, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence, Union
 
 import yaml
 
@@ -332,11 +332,15 @@ class OpSpec:
                          default_flow_style=False, width=100)
 
 
-def expr_scope(inputs: Sequence[Input], attrs: Sequence[Attr]) -> ExprScope:
-    """The names an expr op's formula sees: its inputs' elements and its scalar attrs."""
+def expr_scope(inputs: Sequence[Input], attrs: Sequence[Attr], outputs: Sequence[Output],
+               typevars: Mapping[str, Sequence[str]]) -> ExprScope:
+    """The names an expr op's formula sees: its inputs' elements and its scalar attrs; and whether
+    its arithmetic may see integers (a dtype of an input or output that is not a float)."""
+    dtypes = {d for t in [*(i.dtype for i in inputs), *(o.dtype for o in outputs)] for d in typevars.get(t, (t,))}
     return ExprScope([i.name for i in inputs], {a.name: Kind(str(a.type)) for a in attrs},
                      {a.name for a in attrs if a.optional_value},
-                     {a.name: a.choices for a in attrs if a.choices is not None})
+                     {a.name: a.choices for a in attrs if a.choices is not None},
+                     integral=any(d not in FLOAT_DTYPES for d in dtypes))
 
 
 # ---------------------------------------------------------------------------- back to YAML
@@ -851,7 +855,7 @@ class _Builder:
                 if n not in spec:
                     self.err(keys, f"missing formula for output '{n}'")
         # checked by lowering (the code is dest's to make again): what is checked is what is emitted
-        scope = expr_scope(inputs, attrs)
+        scope = expr_scope(inputs, attrs, outputs, {})  # (the dtypes change what is emitted, not what is checked)
         formulas: dict[str, Formula] = {}
         for n, container, k, fkeys in given:
             try:

@@ -185,6 +185,42 @@ def test_load_build_then_cache_hit_in_a_new_process(tmp_path: Path, cache: Path)
     assert out.stdout.split() == ["False", repr(float(np.log1p(np.e)))]
 
 
+INT_DIV = """\
+int_div:
+  doc: x / y and x * y - y of integers.
+  inputs:
+    x: T
+    y: T
+  outputs:
+    q: {dtype: T, shape: "broadcast(x, y)"}
+    p: {dtype: T, shape: "broadcast(x, y)"}
+  dtypes:
+    T: [uint8, int32, int64]
+  targets:
+    cpu: {}
+  impl:
+    expr: {q: x / y, p: x * y - y}
+"""
+
+
+@pytest.mark.slow
+def test_integer_expressions_never_trap_and_wrap_as_numpy(tmp_path: Path, cache: Path) -> None:
+    # an integer division by zero or of the smallest integer by -1 would kill the process (SIGFPE)
+    (tmp_path / "int_div.yaml").write_text(INT_DIV)
+    m = opforge.load("jit_int_div", specs=[tmp_path / "int_div.yaml"], build_dir=cache)
+    for dtype in ["int32", "int64"]:
+        lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+        x = np.array([7, -7, 7, -7, 5, 0, lo, lo, hi, hi], dtype)
+        y = np.array([2, 2, -2, -2, 0, 0, -1, 1, -1, hi], dtype)
+        q, p = m.int_div(x, y)
+        np.testing.assert_array_equal(q.numpy(), [3, -3, -3, 3, 0, 0, lo, lo, -hi, 1])  # truncated as C's
+        with np.errstate(over="ignore"):
+            np.testing.assert_array_equal(p.numpy(), x * y - y)
+    q, p = m.int_div(np.array([200, 7, 0], np.uint8), np.array([0, 3, 0], np.uint8))
+    np.testing.assert_array_equal(q.numpy(), [0, 2, 0])
+    np.testing.assert_array_equal(p.numpy(), np.array([0, 18, 0], np.uint8))
+
+
 @pytest.mark.slow
 def test_changed_spec_rebuilds_only_what_changed(tmp_path: Path, cache: Path) -> None:
     d = tmp_path / "specs"

@@ -12,6 +12,10 @@ from ..errors import did_you_mean
 from .kinds import EXPR_ATTR_KINDS, Kind
 from .syntax import Binary, BoolLit, Call, Formula, ListLit, Name, Node, Num, Select, Str, Unary
 
+# the arithmetic operators: C++ functions that define integer overflow and division by zero
+# (runtime/elementwise.h)
+ARITH_FUNCTIONS: Mapping[str, str] = {"+": "fn::add", "-": "fn::sub", "*": "fn::mul", "/": "fn::div"}
+
 # scalar functions usable in ``impl.expr``: name -> (arity, C++ function)
 EXPR_FUNCTIONS: Mapping[str, tuple[int, str]] = {
     "where": (3, ""), "exp": (1, "fn::exp"), "log": (1, "fn::log"), "log1p": (1, "fn::log1p"),
@@ -30,6 +34,9 @@ class ExprScope:
     attrs: Mapping[str, Kind]  # name -> the attr's type
     optional_attrs: set[str] = field(default_factory=set)  # attrs without a value by default (None)
     choices: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # str attr -> its choices
+    # whether an input or output may hold integers (or bools): its + - * / then go through fn::add
+    # and the others, which define overflow and division by zero (float-only ops keep the operators)
+    integral: bool = True
 
 
 @dataclass(frozen=True)
@@ -88,11 +95,13 @@ def lower_expr(formula: Formula, scope: ExprScope, flags: dict[str, str] | None 
             known = list(scope.inputs) + list(scope.attrs)
             raise formula.error(node.pos, f"unknown name '{node.id}'{did_you_mean(node.id, known)}")
         if isinstance(node, Unary):
-            return f"(-{go(node.operand)})"
+            return f"fn::neg({go(node.operand)})" if scope.integral else f"(-{go(node.operand)})"
         if isinstance(node, Binary):
             test = str_test(node)
             if test is not None:
                 return test
+            if node.op in ARITH_FUNCTIONS and scope.integral:
+                return f"{ARITH_FUNCTIONS[node.op]}({go(node.left)}, {go(node.right)})"
             return f"({go(node.left)} {node.op} {go(node.right)})"
         if isinstance(node, Call) and node.func == "if_given":
             if len(node.args) != 3 or node.kwargs:

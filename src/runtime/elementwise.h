@@ -99,10 +99,49 @@ template <typename T> OPFORGE_HD OPFORGE_INLINE auto sqrt(T x) { return std::sqr
 template <typename T> OPFORGE_HD OPFORGE_INLINE auto rsqrt(T x) { return T(1) / std::sqrt(x); }
 template <typename T> OPFORGE_HD OPFORGE_INLINE auto floor(T x) { return std::floor(x); }
 template <typename T> OPFORGE_HD OPFORGE_INLINE auto ceil(T x) { return std::ceil(x); }
+// The arithmetic operators of `impl.expr` (+ - * / and unary -). Floats: the operators. Signed
+// integers wrap around in two's complement as NumPy's do (computed in the unsigned type: a signed
+// overflow would be undefined behaviour), and division never traps: x / 0 is 0 (NumPy's integer
+// division by zero, without its warning), INT_MIN / -1 is INT_MIN, otherwise it truncates as C.
+template <typename R> inline constexpr bool kWraps = std::is_integral_v<R> && std::is_signed_v<R>;
+template <typename R, typename U = std::make_unsigned_t<R>>
+OPFORGE_HD OPFORGE_INLINE U as_unsigned(R x) { return static_cast<U>(x); }
+template <typename A, typename B> OPFORGE_HD OPFORGE_INLINE auto add(A a, B b) {
+  using R = decltype(a + b);
+  if constexpr (kWraps<R>) return static_cast<R>(as_unsigned(R(a)) + as_unsigned(R(b)));
+  else return a + b;
+}
+template <typename A, typename B> OPFORGE_HD OPFORGE_INLINE auto sub(A a, B b) {
+  using R = decltype(a - b);
+  if constexpr (kWraps<R>) return static_cast<R>(as_unsigned(R(a)) - as_unsigned(R(b)));
+  else return a - b;
+}
+template <typename A, typename B> OPFORGE_HD OPFORGE_INLINE auto mul(A a, B b) {
+  using R = decltype(a * b);
+  if constexpr (kWraps<R>) return static_cast<R>(as_unsigned(R(a)) * as_unsigned(R(b)));
+  else return a * b;
+}
+template <typename T> OPFORGE_HD OPFORGE_INLINE auto neg(T x) {
+  using R = decltype(-x);
+  if constexpr (kWraps<R>) return static_cast<R>(0u - as_unsigned(R(x)));
+  else return -x;
+}
+template <typename A, typename B> OPFORGE_HD OPFORGE_INLINE auto div(A a, B b) {
+  using R = decltype(a / b);
+  if constexpr (std::is_integral_v<R>) {
+    if (R(b) == R(0)) return R(0);
+    if constexpr (std::is_signed_v<R>) {
+      if (R(b) == R(-1)) return neg(R(a));
+    }
+    return static_cast<R>(R(a) / R(b));
+  } else {
+    return a / b;
+  }
+}
 template <typename T> OPFORGE_HD OPFORGE_INLINE T abs(T x) {
   if constexpr (std::is_unsigned_v<T> || std::is_same_v<T, bool>) return x;
   else if constexpr (std::is_floating_point_v<T>) return std::fabs(x);  // (abs(-0.0) is +0.0)
-  else return x < T(0) ? T(-x) : x;
+  else return x < T(0) ? T(neg(x)) : x;  // (abs(INT_MIN) is INT_MIN, as NumPy's)
 }
 // NaN-propagating, like numpy.maximum / numpy.minimum.
 template <typename A, typename B> OPFORGE_HD OPFORGE_INLINE auto maximum(A a, B b) {

@@ -122,6 +122,13 @@ Shape matmul_shape(const char* op, const Shape& a, const Shape& b) {
 
 namespace {
 
+// acc * scale as an Acc: exact when scale is 1 (an int64 sum above 2^53 is not rounded through a
+// double); integer sums wrap around in two's complement, as NumPy's (fn::add).
+template <typename Acc>
+Acc scaled(Acc acc, double scale) {
+  return scale == 1.0 ? acc : static_cast<Acc>(static_cast<double>(acc) * scale);
+}
+
 // out[k1, k2] = scale * sum_r x[k1, r, k2] for contiguous x viewed as (K1, R, K2).
 template <typename In, typename Out>
 void sum_block(const In* x, Out* out, int64_t K1, int64_t R, int64_t K2, double scale) {
@@ -137,13 +144,13 @@ void sum_block(const In* x, Out* out, int64_t K1, int64_t R, int64_t K2, double 
         Acc part[16] = {};
         int64_t r = 0;
         for (; r + 16 <= R; r += 16) {
-          for (int j = 0; j < 16; ++j) part[j] += static_cast<Acc>(convert<C>(row[r + j]));
+          for (int j = 0; j < 16; ++j) part[j] = fn::add(part[j], static_cast<Acc>(convert<C>(row[r + j])));
         }
         using Total = std::conditional_t<std::is_integral_v<Acc>, Acc, double>;  // exact int64 sums
         Total total = 0;
-        for (; r < R; ++r) total += static_cast<Total>(convert<C>(row[r]));
-        for (int j = 0; j < 16; ++j) total += static_cast<Total>(part[j]);
-        out[k] = convert<Out>(scale == 1.0 ? total : static_cast<Total>(static_cast<double>(total) * scale));
+        for (; r < R; ++r) total = fn::add(total, static_cast<Total>(convert<C>(row[r])));
+        for (int j = 0; j < 16; ++j) total = fn::add(total, static_cast<Total>(part[j]));
+        out[k] = convert<Out>(scaled(total, scale));
       }
     });
     return;
@@ -160,10 +167,10 @@ void sum_block(const In* x, Out* out, int64_t K1, int64_t R, int64_t K2, double 
       std::fill(acc.begin(), acc.begin() + width, Acc(0));
       for (int64_t r = 0; r < R; ++r) {
         const In* row = x + (k1 * R + r) * K2 + c0;
-        for (int64_t c = 0; c < width; ++c) acc[c] += static_cast<Acc>(convert<compute_t<In>>(row[c]));
+        for (int64_t c = 0; c < width; ++c) acc[c] = fn::add(acc[c], static_cast<Acc>(convert<compute_t<In>>(row[c])));
       }
       Out* o = out + k1 * K2 + c0;
-      for (int64_t c = 0; c < width; ++c) o[c] = convert<Out>(static_cast<Acc>(static_cast<double>(acc[c]) * scale));
+      for (int64_t c = 0; c < width; ++c) o[c] = convert<Out>(scaled(acc[c], scale));
     }
   });
 }
@@ -248,7 +255,7 @@ void sum_into(const char* op, const TensorPtr& x_in, const Axes& axes, const Ten
       std::vector<int64_t> idx(static_cast<size_t>(nd), 0);
       int64_t o = 0;
       for (int64_t i = 0, n = x->numel(); i < n; ++i) {
-        acc[static_cast<size_t>(o)] += static_cast<Acc>(convert<compute_t<In>>(p[i]));
+        acc[static_cast<size_t>(o)] = fn::add(acc[static_cast<size_t>(o)], static_cast<Acc>(convert<compute_t<In>>(p[i])));
         for (int64_t d = nd - 1; d >= 0; --d) {
           const int64_t step = kept[d] == 1 ? 0 : ks[d];
           if (++idx[d] < shape[d]) {
@@ -260,7 +267,7 @@ void sum_into(const char* op, const TensorPtr& x_in, const Axes& axes, const Ten
         }
       }
       Out* q = out->data<Out>();
-      for (int64_t i = 0; i < nout; ++i) q[i] = convert<Out>(static_cast<Acc>(static_cast<double>(acc[i]) * scale));
+      for (int64_t i = 0; i < nout; ++i) q[i] = convert<Out>(scaled(acc[i], scale));
     });
   });
 }

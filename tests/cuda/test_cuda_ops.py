@@ -226,6 +226,28 @@ def test_sum_and_mean_over_every_layout(shape: tuple[int, ...], dtype: str) -> N
             np.testing.assert_allclose(ops.mean(t, axis=axis).cpu().numpy(), want_mean, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_integer_arithmetic_wraps_as_numpy_on_cuda(dtype: str) -> None:
+    info = np.iinfo(dtype)
+    x = np.array([info.max, info.min, info.max, -1, info.min, 0, 7], dtype)
+    y = np.array([1, -1, info.max, info.min, info.min, info.min, -9], dtype)
+    with np.errstate(over="ignore"):
+        for op, want in [("add", np.add(x, y)), ("sub", np.subtract(x, y)), ("neg", np.negative(x)),
+                         ("abs", np.abs(x))]:
+            got = getattr(ops, op)(*[on_cuda(a) for a in ((x, y) if op in ("add", "sub") else (x,))])
+            np.testing.assert_array_equal(got.cpu().numpy(), want, err_msg=op)
+        b = np.arange(1, 6, dtype=dtype)
+        xs = np.full((3, 5, 4), info.max, dtype)
+        np.testing.assert_array_equal(ops.bias_add(on_cuda(xs), on_cuda(b)).cpu().numpy(), xs + b[:, None])
+        src = np.full((4, 3), info.max, dtype)
+        got = ops.scatter_add_along_axis(on_cuda(src), on_cuda(np.zeros((4, 3), np.int64)), on_cuda(src), axis=0)
+        np.testing.assert_array_equal(got.cpu().numpy()[0], src.sum(axis=0, dtype=dtype))
+    big = np.array([[2 ** 60 + 1, 0], [1, 2]], np.int64)  # exact above 2^53
+    for axis in [None, [0], [1]]:
+        want = big.sum(axis=None if axis is None else tuple(axis))
+        np.testing.assert_array_equal(ops.sum(on_cuda(big), axis=axis).cpu().numpy(), want)
+
+
 def test_half_sums_accumulate_in_float() -> None:
     x = np.full(60_000, 1.0, np.float16)  # a float16 accumulator would stop at 2048 (60000 is a float16)
     assert ops.sum(opforge.tensor(x, device="cuda")).cpu().numpy().astype(np.float32) == 60_000.0

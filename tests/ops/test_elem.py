@@ -275,3 +275,71 @@ def test_silu_extremes_are_finite() -> None:
     xt = opforge.tensor(x.astype(np.float64), requires_grad=True)
     (g,) = opforge.gradients(ops.silu(xt), [xt], [opforge.tensor(np.ones(5))])
     np.testing.assert_allclose(g.numpy(), [0.0, 0.0, 0.5, 1.0, 1.0], atol=1e-30)
+
+
+# ---------------------------------------------------------------------------- integer arithmetic
+
+# Integer arithmetic wraps around as NumPy's does: in the generated expressions (fn::add and the
+# others) and in the hand-written kernels' sums. A signed overflow would be undefined behaviour in
+# C++: the sanitizer build (tests/test_sanitizers.py runs this file) fails on one.
+
+
+def _extremes(dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    info = np.iinfo(dtype)
+    x = np.array([info.max, info.min, info.max, -1, info.min, info.max, 0, 46341], dtype)
+    y = np.array([1, -1, info.max, info.min, info.min, info.min, info.min, 46341], dtype)
+    return x, y
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_integer_add_sub_mul_neg_abs_wrap_as_numpy(dtype: str) -> None:
+    x, y = _extremes(dtype)
+    with np.errstate(over="ignore"):
+        for op, ufunc in [("add", np.add), ("sub", np.subtract), ("mul", np.multiply)]:
+            np.testing.assert_array_equal(getattr(ops, op)(x, y).numpy(), ufunc(x, y), err_msg=op)
+            np.testing.assert_array_equal(getattr(ops, op)(x[:, None], y[None, :]).numpy(),  # broadcast loop
+                                          ufunc(x[:, None], y[None, :]), err_msg=op)
+        np.testing.assert_array_equal(ops.neg(x).numpy(), -x)
+        np.testing.assert_array_equal(ops.abs(x).numpy(), np.abs(x))  # abs(min) is min
+        np.testing.assert_array_equal(ops.square(x).numpy(), x * x)
+        big = np.full(1 << 17, np.iinfo(dtype).max, dtype)  # the threaded, vectorized loop
+        np.testing.assert_array_equal(ops.add(big, big).numpy(), big + big)
+        np.testing.assert_array_equal(ops.neg(-big - 1).numpy(), -big - 1)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_integer_sums_are_exact_and_wrap_as_numpy(dtype: str) -> None:
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(0)
+    x = rng.integers(info.max // 4, info.max, (70_000, 3), dtype=dtype, endpoint=True)
+    x[::7] = info.min + 1
+    for axis in [None, 0, 1, [0, 1]]:  # whole, column sums (threaded), row sums, the general walk
+        want = np.sum(x, axis=None if axis is None else axis if isinstance(axis, int) else tuple(axis), dtype=dtype)
+        np.testing.assert_array_equal(ops.sum(x, axis=axis).numpy(), want, err_msg=str(axis))
+    z = rng.integers(info.min, info.max, (5, 6, 7), dtype=dtype)
+    np.testing.assert_array_equal(ops.sum(z, axis=[0, 2]).numpy(), np.sum(z, axis=(0, 2), dtype=dtype))
+    if dtype == "int64":  # above 2^53 a sum through a double is rounded: each axis is exact
+        w = np.array([[2 ** 60 + 1, 0], [1, 2]], np.int64)
+        for axis in [0, 1, None]:
+            np.testing.assert_array_equal(ops.sum(w, axis=axis).numpy(), w.sum(axis))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_integer_bias_add_its_grad_and_scatter_add_wrap_as_numpy(dtype: str) -> None:
+    info = np.iinfo(dtype)
+    x = np.full((3, 20, 2, 2), info.max, dtype)
+    b = np.arange(1, 21, dtype=dtype)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(ops.bias_add(x, b).numpy(), x + b[:, None, None])
+        xh = np.moveaxis(x, 1, -1).copy()
+        np.testing.assert_array_equal(ops.bias_add(xh, b, format="NHWC").numpy(), xh + b)
+    for shape in [(9, 3, 5), (9, 20, 40)]:  # inner runs under 16 (column sums) and longer (row sums)
+        dy = np.full(shape, info.max, dtype)
+        np.testing.assert_array_equal(ops.bias_add_grad(dy).numpy(), dy.sum(axis=(0, 2), dtype=dtype))
+        np.testing.assert_array_equal(ops.bias_add_grad(dy, format="NHWC").numpy(), dy.sum(axis=(0, 1), dtype=dtype))
+    src = np.full((4, 3), info.max, dtype)
+    idx = np.zeros((4, 3), np.int64)
+    got = ops.scatter_add_along_axis(src, idx, np.zeros((4, 3), dtype), axis=0).numpy()
+    want = np.zeros((4, 3), dtype)
+    want[0] = src.sum(axis=0, dtype=dtype)
+    np.testing.assert_array_equal(got, want)

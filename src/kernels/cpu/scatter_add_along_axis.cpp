@@ -51,7 +51,7 @@ void scatter_add_along_axis(const TensorPtr& src, const TensorPtr& indices, cons
       for (int64_t p = 0; p < k; ++p) {
         const int64_t* ir = idx + (oi * k + p) * inner + j0;
         const T* sr = s + (oi * k + p) * inner + j0;
-        for (int64_t j = 0; j < len; ++j) a[ir[j] * a_stride + j] += static_cast<S>(sr[j]);
+        for (int64_t j = 0; j < len; ++j) a[ir[j] * a_stride + j] = fn::add(a[ir[j] * a_stride + j], static_cast<S>(sr[j]));
       }
       if constexpr (!std::is_same_v<S, T>) {
         T* orow = o + oi * lane_len + j0;

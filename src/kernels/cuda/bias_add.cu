@@ -6,6 +6,15 @@
 
 namespace opforge::kernels::cuda {
 
+namespace {
+
+struct AddBias {  // (integers wrap around, as NumPy's: fn::add)
+  template <typename C>
+  __device__ __forceinline__ C operator()(C x, C b) const { return fn::add(x, b); }
+};
+
+}  // namespace
+
 template <typename T>
 void bias_add(const TensorPtr& x, const TensorPtr& bias, const TensorPtr& out, const BiasAddAttrs& attrs) {
   constexpr const char* op = "bias_add";
@@ -25,7 +34,7 @@ void bias_add(const TensorPtr& x, const TensorPtr& bias, const TensorPtr& out, c
   const auto view = std::make_shared<Tensor>(bias->storage(), bias->dtype(), shape, contiguous_strides(shape),
                                              bias->offset(), Format::Default);
   CurrentOpScope scope(op);
-  ::opforge::cuda::elementwise<T, T, T>(*out, Add{}, {x.get(), view.get()});
+  ::opforge::cuda::elementwise<T, T, T>(*out, AddBias{}, {x.get(), view.get()});
 }
 
 }  // namespace opforge::kernels::cuda

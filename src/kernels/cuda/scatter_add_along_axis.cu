@@ -23,7 +23,9 @@ __global__ void scatter_lanes(int64_t outer, int64_t k, int64_t size, int64_t in
     for (int64_t p = 0; p < k; ++p) {
       const int64_t e = (o * k + p) * inner + j;
       const int64_t i = idx[e];
-      if (rows::index_ok(i, size, e, bad)) lane[i * inner] += static_cast<A>(convert<compute_t<T>>(src[e]));
+      if (rows::index_ok(i, size, e, bad)) {
+        lane[i * inner] = fn::add(lane[i * inner], static_cast<A>(convert<compute_t<T>>(src[e])));  // (ints wrap)
+      }
     }
   }
 }
