@@ -376,7 +376,7 @@ TensorPtr copy_from(const TensorPtr& dst, py::handle value) {
   }
   py::gil_scoped_release nogil;
   if (scalar && !dst->on_host()) {  // a fill on the device (no copy: capturable)
-    capture_keep(*dst);
+    note_device_use(*dst);
     Device d = dst->device();
     device_runtime(op, d).fill(op, d.index, dst->raw_data(), dst->numel(), itemsize(dst->dtype()), given->raw_data());
     dst->mark_written();
@@ -572,6 +572,7 @@ void order_for_consumer(const Tensor& t, py::handle stream) {
   void* made_on = t.storage()->capacity ? t.storage()->stream : ours;
   if (made_on != consumer) rt.stream_wait("__dlpack__", d.index, consumer, made_on);
   if (ours != consumer && ours != made_on) rt.stream_wait("__dlpack__", d.index, consumer, ours);
+  note_stream_use(t, consumer);  // (freeing our memory then waits for the consumer's work on it)
 }
 
 py::capsule to_dlpack(const TensorPtr& t, py::handle max_version, py::handle copy) {
@@ -1015,7 +1016,7 @@ void run_into(const OpCaller& c, const TensorPtr* given, AttrValue* attrs, Tenso
   const char* what = c.inplace >= 0 ? info.inputs[static_cast<size_t>(c.inplace)].name : "out";
   for (size_t j = 0; j < n_out; ++j) {
     check_out(info, name, j, *outs[j], metas[j], what);
-    capture_keep(*outs[j]);  // (a graph being captured keeps what its work writes)
+    note_device_use(*outs[j]);  // (a graph being captured keeps what its work writes)
     for (size_t k = 0; k < j; ++k) {
       if (outs[k]->storage() == outs[j]->storage()) {
         fail<ValueError>(name, "out tensors ", k, " and ", j, " share memory: each output needs its own");

@@ -1,9 +1,11 @@
 // Device names and the table of device runtimes (device.h).
 #include "runtime/device.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
 
 #include "runtime/errors.h"
 #include "runtime/tensor.h"
@@ -142,8 +144,19 @@ CaptureKeeper* set_capture_keeper(CaptureKeeper* keeper) {
   return previous;
 }
 
-void capture_keep(const Tensor& t) {
-  if (t_keeper && !t.on_host()) t_keeper->keep(t.storage());
+void note_stream_use(const Tensor& t, void* stream) {
+  Storage& s = *t.storage();
+  if (t.on_host() || !s.capacity || stream == s.stream) return;  // (capacity 0: another library's memory)
+  static std::mutex lock;  // (rare: a use on another stream than the allocation's)
+  std::lock_guard<std::mutex> guard(lock);
+  if (std::find(s.used_on.begin(), s.used_on.end(), stream) == s.used_on.end()) s.used_on.push_back(stream);
+}
+
+void note_device_use(const Tensor& t) {
+  if (t.on_host()) return;
+  if (t_keeper) t_keeper->keep(t.storage());
+  if (!t.storage()->capacity) return;
+  if (DeviceRuntime* rt = find_device_runtime(t.device().type)) note_stream_use(t, rt->current_stream(t.device().index));
 }
 
 }  // namespace opforge

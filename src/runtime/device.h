@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace opforge {
 
@@ -52,8 +53,9 @@ class DeviceRuntime {
   // Memory: nbytes > 0 on device index, ordered on the current stream (returned in *stream),
   // cached by the runtime (freed blocks are reused; no driver allocation per call).
   virtual void* allocate(const char* op, int index, size_t nbytes, void** stream) = 0;
-  // Frees p (from allocate, with the stream it returned) once work queued on that stream is done.
-  virtual void deallocate(int index, void* p, size_t nbytes, void* stream) noexcept = 0;
+  // Frees p (from allocate, with the stream it returned) once the work queued so far on that
+  // stream and on the streams of used_on (other streams work on p was queued on) is done.
+  virtual void deallocate(int index, void* p, size_t nbytes, void* stream, const std::vector<void*>& used_on) noexcept = 0;
   virtual size_t memory_allocated(int index) = 0;  // bytes held by live allocations
   virtual void empty_cache() = 0;                  // returns cached, unused blocks to the driver
   // Copies nbytes between this type's device memory and the host, or within/between devices, on
@@ -111,7 +113,7 @@ class DeviceRuntime {
 // While a thread captures device work into a graph, the storages that work reads and writes must
 // live as long as the graph (every replay touches them again). The runtime installs the graph's
 // keeper for the capturing thread; the core hands it the tensors of each op call (check_call) and
-// of its own copies and sums (capture_keep), on any device but the host.
+// of its own copies and sums (note_device_use), on any device but the host.
 class CaptureKeeper {
  public:
   virtual ~CaptureKeeper() = default;
@@ -125,8 +127,15 @@ class CaptureKeeper {
 void check_caller_stream(const char* op, DeviceRuntime& rt, Device device, void* stream);
 // Installs keeper for the calling thread (null: none); returns the previous one.
 CaptureKeeper* set_capture_keeper(CaptureKeeper* keeper);
-// Hands t's storage to the calling thread's keeper, if any and t is not on the host. Cheap otherwise.
-void capture_keep(const Tensor& t);
+// Device work on the calling thread's current stream is about to use t (read or write it); nothing
+// for host tensors. A thread capturing a graph hands t's storage to its keeper; and when t's memory
+// is ours and was allocated on another stream, that stream is noted in the storage (Storage::
+// used_on), so that freeing the memory waits for the work queued on both (what torch's
+// record_stream asks its users to do by hand). Cheap otherwise.
+void note_device_use(const Tensor& t);
+// The same note for a use of t on stream, another library's (a DLPack consumer's); the free waits
+// for it when the stream lasts (the legacy default stream, opforge's own).
+void note_stream_use(const Tensor& t, void* stream);
 
 // Whether a device kernel that checks indices (cross_entropy's labels, embedding and its gradient,
 // take/scatter along an axis) waits for the device after its work to raise IndexError naming the

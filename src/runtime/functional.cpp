@@ -195,8 +195,8 @@ TensorPtr reduced_last(const TensorPtr& x, const Shape& kept) {
 static void sum_on_device(const char* op, const TensorPtr& x, const Shape& kept, const TensorPtr& out, double scale) {
   Device d = x->device();
   DeviceRuntime& rt = device_runtime(op, d);
-  capture_keep(*x);
-  capture_keep(*out);
+  note_device_use(*x);
+  note_device_use(*out);
   const int64_t R = x->numel() / std::max<int64_t>(1, shape_numel(kept));
   if (x->numel() == 0) {  // an empty sum is 0 (times scale: NaN for mean)
     visit_dtype(out->dtype(), [&](auto tag) {
@@ -464,8 +464,8 @@ struct AddGradFn : Function<AddGradFn> {
     auto out = empty(a->dtype(), a->shape(), a->format(), a->device());
     if (!a->on_host()) {
       Device d = a->device();
-      capture_keep(*a);
-      capture_keep(*b);
+      note_device_use(*a);
+      note_device_use(*b);
       device_runtime("add_grad", d).add("add_grad", *out, *a, *b);
       return out;
     }

@@ -97,7 +97,7 @@ CallInfo check_call(const OpInfo& info, std::initializer_list<const Tensor*> inp
   if (first) call.device = first->device();
   if (call.device.type != DeviceType::CPU) {
     for (const Tensor* t : inputs) {
-      if (t) capture_keep(*t);  // (a graph being captured keeps what its work reads)
+      if (t) note_device_use(*t);  // (a graph being captured keeps what its work reads)
     }
   }
   const TargetInfo* target = info.by_device[static_cast<size_t>(call.device.type)];

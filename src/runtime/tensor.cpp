@@ -215,7 +215,7 @@ Storage::~Storage() {
   if (device.type == DeviceType::CPU) {
     deallocate(data, capacity);
   } else if (DeviceRuntime* rt = find_device_runtime(device.type)) {
-    rt->deallocate(device.index, data, capacity, stream);
+    rt->deallocate(device.index, data, capacity, stream, used_on);
   }
 }
 
@@ -288,7 +288,7 @@ TensorPtr to_device(const char* op, const TensorPtr& t, Device device) {
   if (device.type != DeviceType::CPU) device_runtime(op, device);  // (checks it, resolves a bare index)
   if (t->device() == device) return t;
   const TensorPtr src = contiguous(t);  // (on its own device)
-  capture_keep(*src);
+  note_device_use(*src);
   auto out = empty(src->dtype(), src->shape(), src->format(), device);
   Device other = src->on_host() ? device : src->device();
   device_runtime(op, other).copy(op, out->raw_data(), device, src->raw_data(), src->device(),
@@ -302,8 +302,8 @@ TensorPtr detach(const TensorPtr& t) {
 
 void copy_into(const TensorPtr& dst, const TensorPtr& src) {
   if (!dst->on_host() || !src->on_host()) {
-    capture_keep(*dst);
-    capture_keep(*src);
+    note_device_use(*dst);
+    note_device_use(*src);
     if (dst->dtype() == src->dtype() && dst->shape() == src->shape() && dst->is_contiguous() && src->is_contiguous()) {
       Device d = dst->on_host() ? src->device() : dst->device();
       device_runtime("copy", d).copy(current_op() ? current_op() : "copy", dst->raw_data(), dst->device(),

@@ -30,6 +30,9 @@ struct Storage {
   bool readonly = false;  // the owner forbids writes: views handed out are read-only too
   Device device;          // where data lives (host memory unless a device runtime allocated it)
   void* stream = nullptr; // the device stream our own allocation is ordered on (freed there)
+  // Other streams device work used our allocation on (note_device_use, under its lock): the free
+  // waits for the work queued on them too.
+  std::vector<void*> used_on;
   // Bumped by every write into existing memory (in-place ops, out=), shared by all views of it:
   // autograd compares it with the version a saved tensor had when it was saved (PyTorch's
   // version counter).

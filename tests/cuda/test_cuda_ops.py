@@ -120,6 +120,43 @@ def test_streams_order_work_and_restore() -> None:
     np.testing.assert_array_equal(y.cpu().numpy(), np.arange(1 << 16, dtype=np.float32) ** 2)
 
 
+def test_memory_used_on_another_stream_is_freed_after_that_work() -> None:
+    # x is allocated on the default stream and read by work queued on s; freeing it must wait for
+    # that work (runtime note_device_use / the free's join_uses), or the default stream's next
+    # allocation, which gets x's block back, is written while s still reads it. (Without the join
+    # the race is likely, not certain; with it the results are always right.)
+    n, k = 4096, 64
+    ones, huge = np.ones((n, n), np.float32), np.full((n, n), 1e30, np.float32)
+    opforge.cuda.synchronize()
+    opforge.cuda.empty_cache()  # (so that x's block is the one the pool hands back)
+    x = opforge.tensor(ones, device="cuda")
+    opforge.cuda.synchronize()
+    s = opforge.cuda.Stream()
+    with s:
+        outs = [ops.matmul(x, x) for _ in range(k)]  # ~0.2 s queued on s, each reading x
+    del x
+    z = opforge.tensor(huge, device="cuda")
+    s.synchronize()
+    for o in outs:
+        assert np.all(o.cpu().numpy() == n)
+    assert np.all(z.cpu().numpy() == 1e30)
+    # the other way round: memory of s freed while the default stream still reads it
+    del outs, z
+    opforge.cuda.synchronize()
+    opforge.cuda.empty_cache()
+    with s:
+        w = opforge.tensor(ones, device="cuda")
+    s.synchronize()
+    more = [ops.matmul(w, w) for _ in range(k)]
+    del w
+    with s:
+        z2 = opforge.tensor(huge, device="cuda")
+    opforge.cuda.synchronize()
+    for o in more:
+        assert np.all(o.cpu().numpy() == n)
+    assert np.all(z2.cpu().numpy() == 1e30)
+
+
 def test_dlpack_with_torch_is_zero_copy_and_ordered() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():

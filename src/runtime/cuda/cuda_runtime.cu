@@ -179,17 +179,53 @@ class CudaRuntime final : public DeviceRuntime {
     *stream = s;
     return p;
   }
-  void deallocate(int index, void* p, size_t nbytes, void* stream) noexcept override {
-    if ((graph_blocks_.load(std::memory_order_acquire) > 0 || captures_.load(std::memory_order_acquire) > 0) &&
-        graph_deallocate(index, p, nbytes, static_cast<cudaStream_t>(stream))) {
-      return;
-    }
+  void deallocate(int index, void* p, size_t nbytes, void* stream, const std::vector<void*>& used_on) noexcept override {
+    const auto s = static_cast<cudaStream_t>(stream);
     int previous = 0;
     if (cudaGetDevice(&previous) != cudaSuccess) return;  // (the runtime is shutting down)
     if (previous != index) cudaSetDevice(index);
-    if (cudaFreeAsync(p, static_cast<cudaStream_t>(stream)) != cudaSuccess) cudaGetLastError();
+    if (!used_on.empty()) join_uses(s, used_on);
+    if ((graph_blocks_.load(std::memory_order_acquire) > 0 || captures_.load(std::memory_order_acquire) > 0) &&
+        graph_deallocate(index, p, nbytes, s)) {
+      if (previous != index) cudaSetDevice(previous);
+      return;
+    }
+    if (cudaFreeAsync(p, s) != cudaSuccess) cudaGetLastError();
     if (previous != index) cudaSetDevice(previous);
     allocated_[index] -= nbytes;
+  }
+  // Whether stream outlives every tensor: the legacy default stream or one of ours (another
+  // library's stream may be destroyed before memory used on it is freed, and is not touched then;
+  // the per-thread default stream's handle names the freeing thread's own, not the user's).
+  bool lasting_stream(cudaStream_t stream) {
+    if (!stream || stream == cudaStreamLegacy) return true;
+    std::lock_guard<std::mutex> lock(streams_lock_);
+    return made_streams_.count(stream) != 0;
+  }
+  // Orders a free on stream after the work queued so far on the other streams that used the
+  // memory (used_on): an event recorded on each, waited for by stream (on the device). The pool
+  // may hand a freed block to another stream as soon as the free's stream gets past it, so without
+  // this a kernel still reading the memory on another stream would see it overwritten. Not across
+  // a capture's boundary (a wait between a captured and an uncaptured stream would invalidate the
+  // capture) and not on a thread that captures (what it may call is restricted): memory a capture
+  // uses is its graph's to keep (note_device_use).
+  void join_uses(cudaStream_t stream, const std::vector<void*>& used_on) noexcept {
+    if (captures_.load(std::memory_order_acquire) > 0 && this_thread_captures()) return;
+    unsigned long long id = 0;
+    if (capture_status(stream, &id) != cudaStreamCaptureStatusNone) return;
+    for (void* u : used_on) {
+      const auto other = static_cast<cudaStream_t>(u);
+      if (!lasting_stream(other) || capture_status(other, &id) != cudaStreamCaptureStatusNone) continue;
+      cudaEvent_t e = nullptr;
+      if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        continue;
+      }
+      if (cudaEventRecord(e, other) != cudaSuccess || cudaStreamWaitEvent(stream, e, 0) != cudaSuccess) {
+        cudaGetLastError();
+      }
+      cudaEventDestroy(e);  // (its resources go once the recorded work completes)
+    }
   }
   size_t memory_allocated(int index) override { return index >= 0 && index < kMaxDevices ? allocated_[index].load() : 0; }
   void empty_cache() override {
@@ -273,6 +309,8 @@ class CudaRuntime final : public DeviceRuntime {
     DeviceGuard guard(op, index);
     cudaStream_t s = nullptr;
     check(op, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    std::lock_guard<std::mutex> lock(streams_lock_);
+    made_streams_.insert(s);
     return s;
   }
   void destroy_stream(int index, void* stream) noexcept override {
@@ -664,6 +702,7 @@ class CudaRuntime final : public DeviceRuntime {
   std::array<std::atomic<size_t>, kMaxDevices> allocated_{};
   std::mutex streams_lock_;
   std::array<std::vector<cudaStream_t>, kMaxDevices> spare_streams_;
+  std::unordered_set<cudaStream_t> made_streams_;  // every stream create_stream made (never destroyed)
   // graphs
   std::mutex graphs_lock_;
   std::atomic<int> captures_{0};           // our captures under way

@@ -15,9 +15,9 @@ struct Identity {
   OPFORGE_HD OPFORGE_INLINE T operator()(T v) const { return v; }
 };
 
-struct Plus {
+struct Plus {  // (integers wrap around, as NumPy's: fn::add)
   template <typename T>
-  OPFORGE_HD OPFORGE_INLINE T operator()(T a, T b) const { return a + b; }
+  OPFORGE_HD OPFORGE_INLINE T operator()(T a, T b) const { return static_cast<T>(fn::add(a, b)); }
 };
 
 template <typename Acc>
