@@ -4,6 +4,7 @@ processes) and their errors. Builds compile C++ (seconds each): those tests are 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 import opforge
+from opforge import _C
 from opforge.codegen import SpecError
 from opforge.jit import BuildError
 
@@ -219,6 +221,71 @@ def test_integer_expressions_never_trap_and_wrap_as_numpy(tmp_path: Path, cache:
     q, p = m.int_div(np.array([200, 7, 0], np.uint8), np.array([0, 3, 0], np.uint8))
     np.testing.assert_array_equal(q.numpy(), [0, 2, 0])
     np.testing.assert_array_equal(p.numpy(), np.array([0, 18, 0], np.uint8))
+
+
+REPEAT_ROWS = """\
+repeat_rows:
+  doc: x's rows repeated n times (a shape rule with arithmetic on an attr).
+  inputs:
+    x: {dtype: T, differentiable: false}
+  attrs:
+    n: {type: int, default: 2}
+  outputs:
+    out: {dtype: T, shape: "[dim(x, 0) * n] + dims(x, 1)"}
+  dtypes:
+    T: [float32]
+  targets:
+    cpu: {}
+  impl:
+    cpp: {}
+"""
+
+# (as a user writes it: trusting that out has the spec's shape, rows * n by cols)
+REPEAT_ROWS_KERNEL = """\
+#include "repeat_rows.h"
+
+namespace opforge::kernels::cpu {
+
+template <typename T>
+void repeat_rows(const TensorPtr& x, const TensorPtr& out, const RepeatRowsAttrs& attrs) {
+  const int64_t size = x->numel();
+  const T* px = x->data<T>();
+  T* po = out->data<T>();
+  for (int64_t r = 0; r < attrs.n; ++r)
+    for (int64_t i = 0; i < size; ++i) po[r * size + i] = px[i];
+}
+
+}  // namespace opforge::kernels::cpu
+
+OPFORGE_INSTANTIATE_REPEAT_ROWS_CPU
+"""
+
+
+@pytest.mark.slow
+def test_shape_rule_arithmetic_that_overflows_raises(tmp_path: Path, cache: Path) -> None:
+    # 3 * 6148914691236517206 is 2 modulo 2**64: a wrapped product made out (2, 4), which the
+    # kernel wrote far past; a negative n made a negative dimension, named as the allocator's
+    (tmp_path / "repeat_rows.yaml").write_text(REPEAT_ROWS)
+    (tmp_path / "repeat_rows.cpp").write_text(REPEAT_ROWS_KERNEL)
+    m = opforge.load("jit_repeat_rows", specs=[tmp_path / "repeat_rows.yaml"], sources=[tmp_path / "repeat_rows.cpp"],
+                     build_dir=cache)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(m.repeat_rows(x, n=3).numpy(), np.concatenate([x] * 3))
+    assert m.repeat_rows(x, n=0).shape == (0, 4)
+    wrapped = (2**64 + 2) // 3
+    assert (3 * wrapped) % 2**64 == 2
+    meta = m._meta.repeat_rows
+    for call in (lambda n: m.repeat_rows(x, n=n), lambda n: meta(_C._meta_tensor([3, 4], "float32"), n)):
+        with pytest.raises(ValueError, match=re.escape(f"[repeat_rows] shape rule arithmetic overflows int64: "
+                                                       f"3 * {wrapped}")):
+            call(wrapped)
+        with pytest.raises(ValueError, match=re.escape("[repeat_rows] output 'out' would have shape (-3, 4) by the "
+                                                       "op's shape rule: dimensions must be >= 0")):
+            call(-1)
+    # no dimension overflows, but their product does: (2**40, 2**40) (a stand-in holds no memory)
+    with pytest.raises(ValueError, match=re.escape(f"[repeat_rows] output 'out' would have shape "
+                                                   f"({2**40}, {2**40}) by the op's shape rule: too many elements")):
+        meta(_C._meta_tensor([1, 2**40], "float32"), 2**40)
 
 
 @pytest.mark.slow

@@ -23,8 +23,9 @@ HOST: TargetRow = TARGETS[HOST_TARGET]
 # ---------------------------------------------------------------------------- pieces
 
 
-def shape_expr(op: OpSpec, rule: ShapeRule) -> str:
-    """C++ computing an output's shape from the inputs (``v_<name>``) and ``attrs``."""
+def shape_expr(op: OpSpec, rule: ShapeRule, output: str) -> str:
+    """C++ computing output ``output``'s shape from the inputs (``v_<name>``) and ``attrs``; an
+    expression's or an infer() function's result is checked (runtime/functional.h's output_shape)."""
     a = rule.args
     if rule.kind == ShapeKind.SAME:
         return f"v_{a[0]}->shape()"
@@ -45,11 +46,13 @@ def shape_expr(op: OpSpec, rule: ShapeRule) -> str:
     inputs = ", ".join(f"v_{i.name}" for i in op.inputs)
     if rule.kind == ShapeKind.EXPRESSION:
         assert rule.formula is not None
-        return dims.lower_dims(rule.formula, api.dim_scope(op), dims.DKind.DIMS, cpp=True)
-    return f"{a[0]}(TensorList{{{inputs}}}, attrs)"
+        code = dims.lower_dims(rule.formula, api.dim_scope(op), dims.DKind.DIMS, cpp=True)
+    else:
+        code = f"{a[0]}(TensorList{{{inputs}}}, attrs)"
+    return f"output_shape(kName, {_cpp_str(output)}, {code})"
 
 
-def dynamic_shape_expr(op: OpSpec, rule: ShapeRule) -> str:
+def dynamic_shape_expr(op: OpSpec, rule: ShapeRule, output: str) -> str:
     """C++ computing an output's shape from the inputs' dimensions, which may be unknown
     (``v_<name>`` a ``const DimsOf*``; runtime/functional.h): the rule without the op's checks."""
     assert rule.kind != ShapeKind.INFER, "infer() rules are code over tensors"
@@ -57,8 +60,9 @@ def dynamic_shape_expr(op: OpSpec, rule: ShapeRule) -> str:
         return f"broadcast_dims(kName, {{{', '.join(f'v_{n}->shape()' for n in rule.args)}}})"
     if rule.kind == ShapeKind.EXPRESSION:
         assert rule.formula is not None
-        return dims.lower_dims(rule.formula, api.dim_scope(op), dims.DKind.DIMS, cpp=True, dynamic=True)
-    return shape_expr(op, rule)  # same(), reduce() and matmul() read dimensions alone
+        code = dims.lower_dims(rule.formula, api.dim_scope(op), dims.DKind.DIMS, cpp=True, dynamic=True)
+        return f"output_dims(kName, {_cpp_str(output)}, {code})"
+    return shape_expr(op, rule, output)  # same(), reduce() and matmul() read dimensions alone
 
 
 def _check_lines(op: OpSpec) -> list[str]:
@@ -209,7 +213,7 @@ def _forward(op: OpSpec, lowered: Lowered, build: Build) -> tuple[list[str], lis
                 fwd.append(f"const TensorPtr c_{i.name} = v_{i.name} ? contiguous(v_{i.name}) : nullptr;")
         for o in op.outputs:
             fwd.append(f"TensorPtr v_{o.name} = empty({dtype_expr(op, o.dtype)}, "
-                       f"{shape_expr(op, o.shape)}, call.format, call.device);")
+                       f"{shape_expr(op, o.shape, o.name)}, call.format, call.device);")
         device: list[tuple[str, str, str]] = []
         for t in api.device_kernel_targets(op, build):
             row = TARGETS[t]
@@ -229,7 +233,7 @@ def _forward(op: OpSpec, lowered: Lowered, build: Build) -> tuple[list[str], lis
     if isinstance(impl, PyfuncImpl):
         for o in op.outputs:
             fwd.append(f"TensorPtr v_{o.name} = empty({dtype_expr(op, o.dtype)}, "
-                       f"{shape_expr(op, o.shape)}, call.format);")
+                       f"{shape_expr(op, o.shape, o.name)}, call.format);")
         fwd.append("pyfunc::Kwargs kwargs;")
         fwd += [f"kwargs.add({_cpp_str(a.name)}, attrs.{a.name});" for a in op.attrs]
         ins = ", ".join(f"v_{i.name}" for i in op.inputs)
@@ -239,7 +243,7 @@ def _forward(op: OpSpec, lowered: Lowered, build: Build) -> tuple[list[str], lis
         return fwd, []
     if isinstance(impl, AotImpl):
         ins = ", ".join(f"v_{i.name}" for i in op.inputs)
-        shapes = ", ".join(shape_expr(op, o.shape) for o in op.outputs)
+        shapes = ", ".join(shape_expr(op, o.shape, o.name) for o in op.outputs)
         dtypes = ", ".join(dtype_expr(op, o.dtype) for o in op.outputs)
         extra = ""
         if op.attrs:  # the kernel reads them from its extra, as under MindSpore
@@ -409,7 +413,7 @@ def context(op: OpSpec, lowered: Lowered, build: Build) -> dict[str, Any]:
         "check_args": ", ".join(f"v_{i.name}.get()" for i in inputs),
         "composite_code": lowered.composite,
         # the rules over dimensions that may be unknown (the AOT InferShape entry points, aot.cpp.j2)
-        "dynamic_shape_rows": ([dynamic_shape_expr(op, o.shape) for o in op.outputs]
+        "dynamic_shape_rows": ([dynamic_shape_expr(op, o.shape, o.name) for o in op.outputs]
                                if all(o.shape.kind != ShapeKind.INFER for o in op.outputs) else []),
-        "meta_rows": [f"TensorMeta{{{shape_expr(op, o.shape)}, {dtype_expr(op, o.dtype)}, call.device}}" for o in op.outputs],
+        "meta_rows": [f"TensorMeta{{{shape_expr(op, o.shape, o.name)}, {dtype_expr(op, o.dtype)}, call.device}}" for o in op.outputs],
     }

@@ -9,7 +9,8 @@ Values: a dimension (an int), dimensions (a list of them), a bool, a str (an att
 - ``rank(t)``: t's number of dimensions; ``dim(t, i)``: its size along i (negative from the end;
   out of range raises); ``shape(t)``: its dimensions; ``dims(t, start)``, ``dims(t, start, stop)``:
   a slice of them, as Python's ``shape[start:stop]``;
-- ``[a, b]``: dimensions; ``+`` concatenates dimensions, and adds dimensions (``- *`` too);
+- ``[a, b]``: dimensions; ``+`` concatenates dimensions, and adds dimensions (``- *`` too: in
+  C++ a result that would overflow int64 raises ValueError naming the op, runtime/functional.h);
 - comparisons of dimensions (all six), of dimension lists and strs (``==``, ``!=``): bools;
 - ``where(test, a, b)``: a choice; ``if_given(w, a, b)``: a when the optional input w is given;
 - attrs: int (a dimension), bool, list[int] (dimensions), str (compared with a string).
@@ -51,7 +52,9 @@ _ATTR_KINDS = {"int": DKind.DIM, "bool": DKind.BOOL, "list[int]": DKind.DIMS, "s
 # C++ functors of the comparisons, for dim_compare (dynamic lowering)
 _CPP_COMPARE = {"<": "std::less<>", "<=": "std::less_equal<>", ">": "std::greater<>", ">=": "std::greater_equal<>",
                 "==": "std::equal_to<>", "!=": "std::not_equal_to<>"}
-_CPP_ARITH = {"+": "dim_add", "-": "dim_sub", "*": "dim_mul"}
+# C++ arithmetic of dimensions: checked for int64 overflow (shape_add, ...), and in dynamic lowering
+# keeping unknown dimensions unknown (dim_add, ...)
+_CPP_ARITH = {"+": "add", "-": "sub", "*": "mul"}
 
 
 class _Lowering:
@@ -65,6 +68,13 @@ class _Lowering:
         self.cpp = cpp
         self.dynamic = dynamic and cpp
         self.present: set[str] = set()
+
+    def op_name(self) -> str:
+        return escape.cpp_str(self.scope.op)
+
+    def arith(self, name: str) -> str:
+        """The runtime function of a C++ arithmetic operation (runtime/functional.h)."""
+        return f"{'dim' if self.dynamic else 'shape'}_{name}"
 
     def index(self, node: Node) -> str:
         """A dimension used as an index (dim(), dims())."""
@@ -116,7 +126,9 @@ class _Lowering:
             return (f"Shape{{{', '.join(items)}}}" if cpp else f"[{', '.join(items)}]"), DKind.DIMS
         if isinstance(node, Unary):
             operand = self.want(node.operand, (DKind.DIM,))
-            return (f"dim_neg({operand})" if self.dynamic else f"(-{operand})"), DKind.DIM
+            if isinstance(node.operand, Num) or not self.cpp:  # (a literal's negation cannot overflow)
+                return f"(-{operand})", DKind.DIM
+            return f"{self.arith('neg')}({self.op_name()}, {operand})", DKind.DIM
         if isinstance(node, Binary):
             return self.binary(node)
         if isinstance(node, Call):
@@ -138,7 +150,8 @@ class _Lowering:
         if node.op == "+" and lk == rk == DKind.DIMS:
             return (f"shape_cat({lc}, {rc})" if self.cpp else f"({lc} + {rc})"), DKind.DIMS
         if node.op in ("+", "-", "*") and lk == rk == DKind.DIM:
-            return (f"{_CPP_ARITH[node.op]}({lc}, {rc})" if self.dynamic else f"({lc} {node.op} {rc})"), DKind.DIM
+            return ((f"{self.arith(_CPP_ARITH[node.op])}({self.op_name()}, {lc}, {rc})" if self.cpp
+                     else f"({lc} {node.op} {rc})"), DKind.DIM)
         raise self.error(node, f"operator '{node.op}' does not apply to {lk} and {rk}")
 
     def call(self, node: Call) -> tuple[str, DKind]:

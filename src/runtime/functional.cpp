@@ -304,10 +304,69 @@ int64_t known(int64_t d) {
   return d;
 }
 
-int64_t dim_add(int64_t a, int64_t b) { return a == kUnknownDim || b == kUnknownDim ? kUnknownDim : a + b; }
-int64_t dim_sub(int64_t a, int64_t b) { return a == kUnknownDim || b == kUnknownDim ? kUnknownDim : a - b; }
-int64_t dim_mul(int64_t a, int64_t b) { return a == kUnknownDim || b == kUnknownDim ? kUnknownDim : a * b; }
-int64_t dim_neg(int64_t a) { return a == kUnknownDim ? kUnknownDim : -a; }
+namespace {
+
+[[noreturn]] void shape_overflow(const char* op, int64_t a, const char* sign, int64_t b) {
+  fail<ValueError>(op, "shape rule arithmetic overflows int64: ", a, sign, b);
+}
+
+void check_output_dims(const char* op, const char* output, const Shape& shape, bool dynamic) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (dynamic && d == kUnknownDim) continue;
+    if (d < 0) {
+      fail<ValueError>(op, "output '", output, "' would have shape ", shape_str(shape),
+                       " by the op's shape rule: dimensions must be >= 0");
+    }
+    if (__builtin_mul_overflow(n, d, &n)) {
+      fail<ValueError>(op, "output '", output, "' would have shape ", shape_str(shape),
+                       " by the op's shape rule: too many elements");
+    }
+  }
+}
+
+}  // namespace
+
+int64_t shape_add(const char* op, int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) shape_overflow(op, a, " + ", b);
+  return r;
+}
+
+int64_t shape_sub(const char* op, int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_sub_overflow(a, b, &r)) shape_overflow(op, a, " - ", b);
+  return r;
+}
+
+int64_t shape_mul(const char* op, int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) shape_overflow(op, a, " * ", b);
+  return r;
+}
+
+int64_t shape_neg(const char* op, int64_t a) { return shape_sub(op, 0, a); }
+
+Shape output_shape(const char* op, const char* output, Shape shape) {
+  check_output_dims(op, output, shape, false);
+  return shape;
+}
+
+int64_t dim_add(const char* op, int64_t a, int64_t b) {
+  return a == kUnknownDim || b == kUnknownDim ? kUnknownDim : shape_add(op, a, b);
+}
+int64_t dim_sub(const char* op, int64_t a, int64_t b) {
+  return a == kUnknownDim || b == kUnknownDim ? kUnknownDim : shape_sub(op, a, b);
+}
+int64_t dim_mul(const char* op, int64_t a, int64_t b) {
+  return a == kUnknownDim || b == kUnknownDim ? kUnknownDim : shape_mul(op, a, b);
+}
+int64_t dim_neg(const char* op, int64_t a) { return a == kUnknownDim ? kUnknownDim : shape_neg(op, a); }
+
+Shape output_dims(const char* op, const char* output, Shape shape) {
+  check_output_dims(op, output, shape, true);
+  return shape;
+}
 
 bool dims_compare(const Shape& a, const Shape& b, bool equal) {
   if (a.size() != b.size()) return !equal;

@@ -31,6 +31,15 @@ Shape matmul_shape(const char* op, const Shape& a, const Shape& b);  // unknown 
 int64_t shape_dim(const char* op, const char* input, const Shape& shape, int64_t i);
 Shape shape_slice(const Shape& shape, int64_t start, int64_t stop = INT64_MAX);
 Shape shape_cat(Shape a, const Shape& b);
+// + - * and unary - of dimensions (and int attrs) in shape rules and checks: ValueError naming op
+// where the result would overflow int64 (a wrapped size would pass for a valid one)
+int64_t shape_add(const char* op, int64_t a, int64_t b);
+int64_t shape_sub(const char* op, int64_t a, int64_t b);
+int64_t shape_mul(const char* op, int64_t a, int64_t b);
+int64_t shape_neg(const char* op, int64_t a);
+// An output's shape as its rule (an expression or an infer() function) gave it, checked: a
+// negative dimension or more elements than int64 counts is a ValueError naming op and the output
+Shape output_shape(const char* op, const char* output, Shape shape);
 
 // ---- shape rules over dimensions that may be unknown: what MindSpore's Graph mode asks when it
 // compiles a graph for dynamic shapes (the AOT InferShape entry points, aot/aot.h). A dimension
@@ -48,10 +57,12 @@ struct DimsOf {
   int64_t dim() const { return static_cast<int64_t>(dims.size()); }
 };
 int64_t known(int64_t d);  // d, or UnknownShape when it is unknown
-int64_t dim_add(int64_t a, int64_t b);  // unknown when either operand is
-int64_t dim_sub(int64_t a, int64_t b);
-int64_t dim_mul(int64_t a, int64_t b);
-int64_t dim_neg(int64_t a);
+int64_t dim_add(const char* op, int64_t a, int64_t b);  // unknown when either operand is; else shape_add's
+int64_t dim_sub(const char* op, int64_t a, int64_t b);
+int64_t dim_mul(const char* op, int64_t a, int64_t b);
+int64_t dim_neg(const char* op, int64_t a);
+// output_shape over dimensions that may be unknown: the known ones checked
+Shape output_dims(const char* op, const char* output, Shape shape);
 template <typename Compare>
 bool dim_compare(int64_t a, int64_t b, Compare compare) {
   return compare(known(a), known(b));
