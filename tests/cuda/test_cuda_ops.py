@@ -157,6 +157,27 @@ def test_memory_used_on_another_stream_is_freed_after_that_work() -> None:
     assert np.all(z2.cpu().numpy() == 1e30)
 
 
+def test_source_of_a_copy_to_another_device_is_freed_after_the_copy() -> None:
+    # the peer copy runs on the destination's stream and reads x on device 0: x freed on device 0
+    # must wait for it (the copy makes device 0's stream wait for an event after it), or device 0's
+    # next allocation, which gets x's block back, is written while the copy still reads it
+    if opforge.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs (a copy between devices)")
+    n, k = 4096, 32
+    ones, huge = np.ones((n, n), np.float32), np.full((n, n), 1e30, np.float32)
+    opforge.cuda.synchronize(0)
+    opforge.cuda.empty_cache()
+    busy = opforge.tensor(ones, device="cuda:1")
+    work = [ops.matmul(busy, busy) for _ in range(k)]  # device 1's stream busy for a while
+    x = opforge.tensor(ones, device="cuda:0")
+    opforge.cuda.synchronize(0)
+    y = x.to("cuda:1")  # queued behind the matmuls on device 1
+    del x
+    z = opforge.tensor(huge, device="cuda:0")
+    assert np.all(y.cpu().numpy() == 1) and np.all(z.cpu().numpy() == 1e30)
+    assert all(np.all(w.cpu().numpy() == n) for w in work)
+
+
 def test_dlpack_with_torch_is_zero_copy_and_ordered() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():

@@ -252,7 +252,30 @@ class CudaRuntime final : public DeviceRuntime {
     check(op, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, s));
     // with host memory on either side, return only once the copy is done (torch's blocking
     // copy): the host buffer may be freed or read as soon as we return
-    if (dst_host || src_host) check(op, cudaStreamSynchronize(s));
+    if (dst_host || src_host) {
+      check(op, cudaStreamSynchronize(s));
+    } else if (src_device.index != dst_device.index) {
+      // the copy reads src on the destination's stream: src's device's stream waits for it, so
+      // that src freed there (after that stream's work, note_device_use) is not reused before
+      unsigned long long id = 0;
+      if (capture_status(s, &id) != cudaStreamCaptureStatusNone) return;
+      cudaEvent_t e = nullptr;
+      check(op, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      const cudaError_t recorded = cudaEventRecord(e, s);
+      cudaError_t waited = cudaSuccess;
+      if (recorded == cudaSuccess) {
+        try {
+          DeviceGuard other(op, src_device.index);
+          waited = cudaStreamWaitEvent(t_streams[src_device.index], e, 0);
+        } catch (...) {
+          cudaEventDestroy(e);
+          throw;
+        }
+      }
+      cudaEventDestroy(e);  // (its resources go once the recorded work completes)
+      check(op, recorded);
+      check(op, waited);
+    }
   }
   void fill(const char* op, int index, void* p, int64_t count, size_t itemsize, const void* pattern) override {
     if (count <= 0) return;
