@@ -204,12 +204,30 @@ int_div:
     expr: {q: x / y, p: x * y - y}
 """
 
+INT_SHIFT = """\
+int_shift:
+  doc: x plus a float attr taken in x's integer type.
+  inputs:
+    x: T
+  attrs:
+    s: {type: float, default: 0.0}
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [int8, int32, int64]
+  targets:
+    cpu: {}
+  impl:
+    expr: x + s
+"""
+
 
 @pytest.mark.slow
 def test_integer_expressions_never_trap_and_wrap_as_numpy(tmp_path: Path, cache: Path) -> None:
     # an integer division by zero or of the smallest integer by -1 would kill the process (SIGFPE)
     (tmp_path / "int_div.yaml").write_text(INT_DIV)
-    m = opforge.load("jit_int_div", specs=[tmp_path / "int_div.yaml"], build_dir=cache)
+    (tmp_path / "int_shift.yaml").write_text(INT_SHIFT)
+    m = opforge.load("jit_int_div", specs=[tmp_path / "int_div.yaml", tmp_path / "int_shift.yaml"], build_dir=cache)
     for dtype in ["int32", "int64"]:
         lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
         x = np.array([7, -7, 7, -7, 5, 0, lo, lo, hi, hi], dtype)
@@ -221,6 +239,16 @@ def test_integer_expressions_never_trap_and_wrap_as_numpy(tmp_path: Path, cache:
     q, p = m.int_div(np.array([200, 7, 0], np.uint8), np.array([0, 3, 0], np.uint8))
     np.testing.assert_array_equal(q.numpy(), [0, 2, 0])
     np.testing.assert_array_equal(p.numpy(), np.array([0, 18, 0], np.uint8))
+    # a float attr in an integer compute type: truncated, saturated at the type's bounds, NaN 0
+    # (a C++ conversion out of range would be undefined), then added with wrap-around
+    for dtype in ["int8", "int32", "int64"]:
+        info = np.iinfo(dtype)
+        x = np.array([0, 1, -1, info.min, info.max], dtype)
+        for s, c in [(-2.9, -2), (300.7, min(300, int(info.max))), (1e30, int(info.max)), (-1e30, int(info.min)),
+                     (float("nan"), 0), (float("inf"), int(info.max))]:
+            with np.errstate(over="ignore"):
+                want = x + np.array(c, dtype)
+            np.testing.assert_array_equal(m.int_shift(x, s=s).numpy(), want, err_msg=f"{dtype} + {s}")
 
 
 REPEAT_ROWS = """\

@@ -73,9 +73,15 @@ def lower_expr(formula: Formula, scope: ExprScope, flags: dict[str, str] | None 
         flags.setdefault(member, f"{value} == {escape.cpp_str(lit.value)}")
         return member if node.op == "==" else f"!{member}"
 
+    def cast(code: str) -> str:
+        """A value as compute type C: in an op that may compute in an integer type, through
+        runtime/dtype.h's convert (a float out of the type's range saturates, NaN is 0: a plain
+        conversion's result is undefined), else C's constructor."""
+        return f"convert<C>({code})" if scope.integral else f"C({code})"
+
     def go(node: Node) -> str:
         if isinstance(node, Num):
-            return f"C({node.text})"
+            return cast(node.text)
         if isinstance(node, BoolLit):
             return "true" if node.value else "false"
         if isinstance(node, Name):
@@ -91,7 +97,7 @@ def lower_expr(formula: Formula, scope: ExprScope, flags: dict[str, str] | None 
                                         "(and str attrs compared with a string) can be used in an elementwise "
                                         "expression")
                 value = f"(*a.{node.id})" if node.id in scope.optional_attrs else f"a.{node.id}"
-                return value if kind == Kind.BOOL else f"C({value})"
+                return value if kind == Kind.BOOL else cast(value)
             known = list(scope.inputs) + list(scope.attrs)
             raise formula.error(node.pos, f"unknown name '{node.id}'{did_you_mean(node.id, known)}")
         if isinstance(node, Unary):
@@ -117,7 +123,7 @@ def lower_expr(formula: Formula, scope: ExprScope, flags: dict[str, str] | None 
             finally:
                 if not given:
                     present.discard(cond.id)
-            return f"(a.{cond.id} ? C({a}) : C({go(node.args[2])}))"
+            return f"(a.{cond.id} ? {cast(a)} : {cast(go(node.args[2]))})"
         if isinstance(node, Call):
             if node.func not in EXPR_FUNCTIONS:
                 raise formula.error(node.pos, f"unknown function '{node.func}' in an elementwise "
@@ -130,7 +136,7 @@ def lower_expr(formula: Formula, scope: ExprScope, flags: dict[str, str] | None 
                                     f"{'s' if arity != 1 else ''}, got {len(node.args)}")
             args = [go(a) for a in node.args]
             if node.func == "where":
-                return f"(({args[0]}) ? C({args[1]}) : C({args[2]}))"
+                return f"(({args[0]}) ? {cast(args[1])} : {cast(args[2])})"
             return f"{cpp}({', '.join(args)})"
         if isinstance(node, Select):
             raise formula.error(node.pos, "an elementwise expression calls scalar functions, which have no "

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -126,6 +127,22 @@ template <> struct acc_type<Half> { using type = double; };
 template <> struct acc_type<BFloat16> { using type = double; };
 template <typename T> using acc_t = typename acc_type<T>::type;
 
+// A floating-point value as integer type To, defined for every value (C++ leaves one whose
+// truncation is out of To's range undefined): truncated toward zero, saturated to To's range, NaN
+// 0. What CUDA's conversion instructions do (so the host and the device agree) and XLA's convert;
+// NumPy's cast leaves it to the platform (x86 gives INT_MIN for int32 and int64, and int8's 300.7
+// wraps to 44).
+template <typename To, typename From>
+OPFORGE_HD inline To saturate_cast(From v) {
+  static_assert(std::is_integral_v<To> && std::is_floating_point_v<From>);
+  constexpr From lo = static_cast<From>(std::numeric_limits<To>::min());                     // 0 or -2^(n-1)
+  constexpr From hi = static_cast<From>(std::numeric_limits<To>::max() / 2 + 1) * From(2);  // 2^n or 2^(n-1)
+  if (!(v == v)) return To(0);
+  if (v >= hi) return std::numeric_limits<To>::max();
+  if (v <= lo - From(1)) return std::numeric_limits<To>::min();  // (lo when lo - 1 rounds to it)
+  return static_cast<To>(v);
+}
+
 template <typename To, typename From>
 OPFORGE_HD inline To convert(From v) {
   if constexpr (std::is_same_v<To, bool>) {
@@ -137,7 +154,9 @@ OPFORGE_HD inline To convert(From v) {
   } else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) {
     return To(static_cast<float>(v));
   } else if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>) {
-    return static_cast<To>(static_cast<float>(v));
+    return convert<To>(static_cast<float>(v));
+  } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
+    return saturate_cast<To>(v);
   } else {
     return static_cast<To>(v);
   }

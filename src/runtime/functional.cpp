@@ -126,7 +126,7 @@ namespace {
 // double); integer sums wrap around in two's complement, as NumPy's (fn::add).
 template <typename Acc>
 Acc scaled(Acc acc, double scale) {
-  return scale == 1.0 ? acc : static_cast<Acc>(static_cast<double>(acc) * scale);
+  return scale == 1.0 ? acc : convert<Acc>(static_cast<double>(acc) * scale);
 }
 
 // out[k1, k2] = scale * sum_r x[k1, r, k2] for contiguous x viewed as (K1, R, K2).

@@ -1,6 +1,8 @@
 """How ``impl.expr`` arithmetic is emitted: ops that may see integers (an integer or bool input or
 output) call runtime/elementwise.h's fn::add, fn::sub, fn::mul, fn::div and fn::neg, whose integer
-overflow wraps and whose division never traps; float-only ops keep C++'s operators."""
+overflow wraps and whose division never traps, and convert values to their compute type C with
+runtime/dtype.h's convert (a float out of an integer's range saturates); float-only ops keep C++'s
+operators and C's constructor."""
 
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ def code(tmp_path: Path, t: str, u: str) -> str:
 
 @pytest.mark.parametrize("t,u", [("int32", "float32"), ("float32", "bool"), ("float64, uint8", "float64")])
 def test_ops_that_may_see_integers_call_the_wrapping_functions(tmp_path: Path, t: str, u: str) -> None:
-    assert code(tmp_path, t, u) == "fn::sub(fn::add(fn::div(fn::neg(v_x), v_y), fn::mul(v_x, C(2))), v_y)"
+    # (and constants, attrs and where's branches take C through convert: a float saturates)
+    assert code(tmp_path, t, u) == "fn::sub(fn::add(fn::div(fn::neg(v_x), v_y), fn::mul(v_x, convert<C>(2))), v_y)"
 
 
 def test_float_only_ops_keep_the_operators(tmp_path: Path) -> None:

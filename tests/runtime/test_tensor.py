@@ -40,6 +40,35 @@ def test_float16_conversion_is_exact_for_representable_values() -> None:
     assert np.isnan(opforge.tensor(np.float32(np.nan)).astype("float16").item())
 
 
+def _saturated(x: np.ndarray, dtype: str) -> np.ndarray:
+    """x truncated toward zero and clamped to dtype's range, NaN 0 (the reference of a float to
+    integer conversion; NumPy's own cast leaves out-of-range values to the platform)."""
+    info = np.iinfo(dtype)
+    def one(v: float) -> int:
+        if np.isnan(v):
+            return 0
+        if np.isinf(v):
+            return int(info.max) if v > 0 else int(info.min)
+        return min(max(int(v), int(info.min)), int(info.max))  # (int() truncates, exactly)
+    return np.array([one(float(v)) for v in x], dtype)
+
+
+@pytest.mark.parametrize("src", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("dst", ["uint8", "int8", "int16", "int32", "int64"])
+def test_float_to_integer_conversion_truncates_and_saturates(src: str, dst: str) -> None:
+    # a C++ conversion out of the integer's range is undefined: opforge saturates, NaN giving 0, as
+    # CUDA and XLA do (the host and the device agree); in-range values truncate toward zero
+    x = np.array([0.0, -0.0, 2.9, -2.9, -0.9, 127.9, 128.0, -128.9, -129.0, 255.9, 256.0, 300.7, -300.7,
+                  32767.5, 32768.0, 65504.0, -65504.0, 2.0**31 - 128, 2.0**31, -(2.0**31), -(2.0**31) - 256,
+                  2.0**40, 2.0**63, -(2.0**63), 1e30, -1e30, np.inf, -np.inf, np.nan, -np.nan])
+    x = np.tile(x, 40)  # (the vectorized loop too)
+    t = opforge.tensor(x).astype(src)
+    exact = t.astype("float64").numpy()  # (the values src holds)
+    got = t.astype(dst)
+    assert got.dtype == dst
+    np.testing.assert_array_equal(got.numpy(), _saturated(exact, dst))
+
+
 def test_tensor_owner_is_kept_alive() -> None:
     a = np.arange(6.0)
     t = opforge.from_numpy(a)

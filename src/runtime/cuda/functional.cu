@@ -24,7 +24,7 @@ template <typename Acc>
 struct Scale {
   double scale;
   OPFORGE_HD OPFORGE_INLINE Acc operator()(Acc v) const {
-    return scale == 1.0 ? v : static_cast<Acc>(static_cast<double>(v) * scale);
+    return scale == 1.0 ? v : convert<Acc>(static_cast<double>(v) * scale);
   }
 };
 
