@@ -90,3 +90,19 @@ def test_device_widens_every_half_as_the_cpu() -> None:
     _same_bits(got, want)
     np.testing.assert_array_equal(np.isnan(want), np.isnan(h))
     np.testing.assert_array_equal(want[~np.isnan(h)], h[~np.isnan(h)].astype(np.float32))  # (the cpu: exact)
+
+
+@cuda_only
+@pytest.mark.parametrize("src", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("dst", ["uint8", "int8", "int16", "int32", "int64"])
+def test_device_float_to_integer_gives_the_cpus_values(src: str, dst: str) -> None:
+    # truncated, saturated at the integer's bounds, NaN 0 on both (runtime/dtype.h's saturate_cast;
+    # the device's conversion instructions saturate by themselves); tests/runtime/test_tensor.py
+    # checks the cpu's against Python's int()
+    edges = [0.0, -0.0, 2.9, -2.9, -0.9, 127.9, 128.0, -129.0, 255.9, 256.0, 300.7, 32768.0, 65504.0,
+             2.0**31, -(2.0**31) - 256, 2.0**40, 2.0**63, -(2.0**63), 1e30, -1e30, np.inf, -np.inf, np.nan]
+    x = np.concatenate([edges, np.random.default_rng(1).standard_normal(4099) * 1e6])
+    host = opforge.tensor(x).astype(src)
+    want = host.astype(dst).numpy()
+    got = host.to("cuda").astype(dst).cpu().numpy()
+    np.testing.assert_array_equal(got, want)
