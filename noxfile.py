@@ -40,7 +40,8 @@ def tests(session: nox.Session) -> None:
     """Every test but the JAX ones, with PyTorch and MindSpore (NumPy 1.x)."""
     session.install(f"{wheel(session)}[test]")
     # (tests/test_build.py checks this wheel's name and contents instead of building another)
-    session.run("python", "-m", "pytest", f"--ignore-glob={JAX_TESTS}", *session.posargs,
+    # (--durations: the slowest tests in the log, to see where CI's time goes)
+    session.run("python", "-m", "pytest", f"--ignore-glob={JAX_TESTS}", "--durations=15", *session.posargs,
                 env={"OPFORGE_WHEEL": wheel(session)})
 
 
