@@ -203,3 +203,7 @@ Tensor.__repr__ = _repr
 Tensor.sum = lambda self, axis=None, keepdims=False: ops.sum(self, axis, keepdims)
 Tensor.mean = lambda self, axis=None, keepdims=False: ops.mean(self, axis, keepdims)
 del _name, _op, _refl
+# Tensor's methods are all there: from here on the type is immutable, as numpy.ndarray (no
+# attribute set on it, no __class__ assignment to or from it, which would read one C++ object as
+# another)
+_C._seal_tensor_type()

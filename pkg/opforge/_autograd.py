@@ -146,6 +146,10 @@ def gradients(outputs: Union[Tensor, Sequence[Tensor]], inputs: Union[Tensor, Se
     gs = list(grad_outputs) if grad_outputs is not None else [None] * len(outs)
     if len(gs) != len(outs):
         raise ValueError(f"[gradients] {len(outs)} outputs but {len(gs)} grad_outputs")
+    for what, items in (("outputs", outs), ("inputs", ins)):
+        for i, t in enumerate(items):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"[gradients] {what}[{i}] must be an opforge Tensor, got {type(t).__name__}")
     retain = create_graph if retain_graph is None else retain_graph
     return tuple(_C._run_backward(outs, gs, retain, create_graph, ins, allow_unused))
 

@@ -401,8 +401,28 @@ std::vector<std::string> search_dirs(const char* op) {
 }  // namespace
 
 std::vector<std::vector<int64_t>> call_infer_shape(const std::string& symbol,
-                                                   const std::vector<std::vector<int64_t>>& shapes,
-                                                   bool multi_output) {
+                                                   const std::vector<std::vector<int64_t>>& shapes) {
+  // the op and its present inputs, from the symbol (codegen/api.py's aot_symbols): the entry reads
+  // one shape per present input and returns one shape per output, so a call with other counts would
+  // read past what it is given
+  const std::string prefix = "opforge_", without = "__without__";
+  if (symbol.compare(0, prefix.size(), prefix) != 0) {
+    fail<ValueError>("call_infer_shape", "symbol '", symbol, "' is not opforge_<op>[__without__<input>...]");
+  }
+  const size_t cut = symbol.find(without);
+  const std::string name = symbol.substr(prefix.size(), cut == std::string::npos ? std::string::npos : cut - prefix.size());
+  const OpInfo* info = find_op(name);
+  if (!info) fail<ValueError>("call_infer_shape", "symbol '", symbol, "' names no registered op ('", name, "')");
+  size_t absent = 0;  // the names after __without__, separated by "__"
+  for (size_t at = cut == std::string::npos ? cut : cut + without.size(); at != std::string::npos; absent += 1) {
+    const size_t next = symbol.find("__", at);
+    at = next == std::string::npos ? next : next + 2;
+  }
+  if (absent > info->inputs.size() || shapes.size() != info->inputs.size() - absent) {
+    fail<ValueError>("call_infer_shape", "symbol '", symbol, "' takes ", info->inputs.size() - std::min(absent, info->inputs.size()),
+                     " input shapes; got ", shapes.size());
+  }
+  const bool multi_output = info->outputs.size() > 1;
   Dl_info dl{};
   if (!dladdr(reinterpret_cast<void*>(&package_dir), &dl) || !dl.dli_fname) {
     fail<RuntimeError>("call_infer_shape", "cannot find libopforge.so");

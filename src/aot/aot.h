@@ -169,11 +169,12 @@ class ExtraAttrs {
 };
 
 // Test hook: calls this library's exported `<symbol>InferShape` as MindSpore does (no extra: attrs
-// at their defaults) for inputs of these shapes (-1 an unknown dimension, {-2} an unknown rank);
-// multi_output picks the signature of an op with several outputs. RuntimeError if there is none.
+// at their defaults) for inputs of these shapes (-1 an unknown dimension, {-2} an unknown rank).
+// The symbol names a registered op (opforge_<op>[__without__<input>...]), whose outputs pick the
+// entry's signature and whose present inputs must match the shapes given (ValueError otherwise);
+// RuntimeError if this library exports no such entry.
 std::vector<std::vector<int64_t>> call_infer_shape(const std::string& symbol,
-                                                   const std::vector<std::vector<int64_t>>& shapes,
-                                                   bool multi_output);
+                                                   const std::vector<std::vector<int64_t>>& shapes);
 
 // ---- ops whose kernel is an external AOT function (impl kind `aot`)
 

@@ -20,6 +20,7 @@
 #include "aot/aot.h"
 #include "runtime/autograd.h"
 #include "python/dlpack.h"
+#include "python/gil.h"
 #include "runtime/functional.h"
 #include "python/pyfunc.h"
 
@@ -34,6 +35,8 @@ std::string type_name(py::handle obj) {
 
 // ---------------------------------------------------------------------------- NumPy (buffer protocol)
 
+// (the exporter's item size must be the dtype's: a 'd' buffer of 4-byte items would be read past
+// its end)
 bool dtype_from_buffer_format(const char* fmt, Py_ssize_t size, DType* out) {
   while (*fmt == '<' || *fmt == '=' || *fmt == '@' || *fmt == '|' || *fmt == '!' || *fmt == '>') {
     if (*fmt == '>' || *fmt == '!') return false;  // big-endian data is not supported
@@ -41,7 +44,7 @@ bool dtype_from_buffer_format(const char* fmt, Py_ssize_t size, DType* out) {
   }
   if (fmt[0] == '\0' || fmt[1] != '\0') return false;
   switch (fmt[0]) {
-    case '?': *out = DType::Bool; return true;
+    case '?': *out = DType::Bool; return size == 1;
     case 'B': *out = DType::UInt8; return size == 1;
     case 'b': *out = DType::Int8; return size == 1;
     case 'h': *out = DType::Int16; return size == 2;
@@ -49,9 +52,9 @@ bool dtype_from_buffer_format(const char* fmt, Py_ssize_t size, DType* out) {
       if (size == 4) { *out = DType::Int32; return true; }
       if (size == 8) { *out = DType::Int64; return true; }
       return false;
-    case 'e': *out = DType::Float16; return true;
-    case 'f': *out = DType::Float32; return true;
-    case 'd': *out = DType::Float64; return true;
+    case 'e': *out = DType::Float16; return size == 2;
+    case 'f': *out = DType::Float32; return size == 4;
+    case 'd': *out = DType::Float64; return size == 8;
     default: return false;
   }
 }
@@ -85,7 +88,7 @@ TensorPtr from_buffer(py::handle obj, const char* op, const char* arg) {
     fail<TypeError>(op, "input '", arg, "' must be a tensor or array, got ", type_name(obj));
   }
   std::shared_ptr<Py_buffer> owner(view, [](Py_buffer* v) {
-    py::gil_scoped_acquire gil;
+    AcquireGil gil;
     PyBuffer_Release(v);
     delete v;
   });
@@ -141,7 +144,7 @@ struct ArrayStorage : Storage {
     if (PyGILState_Check()) {
       Py_DECREF(array);
     } else {
-      py::gil_scoped_acquire gil;
+      AcquireGil gil;
       Py_DECREF(array);
     }
   }
@@ -167,6 +170,8 @@ void recycle_wrapper(TensorPtr& t) {
   s.array = nullptr;
   s.data = nullptr;
   Py_DECREF(array);
+  // (checked again: the release may have run Python code, whose op calls fill the pool too)
+  if (t_wrappers.n == kPooledWrappers) return;
   t_wrappers.items[t_wrappers.n++] = std::move(t);
 }
 
@@ -374,7 +379,7 @@ TensorPtr copy_from(const TensorPtr& dst, py::handle value) {
       src->strides() == dst->strides()) {
     return dst;  // (itself)
   }
-  py::gil_scoped_release nogil;
+  ReleaseGil nogil;
   if (scalar && !dst->on_host()) {  // a fill on the device (no copy: capturable)
     note_device_use(*dst);
     Device d = dst->device();
@@ -428,7 +433,7 @@ class GraphHandle {
     if (!graph_) return;
     if (runtime_->graph_capturing(graph_)) runtime_->graph_capture_end("reset", graph_, true);
     void* graph = std::exchange(graph_, nullptr);
-    py::gil_scoped_release nogil;
+    ReleaseGil nogil;
     runtime_->graph_release(graph);
   }
   void release() noexcept {
@@ -466,7 +471,7 @@ TensorPtr from_capsule(py::handle capsule, const char* op, const char* arg) {
     PyCapsule_SetName(cap, "used_dltensor_versioned");
     t->storage()->owner = std::shared_ptr<void>(managed, [](void* p) {
       auto* m = static_cast<DLManagedTensorVersioned*>(p);
-      py::gil_scoped_acquire gil;
+      AcquireGil gil;
       if (m->deleter) m->deleter(m);
     });
     return t;
@@ -477,7 +482,7 @@ TensorPtr from_capsule(py::handle capsule, const char* op, const char* arg) {
     PyCapsule_SetName(cap, "used_dltensor");
     t->storage()->owner = std::shared_ptr<void>(managed, [](void* p) {
       auto* m = static_cast<DLManagedTensor*>(p);
-      py::gil_scoped_acquire gil;
+      AcquireGil gil;
       if (m->deleter) m->deleter(m);
     });
     return t;
@@ -1075,7 +1080,7 @@ void run_into(const OpCaller& c, const TensorPtr* given, AttrValue* attrs, Tenso
   {
     BufferOfferScope scope(&offers);
     if (release_gil) {
-      py::gil_scoped_release nogil;
+      ReleaseGil nogil;
       e.call(inputs, attrs, outputs);
     } else {
       e.call(inputs, attrs, outputs);
@@ -1118,7 +1123,7 @@ py::object run(const OpCaller& c, const py::handle* params, py::handle out = py:
     return py::reinterpret_borrow<py::object>(out);
   }
   if (in.release_gil()) {
-    py::gil_scoped_release nogil;
+    ReleaseGil nogil;
     e.call(inputs, attrs.data(), outputs.data());
   } else {
     e.call(inputs, attrs.data(), outputs.data());
@@ -1544,6 +1549,15 @@ constexpr const char* kCreateGraphCycle =
 
 }  // namespace
 
+// Makes a bound type immutable (no attribute set on it, no __class__ assignment to or from it).
+// Tensor and _Graph have the same instance size, so CPython would let `t.__class__ = _Graph` (or
+// the reverse) through on mutable types, and each would then read the other's holder as its own.
+static void seal_type(PyObject* type) {
+  auto* t = reinterpret_cast<PyTypeObject*>(type);
+  t->tp_flags |= Py_TPFLAGS_IMMUTABLETYPE;
+  PyType_Modified(t);
+}
+
 void bind_runtime(py::module_& m) {
   if (_import_array() < 0) throw py::error_already_set();
   py::register_exception_translator([](std::exception_ptr p) {
@@ -1575,20 +1589,21 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
       .def_property_readonly("dtype", [](const Tensor& t) { return dtype_name(t.dtype()); })
       .def_property_readonly("format", [](const Tensor& t) { return format_name(t.format()); })
       .def_property_readonly("device", [](const Tensor& t) { return t.device().str(); })
-      .def_property_readonly("ndim", &Tensor::dim)
-      .def_property_readonly("size", &Tensor::numel)
+      .def_property_readonly("ndim", [](const Tensor& t) { return t.dim(); })
+      .def_property_readonly("size", [](const Tensor& t) { return t.numel(); })
       .def_property_readonly("strides", [](const Tensor& t) { return py::tuple(py::cast(t.strides())); },
                              "Strides in elements.")
-      .def_property_readonly("is_leaf", &Tensor::is_leaf)
+      .def_property_readonly("is_leaf", [](const Tensor& t) { return t.is_leaf(); })
       .def_property_readonly("grad_fn", [](const Tensor& t) -> py::object {
         if (!t.grad_fn()) return py::none();
         return py::str(t.grad_fn()->name());
       }, "The name of the op that produced this tensor, or None for a leaf.")
-      .def_property("requires_grad", &Tensor::requires_grad, &Tensor::set_requires_grad)
-      .def_property_readonly("_version", &Tensor::version,
+      .def_property("requires_grad", [](const Tensor& t) { return t.requires_grad(); },
+                    [](Tensor& t, bool on) { t.set_requires_grad(on); })
+      .def_property_readonly("_version", [](const Tensor& t) { return t.version(); },
                              "How many times this tensor's memory (shared with its views) was written in place "
                              "(in-place ops, out=): autograd checks it for the tensors it saved, as PyTorch does.")
-      .def_property("grad", &Tensor::grad, [](Tensor& t, py::object g) { set_grad(t, g); },
+      .def_property("grad", [](const Tensor& t) { return t.grad(); }, [](Tensor& t, py::object g) { set_grad(t, g); },
                     "The gradient accumulated by backward(), or None. Assigning checks it like PyTorch: "
                     "None, or a tensor (or array) of this tensor's shape and dtype.")
       .def("numpy", [](const TensorPtr& t) { return numpy_view(t); },
@@ -1616,7 +1631,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
         if (create_graph && PyErr_WarnEx(PyExc_UserWarning, kCreateGraphCycle, 1) != 0) {
           throw py::error_already_set();
         }
-        py::gil_scoped_release nogil;
+        ReleaseGil nogil;
         run_backward({t}, grads, retain, create_graph);
       }, py::arg("grad") = py::none(), py::arg("retain_graph") = py::none(), py::arg("create_graph") = false,
          "Accumulate the gradient of this tensor into the .grad of the leaves it depends on.\n"
@@ -1687,7 +1702,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
   m.def("_drop_tangent", [](const TensorPtr& t) { t->set_fw_grad(nullptr); }, py::arg("t"));
   // The path of an aot op's external library, loaded and checked for the symbol (RuntimeError
   // naming the paths tried and the symbol otherwise): what framework adapters hand the host.
-  m.def("_aot_infer_shape", &aot::call_infer_shape, py::arg("symbol"), py::arg("shapes"), py::arg("multi_output"));
+  m.def("_aot_infer_shape", &aot::call_infer_shape, py::arg("symbol"), py::arg("shapes"));
   m.def("_aot_library", [](const std::string& op, const std::string& library, const std::string& symbol) {
     return aot::resolve(op.c_str(), library.c_str(), symbol.c_str()).path;
   });
@@ -1706,8 +1721,9 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     storage->readonly = true;
     Format fmt;
     if (!format_from_name(format, &fmt)) fail<ValueError>("_meta_tensor", "unknown format '", format, "'");
-    return std::make_shared<Tensor>(std::move(storage), parse_dtype(d, "_meta_tensor"), shape,
-                                    Shape(shape.size(), 0), 0, fmt);
+    const DType dtype = parse_dtype(d, "_meta_tensor");
+    checked_numel("_meta_tensor", shape, dtype);  // (its size must fit int64, as any tensor's)
+    return std::make_shared<Tensor>(std::move(storage), dtype, shape, Shape(shape.size(), 0), 0, fmt);
   }, py::arg("shape"), py::arg("dtype"), py::arg("format") = "DefaultFormat");
   m.def("_parse_dtype", [](py::handle d) { return dtype_name(parse_dtype(d, "dtype")); });
   // Test hook: records whether the GIL was held when each op's kernel dispatch began.
@@ -1735,7 +1751,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
                             bool create_graph, const TensorList& inputs, bool allow_unused) {
     TensorList gs;
     for (auto& g : grads) gs.push_back(g.is_none() ? nullptr : to_tensor(g, "backward", "grad"));
-    py::gil_scoped_release nogil;
+    ReleaseGil nogil;
     return run_backward(roots, gs, retain_graph, create_graph, inputs, allow_unused);
   });
   m.def("op_info", [](const std::string& name) {
@@ -1772,7 +1788,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
   m.def("_synchronize", [](const std::string& text) {
     Device d = parse_device("synchronize", text);
     DeviceRuntime& rt = device_runtime("synchronize", d);
-    py::gil_scoped_release nogil;
+    ReleaseGil nogil;
     rt.synchronize("synchronize", d.index);
   }, py::arg("device"));
   m.def("_set_sync_index_checks", [](bool on) { return set_sync_index_checks(on); }, py::arg("on"));
@@ -1791,7 +1807,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
   m.def("_empty_cache", [](const std::string& type) {
     DeviceRuntime* rt = find_device_runtime(parse_device("empty_cache", type).type);
     if (!rt || rt->device_count() == 0) return;
-    py::gil_scoped_release nogil;
+    ReleaseGil nogil;
     rt->empty_cache();
   }, py::arg("type"));
   m.def("_current_stream", [](const std::string& text) {
@@ -1818,17 +1834,22 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
   m.def("_synchronize_stream", [](int index, uintptr_t stream) {
     Device d{DeviceType::CUDA, index};
     DeviceRuntime& rt = device_runtime("synchronize", d);
-    py::gil_scoped_release nogil;
+    ReleaseGil nogil;
     rt.synchronize_stream("synchronize", index, reinterpret_cast<void*>(stream));
   }, py::arg("index"), py::arg("stream"));
   // graphs (opforge.cuda.CUDAGraph): a device runtime's graph handle, released with the object
-  py::class_<GraphHandle>(m, "_Graph")
+  py::class_<GraphHandle> graph(m, "_Graph");
+  graph
       .def(py::init<const std::string&>(), py::arg("device"))
-      .def("capture_begin", &GraphHandle::capture_begin)
-      .def("capture_end", &GraphHandle::capture_end, py::arg("discard") = false)
-      .def("replay", &GraphHandle::replay)
-      .def("reset", &GraphHandle::reset)
-      .def_property_readonly("device", &GraphHandle::device);
+      // (lambdas taking a reference, not member pointers, whose self None would load as null)
+      .def("capture_begin", [](GraphHandle& g) { g.capture_begin(); })
+      .def("capture_end", [](GraphHandle& g, bool discard) { g.capture_end(discard); }, py::arg("discard") = false)
+      .def("replay", [](GraphHandle& g) { g.replay(); })
+      .def("reset", [](GraphHandle& g) { g.reset(); })
+      .def_property_readonly("device", [](const GraphHandle& g) { return g.device(); });
+  seal_type(graph.ptr());
+  // Tensor is sealed by opforge/__init__.py once it has added its Python methods and operators
+  m.def("_seal_tensor_type", [] { seal_type(reinterpret_cast<PyObject*>(tensor_type)); });
   m.def("_graph_memory", [](const std::string& text) -> size_t {
     Device d = parse_device("graph_memory", text);
     DeviceRuntime* rt = find_device_runtime(d.type);
@@ -1837,7 +1858,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
   }, py::arg("device"));
   m.def("_to", [](const TensorPtr& t, const std::string& text) {
     Device d = parse_device("to", text);
-    py::gil_scoped_release nogil;
+    ReleaseGil nogil;
     return to(t, d);  // (differentiable: recorded when t requires grad)
   }, py::arg("tensor"), py::arg("device"));
   m.attr("built_targets") = built_targets();
@@ -1961,7 +1982,11 @@ void call(const char* op, const char* target, const TensorList& inputs, const st
   if (!Py_IsInitialized()) {
     fail<RuntimeError>(op, "pyfunc '", target, "' needs a Python interpreter (none is running)");
   }
-  py::gil_scoped_acquire gil;  // (held or not: kernels may run with the GIL released, or on another thread)
+  python::AcquireGil gil;  // (held or not: kernels may run with the GIL released, or on another thread)
+  // The function's own op calls allocate as usual: the out= buffers offered to this call's
+  // allocations (run_into) are not theirs to take (a tensor kept by the function would alias the
+  // caller's out without owning it)
+  BufferOfferScope no_offers(nullptr);
   py::object fn = resolve(op, target);
   py::tuple args(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) args[i] = input_array(op, inputs[i]);

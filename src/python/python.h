@@ -18,6 +18,22 @@
 // against it, so they say default visibility explicitly (and their hidden-typed fields are fine:
 // pybind11's objects are plain PyObject pointers in every module).
 #define OPFORGE_PY_API __attribute__((visibility("default")))
+// A Python argument bound to a TensorPtr is never None. pybind11 loads None into a shared_ptr
+// argument as a null pointer (and accepts None as the self of a method bound without py::arg),
+// which every binding would then dereference: None now fails to load, so the call raises
+// pybind11's TypeError listing the accepted argument types. (References, `const Tensor&`,
+// already refuse None; optional tensors are py::object or py::handle.)
+namespace pybind11::detail {
+template <>
+class type_caster<std::shared_ptr<opforge::Tensor>>
+    : public copyable_holder_caster<opforge::Tensor, std::shared_ptr<opforge::Tensor>> {
+ public:
+  bool load(handle src, bool convert) {
+    return !src.is_none() && copyable_holder_caster<opforge::Tensor, std::shared_ptr<opforge::Tensor>>::load(src, convert);
+  }
+};
+}  // namespace pybind11::detail
+
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wattributes"
 

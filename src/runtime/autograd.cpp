@@ -20,6 +20,49 @@ void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
 bool FwGradMode::is_enabled() { return fw_grad_mode_enabled; }
 void FwGradMode::set_enabled(bool enabled) { fw_grad_mode_enabled = enabled; }
 
+// ---------------------------------------------------------------------------- freeing graphs
+
+namespace {
+struct Graveyard {
+  std::vector<std::shared_ptr<Node>> pending;  // last references of nodes to free
+  bool draining = false;                       // the outermost release_node is freeing them
+};
+thread_local Graveyard t_graveyard;
+}  // namespace
+
+namespace detail {
+
+void release_node(std::shared_ptr<Node>&& node) noexcept {
+  if (!node) return;
+  // (another owner left: dropping this reference frees nothing; the count may fall meanwhile
+  // on another thread, which then frees the node there, recursing at most as before)
+  if (node.use_count() > 1) {
+    node.reset();
+    return;
+  }
+  Graveyard& g = t_graveyard;
+  try {
+    g.pending.push_back(std::move(node));
+  } catch (...) {  // (no memory for the list: freed at once, recursively)
+    node.reset();
+    return;
+  }
+  if (g.draining) return;
+  g.draining = true;
+  while (!g.pending.empty()) {
+    std::shared_ptr<Node> last = std::move(g.pending.back());
+    g.pending.pop_back();
+    last.reset();  // its destructor (and its tensors') add what it owned to pending
+  }
+  g.draining = false;
+}
+
+}  // namespace detail
+
+Node::~Node() {
+  for (Edge& e : next_edges) detail::release_node(std::move(e.fn));
+}
+
 // ---------------------------------------------------------------------------- context
 
 void AutogradContext::init(const char* op, const TensorList& inputs, bool any_grad) {

@@ -55,6 +55,16 @@ struct Edge {
   uint32_t input_nr = 0;
 };
 
+namespace detail {
+// Drops a reference to a node of a graph being freed (a dying tensor's grad_fn, a dying node's
+// next_edges). A node owns the nodes before it (its edges, and the grad_fn of each input it
+// saved), so freeing the last tensor of a chain of n ops would nest n destructors and overflow
+// the stack for long chains (a loss summed over 300,000 steps without detach, as in PyTorch's
+// deleteNode). Instead the last reference goes to this thread's list, freed one node at a time
+// by the outermost call; the nodes freed meanwhile only add to it.
+void release_node(std::shared_ptr<Node>&& node) noexcept;
+}  // namespace detail
+
 struct TensorMeta {
   Shape shape;
   DType dtype;
@@ -69,7 +79,7 @@ struct TensorMeta {
 // (and with retain_graph=False the second thread through a node gets a clean RuntimeError).
 class Node : public std::enable_shared_from_this<Node> {
  public:
-  virtual ~Node() = default;
+  virtual ~Node();  // (frees next_edges through detail::release_node)
   virtual TensorList apply(TensorList grads) = 0;
   virtual std::string name() const = 0;
   virtual void release() {}

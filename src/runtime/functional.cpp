@@ -318,7 +318,8 @@ void check_output_dims(const char* op, const char* output, const Shape& shape, b
       fail<ValueError>(op, "output '", output, "' would have shape ", shape_str(shape),
                        " by the op's shape rule: dimensions must be >= 0");
     }
-    if (__builtin_mul_overflow(n, d, &n)) {
+    // (zero dimensions left out of the product, as checked_numel does)
+    if (d != 0 && __builtin_mul_overflow(n, d, &n)) {
       fail<ValueError>(op, "output '", output, "' would have shape ", shape_str(shape),
                        " by the op's shape rule: too many elements");
     }

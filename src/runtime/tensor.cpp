@@ -92,6 +92,10 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape
   contiguous_ = row_major(shape_, strides_, numel_);
 }
 
+Tensor::~Tensor() {
+  if (grad_fn_) detail::release_node(std::move(grad_fn_));
+}
+
 void Tensor::rebind(DType dtype, const int64_t* shape, const int64_t* strides, size_t ndim) {
   dtype_ = dtype;
   format_ = Format::Default;
@@ -129,16 +133,21 @@ std::shared_ptr<Node> Tensor::grad_accumulator(const TensorPtr& self) {
 }
 
 int64_t checked_numel(const char* op, const Shape& shape, DType dtype) {
+  // The product of the nonzero dimensions must fit, as NumPy checks it: with a zero dimension the
+  // tensor is empty, but its strides are products of the other dimensions, (0, 2**62, 2**62)'s
+  // first one overflowing int64
   int64_t n = 1;
+  bool empty = false;
   for (int64_t d : shape) {
     if (d < 0) fail<ValueError>(op, "negative dimension in shape ", shape_str(shape));
-    if (__builtin_mul_overflow(n, d, &n)) fail<ValueError>(op, "shape ", shape_str(shape), " has too many elements");
+    if (d == 0) empty = true;
+    else if (__builtin_mul_overflow(n, d, &n)) fail<ValueError>(op, "shape ", shape_str(shape), " has too many elements");
   }
   int64_t bytes;
   if (__builtin_mul_overflow(n, static_cast<int64_t>(itemsize(dtype)), &bytes) || bytes > (int64_t(1) << 62)) {
     fail<ValueError>(op, "shape ", shape_str(shape), " has too many elements");
   }
-  return n;
+  return empty ? 0 : n;
 }
 
 // ---------------------------------------------------------------------------- allocation

@@ -48,6 +48,10 @@ class Tensor {
  public:
   Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides, int64_t offset,
          Format format = Format::Default);
+  // (frees its history through detail::release_node: a chain of any length without recursion)
+  ~Tensor();
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
 
   // Makes this tensor, which nothing else holds, a new one on the same storage object (whose
   // fields the caller has set), as if constructed with these fields and offset 0: its shape and

@@ -11,6 +11,7 @@ turn) matches opforge's own double backward, in PyNative and Graph mode.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -157,8 +158,8 @@ def test_a_launch_whose_shapes_do_not_fit_raises(graph, capfd) -> None:
 # ---------------------------------------------------------------------------- InferShape itself
 
 
-def _infer(symbol: str, *shapes: list[int], multi: bool = False) -> list[list[int]]:
-    return _C._aot_infer_shape(symbol, [list(s) for s in shapes], multi)
+def _infer(symbol: str, *shapes: list[int]) -> list[list[int]]:
+    return _C._aot_infer_shape(symbol, [list(s) for s in shapes])
 
 
 def test_infer_shape_keeps_what_is_known() -> None:
@@ -173,12 +174,12 @@ def test_infer_shape_keeps_what_is_known() -> None:
     assert _infer("opforge_sum", [-1, 3]) == [[]]
     # optional inputs absent, several outputs
     assert _infer("opforge_linear__without__bias", [-1, 6], [16, 6]) == [[-1, 16]]
-    assert _infer("opforge_layer_norm", [-1, 8], [8], [8], multi=True) == [[-1, 8], [-1, 1], [-1, 1]]
+    assert _infer("opforge_layer_norm", [-1, 8], [8], [8]) == [[-1, 8], [-1, 1], [-1, 1]]
 
 
 def test_infer_shape_gives_unknown_rank_when_it_must() -> None:
     assert _infer("opforge_exp", [-2]) == [[-2]]
-    assert _infer("opforge_layer_norm", [-2], [8], [8], multi=True) == [[-2], [-2], [-2]]
+    assert _infer("opforge_layer_norm", [-2], [8], [8]) == [[-2], [-2], [-2]]
 
 
 def test_infer_shape_of_shapes_that_cannot_go_together(capfd) -> None:
@@ -300,3 +301,16 @@ def test_pynative_calls_take_python_shapes_and_graph_mode_keeps_the_cpp_infer_sh
             prim(x, Tensor(np.ones((4,), np.float32)))
     finally:
         ms.set_context(mode=old)
+
+
+def test_infer_shape_hook_checks_the_symbol_against_its_op() -> None:
+    # the entry reads one shape per present input: a call with fewer read past the list given
+    # (-2 from the heap as a dimension), a multi-output signature for a single-output op crashed
+    with pytest.raises(ValueError, match=re.escape("[call_infer_shape] symbol 'opforge_mul' takes 2 input shapes; got 1")):
+        _infer("opforge_mul", [2])
+    with pytest.raises(ValueError, match=re.escape("symbol 'opforge_linear__without__bias' takes 2 input shapes; got 3")):
+        _infer("opforge_linear__without__bias", [-1, 6], [16, 6], [16])
+    with pytest.raises(ValueError, match=re.escape("symbol 'opforge_no_such_op' names no registered op")):
+        _infer("opforge_no_such_op", [2])
+    with pytest.raises(ValueError, match=re.escape("is not opforge_<op>[__without__<input>...]")):
+        _infer("mul", [2], [2])

@@ -8,6 +8,7 @@ import copy
 import ctypes
 import gc
 import re
+import subprocess
 import sys
 import weakref
 from typing import Any, Optional
@@ -382,3 +383,129 @@ def test_backward_with_create_graph_warns_of_the_cycle_and_grad_none_breaks_it()
     del g, y
     gc.collect()
     assert alive() is None
+
+
+# ---------------------------------------------------------------------------- None for a tensor
+
+# pybind11 loads None into a tensor argument as a null pointer, and takes None as the self of a
+# method called through the class: each of these dereferenced it (SIGSEGV); now each is a TypeError.
+NONE_AS_A_TENSOR = {
+    "Tensor.numpy(None)": lambda: opforge.Tensor.numpy(None),
+    "Tensor.item(None)": lambda: opforge.Tensor.item(None),
+    "Tensor.detach(None)": lambda: opforge.Tensor.detach(None),
+    "Tensor.__float__(None)": lambda: opforge.Tensor.__float__(None),
+    "Tensor.__bool__(None)": lambda: opforge.Tensor.__bool__(None),
+    "Tensor.cpu(None)": lambda: opforge.Tensor.cpu(None),
+    "Tensor.ndim.fget(None)": lambda: opforge.Tensor.ndim.fget(None),
+    "Tensor.size.fget(None)": lambda: opforge.Tensor.size.fget(None),
+    "Tensor.grad.fget(None)": lambda: opforge.Tensor.grad.fget(None),
+    "Tensor.is_leaf.fget(None)": lambda: opforge.Tensor.is_leaf.fget(None),
+    "Tensor.requires_grad.fset(None, True)": lambda: opforge.Tensor.requires_grad.fset(None, True),
+    "Tensor._version.fget(None)": lambda: opforge.Tensor._version.fget(None),
+    "_C._zeros_like(None)": lambda: opforge._C._zeros_like(None),
+    "_C._tangent(None)": lambda: opforge._C._tangent(None),
+    "_C._run_backward([None], ...)": lambda: opforge._C._run_backward([None], [None], False, False, [], True),
+    "_Graph.replay(None)": lambda: opforge._C._Graph.replay(None),
+}
+
+
+@pytest.mark.parametrize("call", NONE_AS_A_TENSOR)
+def test_none_where_a_tensor_is_expected_raises_type_error(call: str) -> None:
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        NONE_AS_A_TENSOR[call]()
+
+
+def test_gradients_names_a_none_among_its_tensors() -> None:
+    w = opforge.tensor(np.ones(3, np.float32), requires_grad=True)
+    with pytest.raises(TypeError, match=re.escape("[gradients] inputs[1] must be an opforge Tensor, got NoneType")):
+        opforge.gradients(ops.sum(w), [w, None])
+    with pytest.raises(TypeError, match=re.escape("[gradients] outputs[1] must be an opforge Tensor, got NoneType")):
+        opforge.gradients([ops.sum(w), None], w)
+    (g,) = opforge.gradients(ops.sum(w), [w])  # (the lists as they should be still work)
+    np.testing.assert_array_equal(g.numpy(), np.ones(3, np.float32))
+
+
+# ---------------------------------------------------------------------------- __class__ assignment
+
+
+def test_tensor_and_graph_types_are_immutable() -> None:
+    # Tensor and _Graph have instances of one size: CPython allowed `t.__class__ = _Graph` between
+    # mutable types, and each then read the other's C++ object as its own (SIGSEGV, garbage shapes)
+    t = opforge.tensor(np.ones(3, np.float32))
+    with pytest.raises(TypeError, match="__class__ assignment only supported for mutable types"):
+        t.__class__ = opforge._C._Graph  # type: ignore[assignment]
+    g = opforge._C._Graph.__new__(opforge._C._Graph)
+    with pytest.raises(TypeError, match="__class__ assignment only supported for mutable types"):
+        g.__class__ = opforge.Tensor
+    with pytest.raises(TypeError, match="immutable type"):
+        opforge.Tensor.shape = property(lambda self: (1,))  # type: ignore[method-assign,assignment]
+    # what opforge adds in Python (operators, to, sum) is there before the type is sealed
+    np.testing.assert_array_equal((t + t).numpy(), [2.0, 2.0, 2.0])
+    assert float(t.sum()) == 3.0
+
+
+# ---------------------------------------------------------------------------- freeing a deep graph
+
+
+DEEP_GRAPH = """
+import numpy as np, opforge
+from opforge import ops
+x = opforge.tensor(np.ones(1, np.float32), requires_grad=True)
+y = x
+for _ in range(300_000):  # a loss accumulated over many steps without detach()
+    y = ops.mul(y, 1.0)
+del y  # frees 300,000 nodes, each owning the one before it
+z = x
+for _ in range(200_000):  # and a chain whose nodes save their inputs (mul of two tensors)
+    z = ops.mul(z, x)
+ops.sum(z).backward()
+del z
+print("freed", float(x.grad.numpy()[0]))
+"""
+
+
+def test_freeing_a_graph_of_300000_ops_does_not_overflow_the_stack() -> None:
+    # each node's destructor freed the node before it: one stack frame per op (SIGSEGV at 200,000)
+    r = subprocess.run([sys.executable, "-c", DEEP_GRAPH], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "freed 200001.0", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+# ---------------------------------------------------------------------------- interpreter exit
+
+
+DAEMONS_AT_EXIT = """
+import threading, time, numpy as np, opforge
+from opforge import ops
+a = np.random.rand(1 << 20).astype(np.float32)  # (large enough that the kernel runs without the GIL)
+def work():
+    while True:
+        ops.exp(a)
+        opforge.from_numpy(a)  # (a wrapper freed off the thread that made it)
+for _ in range(2):
+    threading.Thread(target=work, daemon=True).start()
+time.sleep(0.3)
+print("exiting")
+"""
+
+
+def test_daemon_threads_inside_ops_at_interpreter_exit() -> None:
+    # CPython 3.11-3.13 end a thread that asks for the GIL after shutdown began with pthread_exit,
+    # whose unwinding through pybind11's noexcept gil_scoped_release called std::terminate (SIGABRT
+    # in 5 runs of 5); the thread now parks until the process ends, as NumPy's threads do
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", DAEMONS_AT_EXIT], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == "exiting", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+# ---------------------------------------------------------------------------- sizes
+
+
+def test_a_shape_with_a_zero_dimension_must_still_fit_int64() -> None:
+    # (0, 2**62, 2**62) is empty, but its strides are products of the other dimensions: the first
+    # overflowed int64 (undefined behaviour); NumPy refuses it too ("array is too big")
+    empty = opforge.tensor(np.zeros(0, np.float32))
+    with pytest.raises(ValueError, match=re.escape("has too many elements")):
+        empty.reshape([0, 2**62, 2**62])
+    assert empty.reshape([0, 2**30, 2**30]).shape == (0, 2**30, 2**30)  # (what fits is still fine)
+    with pytest.raises(ValueError, match=re.escape("[_meta_tensor] shape (4294967296, 4294967296) has too many elements")):
+        opforge._C._meta_tensor([2**32, 2**32], "float32")
