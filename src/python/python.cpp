@@ -1711,9 +1711,8 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
   // shapes and dtypes without running a kernel.
   m.def("_meta_tensor", [](const Shape& shape, py::handle d, const std::string& format) {
     static const double zero[2] = {0.0, 0.0};
-    for (int64_t n : shape) {
-      if (n < 0) fail<ValueError>("_meta_tensor", "negative dimension in shape ", shape_str(shape));
-    }
+    const DType dtype = parse_dtype(d, "_meta_tensor");
+    checked_numel("_meta_tensor", shape, dtype);  // (no negative dimension; a size int64 holds, as any tensor's)
     auto storage = std::make_shared<Storage>();
     storage->data = const_cast<double*>(zero);
     storage->nbytes = sizeof(zero);
@@ -1721,8 +1720,6 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     storage->readonly = true;
     Format fmt;
     if (!format_from_name(format, &fmt)) fail<ValueError>("_meta_tensor", "unknown format '", format, "'");
-    const DType dtype = parse_dtype(d, "_meta_tensor");
-    checked_numel("_meta_tensor", shape, dtype);  // (its size must fit int64, as any tensor's)
     return std::make_shared<Tensor>(std::move(storage), dtype, shape, Shape(shape.size(), 0), 0, fmt);
   }, py::arg("shape"), py::arg("dtype"), py::arg("format") = "DefaultFormat");
   m.def("_parse_dtype", [](py::handle d) { return dtype_name(parse_dtype(d, "dtype")); });

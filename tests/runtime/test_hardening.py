@@ -509,3 +509,5 @@ def test_a_shape_with_a_zero_dimension_must_still_fit_int64() -> None:
     assert empty.reshape([0, 2**30, 2**30]).shape == (0, 2**30, 2**30)  # (what fits is still fine)
     with pytest.raises(ValueError, match=re.escape("[_meta_tensor] shape (4294967296, 4294967296) has too many elements")):
         opforge._C._meta_tensor([2**32, 2**32], "float32")
+    with pytest.raises(ValueError, match=re.escape("[_meta_tensor] negative dimension in shape (-1, 2)")):
+        opforge._C._meta_tensor([-1, 2], "float32")
