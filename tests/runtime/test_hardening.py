@@ -8,6 +8,7 @@ import copy
 import ctypes
 import gc
 import re
+import resource
 import subprocess
 import sys
 import weakref
@@ -452,11 +453,11 @@ import numpy as np, opforge
 from opforge import ops
 x = opforge.tensor(np.ones(1, np.float32), requires_grad=True)
 y = x
-for _ in range(300_000):  # a loss accumulated over many steps without detach()
+for _ in range(30_000):  # a loss accumulated over many steps without detach()
     y = ops.mul(y, 1.0)
-del y  # frees 300,000 nodes, each owning the one before it
+del y  # frees 30,000 nodes, each owning the one before it
 z = x
-for _ in range(200_000):  # and a chain whose nodes save their inputs (mul of two tensors)
+for _ in range(20_000):  # and a chain whose nodes save their inputs (mul of two tensors)
     z = ops.mul(z, x)
 ops.sum(z).backward()
 del z
@@ -464,10 +465,19 @@ print("freed", float(x.grad.numpy()[0]))
 """
 
 
-def test_freeing_a_graph_of_300000_ops_does_not_overflow_the_stack() -> None:
+def _small_stack() -> None:
+    # the child's main thread gets a 512 KiB stack (its size is read from the limit at exec): a
+    # recursive free takes at least 42 bytes a node (it overflowed 8 MiB at 200,000 nodes), 1.2 MB
+    # for 30,000, so tens of thousands of ops show it (a sanitized -O0 build runs them in seconds,
+    # where 500,000 took minutes)
+    resource.setrlimit(resource.RLIMIT_STACK, (1 << 19, resource.getrlimit(resource.RLIMIT_STACK)[1]))
+
+
+def test_freeing_a_deep_graph_does_not_overflow_the_stack() -> None:
     # each node's destructor freed the node before it: one stack frame per op (SIGSEGV at 200,000)
-    r = subprocess.run([sys.executable, "-c", DEEP_GRAPH], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip() == "freed 200001.0", (r.returncode, r.stdout, r.stderr[-2000:])
+    r = subprocess.run([sys.executable, "-c", DEEP_GRAPH], capture_output=True, text=True, timeout=300,
+                       preexec_fn=_small_stack)
+    assert r.returncode == 0 and r.stdout.strip() == "freed 20001.0", (r.returncode, r.stdout, r.stderr[-2000:])
 
 
 # ---------------------------------------------------------------------------- interpreter exit
