@@ -221,13 +221,40 @@ int_shift:
     expr: x + s
 """
 
+INT_POW = """\
+int_pow:
+  doc: x to the power y, of integers.
+  inputs:
+    x: {dtype: T, differentiable: false}
+    y: {dtype: T, differentiable: false}
+  outputs:
+    out: {dtype: T, shape: "broadcast(x, y)"}
+  dtypes:
+    T: [int8, uint8, int32, int64]
+  targets:
+    cpu: {}
+  impl:
+    expr: pow(x, y)
+"""
+
+
+def _int_pow(a: int, b: int, dtype: str) -> int:
+    """NumPy's integer power (exact, wrapping around), and 1 / a truncated for a negative b."""
+    if b < 0:
+        return 1 if a == 1 else (-1 if b % 2 else 1) if a == -1 else 0
+    bits = np.iinfo(dtype).bits
+    r = pow(a, b, 1 << bits)
+    return r - (1 << bits) if np.iinfo(dtype).min < 0 and r >= 1 << (bits - 1) else r
+
 
 @pytest.mark.slow
 def test_integer_expressions_never_trap_and_wrap_as_numpy(tmp_path: Path, cache: Path) -> None:
     # an integer division by zero or of the smallest integer by -1 would kill the process (SIGFPE)
     (tmp_path / "int_div.yaml").write_text(INT_DIV)
     (tmp_path / "int_shift.yaml").write_text(INT_SHIFT)
-    m = opforge.load("jit_int_div", specs=[tmp_path / "int_div.yaml", tmp_path / "int_shift.yaml"], build_dir=cache)
+    (tmp_path / "int_pow.yaml").write_text(INT_POW)
+    m = opforge.load("jit_int_div", specs=[tmp_path / "int_div.yaml", tmp_path / "int_shift.yaml",
+                                           tmp_path / "int_pow.yaml"], build_dir=cache)
     for dtype in ["int32", "int64"]:
         lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
         x = np.array([7, -7, 7, -7, 5, 0, lo, lo, hi, hi], dtype)
@@ -249,6 +276,21 @@ def test_integer_expressions_never_trap_and_wrap_as_numpy(tmp_path: Path, cache:
             with np.errstate(over="ignore"):
                 want = x + np.array(c, dtype)
             np.testing.assert_array_equal(m.int_shift(x, s=s).numpy(), want, err_msg=f"{dtype} + {s}")
+    # pow of integers is exact and wraps as NumPy's power (it went through double: 3**39 lost its
+    # last digits in int64, and int8 saturated); a negative exponent gives 1 / x truncated
+    for dtype in ["int8", "uint8", "int32", "int64"]:
+        info = np.iinfo(dtype)
+        pairs = [(3, 39), (3, 40), (-3, 41), (7, 0), (0, 0), (0, 5), (2, info.bits - 1), (2, info.bits),
+                 (info.max, 2), (info.min, 3), (info.max, info.max), (-1, info.max), (5, 1)]
+        if info.min < 0:
+            pairs += [(1, -5), (-1, -5), (-1, -4), (2, -1), (-7, -3), (0, -1)]
+        x = np.array([np.array(a).astype(dtype) for a, _ in pairs], dtype)  # (wrapped as NumPy would)
+        y = np.array([np.array(b).astype(dtype) for _, b in pairs], dtype)
+        want = np.array([_int_pow(int(a), int(b), dtype) for a, b in zip(x, y)], dtype)
+        np.testing.assert_array_equal(m.int_pow(x, y).numpy(), want, err_msg=dtype)
+        if dtype == "int64":  # where NumPy defines it, the same as NumPy's
+            ok = y >= 0
+            np.testing.assert_array_equal(m.int_pow(x[ok], y[ok]).numpy(), np.power(x[ok], y[ok]))
 
 
 REPEAT_ROWS = """\

@@ -72,17 +72,9 @@ namespace fn {
     else if constexpr (std::is_same_v<T, double>) return opforge_mvec_##name(x);     \
     else return std::name(x);                                                        \
   }
-#define OPFORGE_FN2_(name)                                                          \
-  template <typename T> OPFORGE_INLINE auto name(T x, T y) {                         \
-    if constexpr (std::is_same_v<T, float>) return opforge_mvec_##name##f(x, y);     \
-    else if constexpr (std::is_same_v<T, double>) return opforge_mvec_##name(x, y);  \
-    else return std::name(x, y);                                                     \
-  }
 #else
 #define OPFORGE_FN1_(name) \
   template <typename T> OPFORGE_HD OPFORGE_INLINE auto name(T x) { return std::name(x); }
-#define OPFORGE_FN2_(name) \
-  template <typename T> OPFORGE_HD OPFORGE_INLINE auto name(T x, T y) { return std::name(x, y); }
 #endif
 OPFORGE_FN1_(exp)
 OPFORGE_FN1_(log)
@@ -92,9 +84,42 @@ OPFORGE_FN1_(tanh)
 OPFORGE_FN1_(sin)
 OPFORGE_FN1_(cos)
 OPFORGE_FN1_(erf)
-OPFORGE_FN2_(pow)
 #undef OPFORGE_FN1_
-#undef OPFORGE_FN2_
+// pow of integers (an expr's pow in an integer compute type): exact, wrapping around as NumPy's
+// power does (by squaring, in an unsigned type of at least unsigned int's width: the product of
+// two promoted uint16 values could overflow int), where <cmath>'s would round through double
+// (int64 results past 2^53) and saturate. A negative exponent gives 1 / x truncated, as PyTorch's
+// integer pow with a tensor exponent: 1 for x = 1, -1 or 1 by parity for x = -1, 0 otherwise
+// (NumPy refuses it; a kernel cannot). bool: x or not y.
+template <typename T> OPFORGE_HD OPFORGE_INLINE T int_pow(T x, T y) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return x || !y;
+  } else {
+    if constexpr (std::is_signed_v<T>) {
+      if (y < 0) return x == T(1) ? T(1) : x == T(-1) ? ((y & T(1)) ? T(-1) : T(1)) : T(0);
+    }
+    using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+    U base = static_cast<U>(x), r = 1;
+    for (U e = static_cast<U>(y); e != 0; e >>= 1) {
+      if (e & 1u) r *= base;
+      base *= base;
+    }
+    return static_cast<T>(r);
+  }
+}
+#if OPFORGE_VECTOR_MATH
+template <typename T> OPFORGE_INLINE auto pow(T x, T y) {
+  if constexpr (std::is_same_v<T, float>) return opforge_mvec_powf(x, y);
+  else if constexpr (std::is_same_v<T, double>) return opforge_mvec_pow(x, y);
+  else if constexpr (std::is_integral_v<T>) return int_pow(x, y);
+  else return std::pow(x, y);
+}
+#else
+template <typename T> OPFORGE_HD OPFORGE_INLINE auto pow(T x, T y) {
+  if constexpr (std::is_integral_v<T>) return int_pow(x, y);
+  else return std::pow(x, y);
+}
+#endif
 template <typename T> OPFORGE_HD OPFORGE_INLINE auto sqrt(T x) { return std::sqrt(x); }
 template <typename T> OPFORGE_HD OPFORGE_INLINE auto rsqrt(T x) { return T(1) / std::sqrt(x); }
 template <typename T> OPFORGE_HD OPFORGE_INLINE auto floor(T x) { return std::floor(x); }
