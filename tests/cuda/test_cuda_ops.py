@@ -306,6 +306,42 @@ def test_integer_arithmetic_wraps_as_numpy_on_cuda(dtype: str) -> None:
         np.testing.assert_array_equal(ops.sum(on_cuda(big), axis=axis).cpu().numpy(), want)
 
 
+INT_POW = """\
+int_pow_dev:
+  doc: x to the power y, of integers, on both devices.
+  inputs:
+    x: {dtype: T, differentiable: false}
+    y: {dtype: T, differentiable: false}
+  outputs:
+    out: {dtype: T, shape: "broadcast(x, y)"}
+  dtypes:
+    T: [int8, uint8, int32, int64]
+  targets:
+    cpu: {}
+    cuda: {}
+  impl:
+    expr: pow(x, y)
+"""
+
+
+def test_integer_pow_of_an_expr_wraps_on_cuda_as_on_cpu(tmp_path: Path) -> None:
+    # fn::pow of integers (elementwise.h's int_pow) in device code: exact, wrapping, 1/x truncated
+    # for a negative exponent; tests/test_jit.py holds the cpu kernel to NumPy
+    (tmp_path / "int_pow_dev.yaml").write_text(INT_POW)
+    m = opforge.load("jit_int_pow_dev", [tmp_path / "int_pow_dev.yaml"], build_dir=tmp_path / "cache")
+    assert m.__opforge_formulas__["int_pow_dev"].runs == ("cpu", "cuda")
+    for dtype in ["int8", "uint8", "int32", "int64"]:
+        info = np.iinfo(dtype)
+        base = np.array([3, 3, -3, 7, 0, 0, 2, 2, -1, -1, 1, 2, 5, -7], np.int64)
+        exp = np.array([39, 40, 41, 0, 0, 5, info.bits - 1, info.bits, -5, -4, -5, -1, 1, -3], np.int64)
+        x, y = base.astype(dtype), exp.astype(dtype)  # (wrapped as NumPy casts)
+        want = m.int_pow_dev(x, y).numpy()
+        got = m.int_pow_dev(on_cuda(x), on_cuda(y)).cpu().numpy()
+        np.testing.assert_array_equal(got, want, err_msg=dtype)
+        ok = (y >= 0) if info.min < 0 else np.ones(len(y), bool)
+        np.testing.assert_array_equal(got[ok], np.power(x[ok], y[ok]), err_msg=dtype)
+
+
 def test_half_sums_accumulate_in_float() -> None:
     x = np.full(60_000, 1.0, np.float16)  # a float16 accumulator would stop at 2048 (60000 is a float16)
     assert ops.sum(opforge.tensor(x, device="cuda")).cpu().numpy().astype(np.float32) == 60_000.0
