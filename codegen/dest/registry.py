@@ -1,5 +1,6 @@
-"""The registration table: each op's row (``OpInfo kInfo``: inputs, outputs, attrs, dtype x format
-rows per target) and ``ops_registry.cpp``, which registers every op of the extension."""
+"""The registration table: each op's row (``OpInfo& kInfo``, never destroyed: inputs, outputs,
+attrs, dtype x format rows per target) and ``ops_registry.cpp``, which registers every op of the
+extension."""
 
 from __future__ import annotations
 

@@ -1058,7 +1058,7 @@ void run_into(const OpCaller& c, const TensorPtr* given, AttrValue* attrs, Tenso
     }
     TensorPtr old = empty(x->dtype(), x->shape(), x->format(), x->device());
     copy_into(old, x);
-    if (x->grad_fn()) old->set_history(x->grad_fn(), x->output_nr());
+    if (Tensor::History h = x->history(); h.fn) old->set_history(std::move(h.fn), h.output_nr);
     TensorPtr target = x;
     x = std::move(old);
     e.call(inputs, attrs, outputs);
@@ -1067,7 +1067,7 @@ void run_into(const OpCaller& c, const TensorPtr* given, AttrValue* attrs, Tenso
     }
     copy_into(target, outputs[0]);
     target->mark_written();
-    if (outputs[0]->grad_fn()) target->set_history(outputs[0]->grad_fn(), outputs[0]->output_nr());
+    if (Tensor::History h = outputs[0]->history(); h.fn) target->set_history(std::move(h.fn), h.output_nr);
     return;
   }
   std::vector<BufferOffer> offers;
@@ -1595,8 +1595,9 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
                              "Strides in elements.")
       .def_property_readonly("is_leaf", [](const Tensor& t) { return t.is_leaf(); })
       .def_property_readonly("grad_fn", [](const Tensor& t) -> py::object {
-        if (!t.grad_fn()) return py::none();
-        return py::str(t.grad_fn()->name());
+        std::shared_ptr<Node> fn = t.grad_fn();
+        if (!fn) return py::none();
+        return py::str(fn->name());
       }, "The name of the op that produced this tensor, or None for a leaf.")
       .def_property("requires_grad", [](const Tensor& t) { return t.requires_grad(); },
                     [](Tensor& t, bool on) { t.set_requires_grad(on); })

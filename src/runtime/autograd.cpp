@@ -13,7 +13,15 @@ namespace opforge {
 namespace {
 thread_local bool grad_mode_enabled = true;
 thread_local bool fw_grad_mode_enabled = true;
+
+// Where t's gradient goes: the output of the node that made it, or a leaf's accumulator. (Its
+// history read once, as a pair: an in-place op may be replacing it on another thread.)
+Edge gradient_edge(const TensorPtr& t) {
+  Tensor::History h = t->history();
+  if (h.fn) return Edge{std::move(h.fn), h.output_nr};
+  return Edge{t->grad_accumulator(t), 0};
 }
+}  // namespace
 
 bool GradMode::is_enabled() { return grad_mode_enabled; }
 void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
@@ -214,8 +222,7 @@ void record(const std::shared_ptr<Node>& node, AutogradContext& ctx, const Tenso
   for (size_t i = 0; i < inputs.size(); ++i) {
     const auto& t = inputs[i];
     if (!t || !t->requires_grad()) continue;
-    if (t->grad_fn()) node->next_edges[i] = Edge{t->grad_fn(), t->output_nr()};
-    else node->next_edges[i] = Edge{t->grad_accumulator(t), 0};
+    node->next_edges[i] = gradient_edge(t);
   }
   node->output_meta.reserve(outputs.size());
   for (size_t k = 0; k < outputs.size(); ++k) {
@@ -251,7 +258,7 @@ TensorList AccumulateGrad::apply(TensorList grads) {
   grads.clear();
   if (!g) return {};
   // Without create_graph the stored gradient has no history (and may be reused in place).
-  if (!GradMode::is_enabled()) g = owned(g->grad_fn() ? detach(g) : std::move(g));
+  if (!GradMode::is_enabled()) g = owned(g->is_leaf() ? std::move(g) : detach(g));
   TensorPtr previous;  // dies after the lock is let go: freeing a NumPy array's memory takes the
                        // GIL, which a thread reading .grad holds while it waits for the lock
   {
@@ -264,11 +271,6 @@ TensorList AccumulateGrad::apply(TensorList grads) {
 }
 
 namespace {
-
-Edge gradient_edge(const TensorPtr& t) {
-  if (t->grad_fn()) return Edge{t->grad_fn(), t->output_nr()};
-  return Edge{t->grad_accumulator(t), 0};
-}
 
 void accumulate(TensorList& buffer, uint32_t slot, const TensorPtr& g) {
   if (buffer.size() <= slot) buffer.resize(slot + 1);

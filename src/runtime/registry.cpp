@@ -3,15 +3,31 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 
 namespace opforge {
 
 void (*on_checked_call)(const OpInfo& info) = nullptr;
 
-std::vector<const OpInfo*>& registry() {
-  static std::vector<const OpInfo*> ops;
-  return ops;
+namespace {
+// The table and its lock, never destroyed (as the ops' rows: a thread may look an op up at exit).
+// Ops register when their module loads (opforge.load may load one while other threads call ops),
+// and the AOT face looks them up on its callers' threads.
+struct Table {
+  std::mutex lock;
+  std::vector<const OpInfo*> ops;
+};
+Table& table() {
+  static Table* t = new Table();
+  return *t;
+}
+}  // namespace
+
+std::vector<const OpInfo*> registry() {
+  Table& t = table();
+  std::lock_guard<std::mutex> hold(t.lock);
+  return t.ops;
 }
 
 void register_op(OpInfo& info) {
@@ -21,18 +37,22 @@ void register_op(OpInfo& info) {
       if (t.runs && std::strcmp(t.name, device_type_name(static_cast<DeviceType>(d))) == 0) info.by_device[d] = &t;
     }
   }
+  Table& t = table();
+  std::lock_guard<std::mutex> hold(t.lock);
   // An op module loaded again after its spec changed (opforge.load) registers its new version
-  for (const OpInfo*& op : registry()) {
+  for (const OpInfo*& op : t.ops) {
     if (std::strcmp(op->name, info.name) == 0) {
       op = &info;
       return;
     }
   }
-  registry().push_back(&info);
+  t.ops.push_back(&info);
 }
 
 const OpInfo* find_op(const std::string& name) {
-  for (const OpInfo* op : registry()) {
+  Table& t = table();
+  std::lock_guard<std::mutex> hold(t.lock);
+  for (const OpInfo* op : t.ops) {
     if (name == op->name) return op;
   }
   return nullptr;

@@ -75,8 +75,8 @@ extern void (*on_checked_call)(const OpInfo& info);
 // throws TypeError / ValueError / RuntimeError naming op.
 CallInfo check_call(const OpInfo& info, std::initializer_list<const Tensor*> inputs);
 
-// Global table of every registered op (for op_info / list_ops).
-std::vector<const OpInfo*>& registry();
+// Every registered op, in registration order (a copy of the table: for op_info / list_ops).
+std::vector<const OpInfo*> registry();
 // Adds info to the table, replacing an op of the same name (a reloaded op module's new version).
 void register_op(OpInfo& info);
 const OpInfo* find_op(const std::string& name);

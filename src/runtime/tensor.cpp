@@ -104,7 +104,7 @@ void Tensor::rebind(DType dtype, const int64_t* shape, const int64_t* strides, s
   offset_ = 0;
   numel_ = shape_numel(shape_);
   contiguous_ = row_major(shape_, strides_, numel_);
-  requires_grad_ = false;
+  requires_grad_.store(false, std::memory_order_relaxed);
   grad_.reset();
   grad_fn_.reset();
   output_nr_ = 0;
@@ -119,17 +119,19 @@ void Tensor::set_requires_grad(bool r) {
   if (r && !is_floating(dtype_)) {
     throw TypeError(std::string("only floating-point tensors can require gradients, got ") + dtype_name(dtype_));
   }
-  requires_grad_ = r;
+  requires_grad_.store(r, std::memory_order_relaxed);
 }
 
 std::shared_ptr<Node> Tensor::grad_accumulator(const TensorPtr& self) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto acc = grad_accumulator_.lock();
-  if (!acc) {
-    acc = std::make_shared<AccumulateGrad>(self);
-    grad_accumulator_ = acc;
+  {
+    MetaLock lock(meta_lock_);
+    if (auto acc = grad_accumulator_.lock()) return acc;
   }
-  return acc;
+  auto made = std::make_shared<AccumulateGrad>(self);  // (made unlocked, installed locked)
+  MetaLock lock(meta_lock_);
+  if (auto acc = grad_accumulator_.lock()) return acc;  // (another thread's came first)
+  grad_accumulator_ = made;
+  return made;
 }
 
 int64_t checked_numel(const char* op, const Shape& shape, DType dtype) {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/device.h"
@@ -81,7 +82,7 @@ class Tensor {
   void mark_written() const { storage_->version.fetch_add(1, std::memory_order_acq_rel); }
 
   // autograd
-  bool requires_grad() const { return requires_grad_; }
+  bool requires_grad() const { return requires_grad_.load(std::memory_order_relaxed); }
   void set_requires_grad(bool r);
   // .grad is read and written under a lock: backward may run in several threads at once.
   TensorPtr grad() const {
@@ -94,14 +95,35 @@ class Tensor {
   }
   std::mutex& grad_mutex() const { return mutex_; }
   TensorPtr& grad_unlocked() { return grad_; }
-  const std::shared_ptr<Node>& grad_fn() const { return grad_fn_; }
-  uint32_t output_nr() const { return output_nr_; }
-  bool is_leaf() const { return grad_fn_ == nullptr; }
-  void set_history(std::shared_ptr<Node> fn, uint32_t output_nr) {
-    grad_fn_ = std::move(fn);
-    output_nr_ = output_nr;
-    requires_grad_ = true;
+  // The node that made this tensor and which of its outputs the tensor is (no node: a leaf). An
+  // in-place op gives a tensor a new history while another thread may be recording an op that
+  // reads it (kernels run with the GIL released), so the pair is read and written together under
+  // a lock of its own: history() for both, as an edge of the graph.
+  struct History {
+    std::shared_ptr<Node> fn;
+    uint32_t output_nr = 0;
+  };
+  History history() const {
+    MetaLock lock(meta_lock_);
+    return History{grad_fn_, output_nr_};
   }
+  std::shared_ptr<Node> grad_fn() const {
+    MetaLock lock(meta_lock_);
+    return grad_fn_;
+  }
+  uint32_t output_nr() const { return history().output_nr; }
+  bool is_leaf() const {
+    MetaLock lock(meta_lock_);
+    return grad_fn_ == nullptr;
+  }
+  void set_history(std::shared_ptr<Node> fn, uint32_t output_nr) {
+    {
+      MetaLock lock(meta_lock_);
+      grad_fn_.swap(fn);
+      output_nr_ = output_nr;
+    }
+    requires_grad_.store(true, std::memory_order_relaxed);
+  }  // (the old node, swapped into fn, is let go here, after the lock: its graph may be freed with it)
   // The node that accumulates into .grad for a leaf (created on first use, held weakly).
   std::shared_ptr<Node> grad_accumulator(const TensorPtr& self);
 
@@ -119,8 +141,26 @@ class Tensor {
   int64_t offset_;
   int64_t numel_;
   bool contiguous_;
-  bool requires_grad_ = false;
+  // The lock of the history and of the accumulator's weak pointer: a spin lock, held to copy a
+  // pointer or two (a history is read once per op that takes the tensor as an input). Not .grad's
+  // lock: accumulating into .grad holds that one while add_grad may record an op that reads this
+  // tensor's history and accumulator (backward(x, create_graph=True) of x itself).
+  class MetaLock {
+   public:
+    explicit MetaLock(std::atomic_flag& flag) : flag_(flag) {
+      while (flag_.test_and_set(std::memory_order_acquire)) std::this_thread::yield();
+    }
+    ~MetaLock() { flag_.clear(std::memory_order_release); }
+    MetaLock(const MetaLock&) = delete;
+    MetaLock& operator=(const MetaLock&) = delete;
+
+   private:
+    std::atomic_flag& flag_;
+  };
+
+  std::atomic<bool> requires_grad_{false};
   TensorPtr grad_;
+  mutable std::atomic_flag meta_lock_ = ATOMIC_FLAG_INIT;
   std::shared_ptr<Node> grad_fn_;
   uint32_t output_nr_ = 0;
   std::weak_ptr<Node> grad_accumulator_;

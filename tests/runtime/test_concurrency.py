@@ -1,5 +1,6 @@
 """Concurrent backward: 8 threads over one shared graph (retain_graph, first-come release,
-create_graph) and over separate graphs, checked against a NumPy reference."""
+create_graph) and over separate graphs, checked against a NumPy reference; in-place ops changing a
+tensor's history while other threads record ops that read it."""
 
 from __future__ import annotations
 
@@ -164,4 +165,74 @@ def test_accumulating_into_a_grad_held_by_numpy_while_another_thread_reads_it() 
     # which the reading thread held while it waited for that lock: a deadlock
     r = subprocess.run([sys.executable, "-c", READ_GRAD_WHILE_ACCUMULATING], capture_output=True, text=True,
                        timeout=120)
+    assert r.returncode == 0 and "no deadlock" in r.stdout, r.stdout + r.stderr
+
+
+def test_in_place_ops_give_a_tensor_new_history_while_other_threads_record_ops_on_it() -> None:
+    # the in-place op sets x's history (its grad_fn and output number) with the GIL held, while the
+    # readers' ops, large enough to run without it, read that history to record their own nodes:
+    # the pair was read and written unlocked (ThreadSanitizer: a data race on a shared_ptr, so a
+    # torn read could take one node's pointer with another's reference count). Every reader's
+    # backward must still reach a, through whatever history x had when it was read.
+    n = 1 << 15  # (ops on more elements than python.h's kReleaseGilElements release the GIL)
+    a = opforge.tensor(np.ones(n, np.float32), requires_grad=True)
+    x = ops.mul(a, 2.0)
+    done = threading.Event()
+    start = threading.Barrier(3)
+    calls = [0] * 3
+
+    def work(i: int) -> None:
+        start.wait()
+        if i == 0:
+            try:
+                for _ in range(1000):
+                    ops.add_(x, 1.0)  # (x's old history goes to a copy that the new node takes)
+            finally:
+                done.set()
+            return
+        while not done.is_set():
+            # d/da = 3 * 2 through any length of history (retained: the readers share its nodes)
+            ops.sum(ops.mul(x, 3.0)).backward(retain_graph=True)
+            calls[i] += 1
+
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            work(i)
+        except BaseException as e:  # noqa: BLE001  (re-raised below)
+            errors.append(e)
+            done.set()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sum(calls) > 0
+    np.testing.assert_array_equal(x.numpy(), np.full(n, 1002.0, np.float32))
+    np.testing.assert_array_equal(a.grad.numpy(), np.full(n, 6.0 * sum(calls), np.float32))
+
+
+OWN_VALUE_AS_GRADIENT = """
+import warnings, numpy as np, opforge
+x = opforge.tensor(np.arange(3.0), requires_grad=True)
+x.grad = opforge.tensor(np.ones(3))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    x.backward(x, create_graph=True)
+assert any("reference cycle" in str(w.message) for w in caught), caught
+np.testing.assert_array_equal(x.grad.numpy(), [1.0, 2.0, 3.0])
+assert x.grad.grad_fn is not None  # (the sum was recorded: create_graph)
+x.grad = None
+print("no deadlock")
+"""
+
+
+def test_backward_into_a_tensor_with_its_own_value_as_the_gradient() -> None:
+    # backward(x) of x itself with create_graph: accumulating into x.grad holds x's grad lock while
+    # the sum records an op whose input is x, reading x's accumulator; that took the same lock (a
+    # deadlock, hence the subprocess)
+    r = subprocess.run([sys.executable, "-c", OWN_VALUE_AS_GRADIENT], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "no deadlock" in r.stdout, r.stdout + r.stderr
