@@ -1058,7 +1058,7 @@ void run_into(const OpCaller& c, const TensorPtr* given, AttrValue* attrs, Tenso
     }
     TensorPtr old = empty(x->dtype(), x->shape(), x->format(), x->device());
     copy_into(old, x);
-    if (Tensor::History h = x->history(); h.fn) old->set_history(std::move(h.fn), h.output_nr);
+    if (Edge h = x->history(); h.fn) old->set_history(std::move(h.fn), h.input_nr);
     TensorPtr target = x;
     x = std::move(old);
     e.call(inputs, attrs, outputs);
@@ -1067,7 +1067,7 @@ void run_into(const OpCaller& c, const TensorPtr* given, AttrValue* attrs, Tenso
     }
     copy_into(target, outputs[0]);
     target->mark_written();
-    if (Tensor::History h = outputs[0]->history(); h.fn) target->set_history(std::move(h.fn), h.output_nr);
+    if (Edge h = outputs[0]->history(); h.fn) target->set_history(std::move(h.fn), h.input_nr);
     return;
   }
   std::vector<BufferOffer> offers;

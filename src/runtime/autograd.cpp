@@ -17,8 +17,7 @@ thread_local bool fw_grad_mode_enabled = true;
 // Where t's gradient goes: the output of the node that made it, or a leaf's accumulator. (Its
 // history read once, as a pair: an in-place op may be replacing it on another thread.)
 Edge gradient_edge(const TensorPtr& t) {
-  Tensor::History h = t->history();
-  if (h.fn) return Edge{std::move(h.fn), h.output_nr};
+  if (Edge e = t->history(); e.fn) return e;
   return Edge{t->grad_accumulator(t), 0};
 }
 }  // namespace

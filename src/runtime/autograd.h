@@ -50,11 +50,6 @@ struct FwGradModeGuard {
   bool prev_;
 };
 
-struct Edge {
-  std::shared_ptr<Node> fn;
-  uint32_t input_nr = 0;
-};
-
 namespace detail {
 // Drops a reference to a node of a graph being freed (a dying tensor's grad_fn, a dying node's
 // next_edges). A node owns the nodes before it (its edges, and the grad_fn of each input it

@@ -45,6 +45,13 @@ class Tensor;
 using TensorPtr = std::shared_ptr<Tensor>;
 using TensorList = std::vector<TensorPtr>;
 
+// A gradient's way into the graph: the node fn and which of its backward's inputs (which of its
+// forward's outputs) the gradient is.
+struct Edge {
+  std::shared_ptr<Node> fn;
+  uint32_t input_nr = 0;
+};
+
 class Tensor {
  public:
   Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides, int64_t offset,
@@ -98,20 +105,15 @@ class Tensor {
   // The node that made this tensor and which of its outputs the tensor is (no node: a leaf). An
   // in-place op gives a tensor a new history while another thread may be recording an op that
   // reads it (kernels run with the GIL released), so the pair is read and written together under
-  // a lock of its own: history() for both, as an edge of the graph.
-  struct History {
-    std::shared_ptr<Node> fn;
-    uint32_t output_nr = 0;
-  };
-  History history() const {
+  // a lock of its own: history() reads both, as the edge a gradient of this tensor takes.
+  Edge history() const {
     MetaLock lock(meta_lock_);
-    return History{grad_fn_, output_nr_};
+    return Edge{grad_fn_, output_nr_};
   }
   std::shared_ptr<Node> grad_fn() const {
     MetaLock lock(meta_lock_);
     return grad_fn_;
   }
-  uint32_t output_nr() const { return history().output_nr; }
   bool is_leaf() const {
     MetaLock lock(meta_lock_);
     return grad_fn_ == nullptr;
