@@ -11,13 +11,13 @@ namespace opforge::kernels::cuda {
 namespace {
 
 template <typename C>
-__host__ __device__ __forceinline__ C exp_(C v) {
+__host__ __device__ __forceinline__ C lse_exp(C v) {
   if constexpr (std::is_same_v<C, float>) return ::expf(v);
   else return ::exp(v);
 }
 
 template <typename C>
-__host__ __device__ __forceinline__ C log_(C v) {
+__host__ __device__ __forceinline__ C lse_log(C v) {
   if constexpr (std::is_same_v<C, float>) return ::logf(v);
   else return ::log(v);
 }
@@ -36,7 +36,7 @@ struct LseCombine {
     if (b.m != b.m) return b;
     if (a.m == -INFINITY) return b;
     if (b.m == -INFINITY) return a;
-    return a.m >= b.m ? LsePart<C>{a.m, a.s + b.s * exp_(b.m - a.m)} : LsePart<C>{b.m, b.s + a.s * exp_(a.m - b.m)};
+    return a.m >= b.m ? LsePart<C>{a.m, a.s + b.s * lse_exp(b.m - a.m)} : LsePart<C>{b.m, b.s + a.s * lse_exp(a.m - b.m)};
   }
 };
 
@@ -52,7 +52,7 @@ template <typename T>
 __global__ void finish_lse(int64_t rows, const LsePart<compute_t<T>>* parts, T* out) {
   for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += int64_t(blockDim.x) * gridDim.x) {
     const LsePart<compute_t<T>> p = parts[r];
-    out[r] = convert<T>(isinf(p.m) ? p.m : p.m + log_(p.s));
+    out[r] = convert<T>(isinf(p.m) ? p.m : p.m + lse_log(p.s));
   }
 }
 
