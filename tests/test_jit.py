@@ -221,21 +221,7 @@ int_shift:
     expr: x + s
 """
 
-INT_POW = """\
-int_pow:
-  doc: x to the power y, of integers.
-  inputs:
-    x: {dtype: T, differentiable: false}
-    y: {dtype: T, differentiable: false}
-  outputs:
-    out: {dtype: T, shape: "broadcast(x, y)"}
-  dtypes:
-    T: [int8, uint8, int32, int64]
-  targets:
-    cpu: {}
-  impl:
-    expr: pow(x, y)
-"""
+INT_POW = Path(__file__).resolve().parent / "fixtures" / "int_pow.yaml"  # (also tests/cuda/test_cuda_ops.py)
 
 
 def _int_pow(a: int, b: int, dtype: str) -> int:
@@ -252,9 +238,7 @@ def test_integer_expressions_never_trap_and_wrap_as_numpy(tmp_path: Path, cache:
     # an integer division by zero or of the smallest integer by -1 would kill the process (SIGFPE)
     (tmp_path / "int_div.yaml").write_text(INT_DIV)
     (tmp_path / "int_shift.yaml").write_text(INT_SHIFT)
-    (tmp_path / "int_pow.yaml").write_text(INT_POW)
-    m = opforge.load("jit_int_div", specs=[tmp_path / "int_div.yaml", tmp_path / "int_shift.yaml",
-                                           tmp_path / "int_pow.yaml"], build_dir=cache)
+    m = opforge.load("jit_int_div", specs=[tmp_path / "int_div.yaml", tmp_path / "int_shift.yaml", INT_POW], build_dir=cache)
     for dtype in ["int32", "int64"]:
         lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
         x = np.array([7, -7, 7, -7, 5, 0, lo, lo, hi, hi], dtype)
