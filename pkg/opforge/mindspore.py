@@ -45,6 +45,8 @@ MindSpore 2.10 needs NumPy 1.x: ``pip install mindspore==2.10.0 "numpy<2"``.
 from __future__ import annotations
 
 import functools
+import os
+import re
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence
 
@@ -62,6 +64,79 @@ import opforge
 import opforge._C as _C
 import opforge._formulas as _formulas
 from opforge._opdef import OpDef
+
+# MindSpore's AotExtra (the `extra` of an AOT call, an op's attrs) is read through a copy of its
+# class in src/aot/aot_extra.cpp: its header cannot be compiled outside MindSpore, so opforge calls
+# its virtual functions by their places in the vtable. These are MindSpore 2.10's declarations in
+# order (custom_aot_extra.h); another layout would make every attr read call the wrong function.
+_AOT_EXTRA_LAYOUT = (
+    "virtual ~AotExtra() = default;",
+    "virtual bool HasAttr(std::string name) = 0;",
+    "virtual bool GetAttrBool(std::string name) = 0;",
+    "virtual int64_t GetAttrInt(std::string name) = 0;",
+    "virtual float GetAttrFloat(std::string name) = 0;",
+    "virtual std::string GetAttrStr(std::string name) = 0;",
+    "virtual std::vector<int64_t> GetAttrIntVec(std::string name) = 0;",
+    "virtual std::vector<float> GetAttrFloatVec(std::string name) = 0;",
+    "virtual std::vector<std::vector<int64_t>> GetAttrInt2DVec(std::string name) = 0;",
+    "virtual std::vector<std::vector<float>> GetAttrFloat2DVec(std::string name) = 0;",
+    "std::vector<size_t> workspace_;",
+    "AotKernelData *kernel_data_{nullptr};",
+)
+_AOT_EXTRA_HEADER = "include/mindspore/ccsrc/utils/custom_aot_extra.h"
+
+
+def _aot_extra_layout(header: str) -> tuple[str, ...]:
+    """The virtual functions and data members of class AotExtra in a custom_aot_extra.h, in order,
+    each on one line with single spaces (comments dropped)."""
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", "", header, flags=re.S)
+    m = re.search(r"\bclass\s+AotExtra\s*\{", text)
+    if m is None:
+        return ()
+    depth, i = 1, m.end()
+    while depth and i < len(text):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        i += 1
+    body = text[m.end():i - 1]
+    # the members at the class's own level: function bodies ({...}) removed, then split at ';'
+    flat, depth = [], 0
+    for ch in body:
+        if ch == "{":
+            depth += 1
+            flat.append(ch if depth == 1 else "")
+        elif ch == "}":
+            depth -= 1
+            flat.append(ch + ";" if depth == 0 else "")
+        else:
+            flat.append(ch if depth <= 1 else "")
+    out = []
+    for decl in "".join(flat).split(";"):
+        decl = " ".join(decl.replace("public:", " ").replace("private:", " ").replace("protected:", " ").split())
+        if decl.startswith("virtual ") or (decl.endswith("_") or decl.endswith("_{nullptr}")) and "(" not in decl:
+            out.append(decl + ";")
+    return tuple(out)
+
+
+def _check_aot_extra(ms_root: str, version: str) -> None:
+    """Refuses a MindSpore whose AotExtra differs from the layout opforge reads (ImportError)."""
+    header = os.path.join(ms_root, _AOT_EXTRA_HEADER)
+    if not os.path.isfile(header):
+        if not version.startswith("2.10."):
+            raise ImportError(f"opforge.mindspore reads MindSpore 2.10's AotExtra; MindSpore {version} ships no "
+                              f"{_AOT_EXTRA_HEADER} to check its layout against: pip install mindspore==2.10.0")
+        return
+    with open(header, encoding="utf-8", errors="replace") as f:
+        found = _aot_extra_layout(f.read())
+    if found != _AOT_EXTRA_LAYOUT:
+        diff = next((f"{i}: {w!r} where opforge reads {h!r}" for i, (w, h) in
+                     enumerate(zip(found + ("(none)",) * len(_AOT_EXTRA_LAYOUT), _AOT_EXTRA_LAYOUT)) if w != h),
+                    f"{len(found)}: more members than opforge reads")
+        raise ImportError(f"opforge.mindspore: MindSpore {version}'s AotExtra ({header}) is not the layout opforge "
+                          f"calls (member {diff}); calling it would run the wrong functions: pip install "
+                          "mindspore==2.10.0")
+
+
+_check_aot_extra(os.path.dirname(ms.__file__), ms.__version__)
 
 __all__ = ["ops", "functional", "primitive", "register_module", "OpSet", "LIBRARY", "F", "H"]
 

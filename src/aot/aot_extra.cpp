@@ -4,7 +4,9 @@
 // std::string ABI and AotExtra's getters take and return std::string by value, so they must be
 // called from code of that ABI. Only C types cross this file's boundary. The class below
 // mirrors the layout of MindSpore's AotExtra (custom_aot_extra.h, which cannot be included:
-// it pulls in MindSpore internals); the order of its virtual functions is its vtable.
+// it pulls in MindSpore internals); the order of its virtual functions is its vtable. Importing
+// opforge.mindspore checks the installed header's members against this order (its
+// _AOT_EXTRA_LAYOUT: keep the two the same).
 #include <cstdlib>
 #include <cstring>
 #include <exception>

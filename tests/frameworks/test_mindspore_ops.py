@@ -66,6 +66,35 @@ def test_every_op_is_there() -> None:
         assert hasattr(om.ops, name) and hasattr(om.functional, name), name
 
 
+def test_the_installed_aot_extra_is_the_layout_opforge_calls(tmp_path) -> None:
+    # (src/aot/aot_extra.cpp calls MindSpore's AotExtra through a copy of its class)
+    root = os.path.dirname(ms.__file__)
+    with open(os.path.join(root, om._AOT_EXTRA_HEADER)) as f:
+        header = f.read()
+    assert om._aot_extra_layout(header) == om._AOT_EXTRA_LAYOUT
+    om._check_aot_extra(root, ms.__version__)
+    # another order of the getters, or another member: refused before any call, naming it
+    fake = tmp_path / os.path.dirname(om._AOT_EXTRA_HEADER)
+    fake.mkdir(parents=True)
+    swapped = header.replace("virtual int64_t GetAttrInt(std::string name) = 0;", "@").replace(
+        "virtual float GetAttrFloat(std::string name) = 0;", "virtual int64_t GetAttrInt(std::string name) = 0;").replace(
+        "@", "virtual float GetAttrFloat(std::string name) = 0;")
+    assert swapped != header
+    (tmp_path / om._AOT_EXTRA_HEADER).write_text(swapped)
+    with pytest.raises(ImportError, match=r"MindSpore 9.0.0's AotExtra .* is not the layout opforge calls \(member 3: "
+                       r"'virtual float GetAttrFloat\(std::string name\) = 0;' where opforge reads 'virtual int64_t"):
+        om._check_aot_extra(str(tmp_path), "9.0.0")
+    (tmp_path / om._AOT_EXTRA_HEADER).write_text(header.replace("std::vector<size_t> workspace_;",
+                                                               "std::vector<size_t> workspace_;\n  int flags_;"))
+    with pytest.raises(ImportError, match=r"member 11: 'int flags_;' where opforge reads 'AotKernelData"):
+        om._check_aot_extra(str(tmp_path), "9.0.0")
+    # no header to check: MindSpore 2.10 only
+    (tmp_path / om._AOT_EXTRA_HEADER).unlink()
+    om._check_aot_extra(str(tmp_path), "2.10.1")
+    with pytest.raises(ImportError, match="MindSpore 2.11.0 ships no .*custom_aot_extra.h to check its layout"):
+        om._check_aot_extra(str(tmp_path), "2.11.0")
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_forward_matches_reference(case: Case, rng, pynative) -> None:
     data = make_data(case.op, case.dtype, case.shapes, rng)
