@@ -26,19 +26,26 @@ def test_check_installed_and_source_specs() -> None:
 
 
 def test_check_reports_mistakes_and_exits_non_zero(tmp_path: Path) -> None:
-    shutil.copytree(SPEC_DIR, tmp_path, dirs_exist_ok=True)
-    text = (tmp_path / "relu.yaml").read_text().replace("zeros_like(dout), dout)", "zeros_like(dout), dotu)")
-    (tmp_path / "relu.yaml").write_text(text)
-    (tmp_path / "bad.yaml").write_text("bad:\n  doc: x\n  inputs: {x: T}\n")
-    r = subprocess.run([sys.executable, "-m", "opforge", "check", str(tmp_path)], capture_output=True,
+    # a checkout of opforge (its pyproject.toml names it) whose op_specs/ has mistakes
+    specs = tmp_path / "op_specs"
+    shutil.copytree(SPEC_DIR, specs)
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "opforge"\n')
+    text = (specs / "relu.yaml").read_text().replace("zeros_like(dout), dout)", "zeros_like(dout), dotu)")
+    (specs / "relu.yaml").write_text(text)
+    (specs / "bad.yaml").write_text("bad:\n  doc: x\n  inputs: {x: T}\n")
+    r = subprocess.run([sys.executable, "-m", "opforge", "check", str(specs)], capture_output=True,
                        text=True, cwd=tmp_path)
     assert r.returncode == 1
     assert r.stderr.splitlines() == [
-        "bad.yaml:2:3: missing required key 'impl'",
-        "bad.yaml:2:3: missing required key 'outputs'",
-        "relu.yaml:19:40: bprop.x: unknown name 'dotu' (did you mean 'dout'?)",
+        "op_specs/bad.yaml:2:3: missing required key 'impl'",
+        "op_specs/bad.yaml:2:3: missing required key 'outputs'",
+        "op_specs/relu.yaml:19:40: bprop.x: unknown name 'dotu' (did you mean 'dout'?)",
         "3 errors",
     ]
+    # the same specs outside a checkout of opforge are another project's, taking opforge's names
+    (tmp_path / "pyproject.toml").unlink()
+    r = run("check", str(specs / "exp.yaml"))
+    assert r.returncode == 1 and "exp.yaml:1:1: exp: 'exp' is already an op of opforge" in r.stderr, r.stderr
 
 
 def test_check_bad_path_and_usage(tmp_path: Path) -> None:
@@ -150,14 +157,27 @@ def test_new_writes_specs_that_check(tmp_path: Path) -> None:
         r = subprocess.run([sys.executable, "-m", "opforge", "new", f"my_{kind}", "--kind", kind, "--dir", "op_specs"],
                            capture_output=True, text=True, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
-        assert f"wrote op_specs/my_{kind}.yaml" in r.stdout
+        assert f"wrote op_specs/my_{kind}.yaml" in r.stdout and "next: opforge check op_specs" in r.stdout
     kernel = tmp_path / "src" / "kernels" / "cpu" / "my_cpp.cpp"
     assert "void my_cpp(const TensorPtr& x, const TensorPtr& out, const MyCppAttrs& attrs)" in kernel.read_text()
     assert "def my_pyfunc(x: np.ndarray, *, beta: float) -> np.ndarray:" in (tmp_path / "my_pyfunc_impl.py").read_text()
-    # their formulas use other ops (mul, add, where, ...): check them together with the real specs
+    # their formulas call opforge's ops (mul, add, where, ...): the command `new` prints next knows them
+    r = subprocess.run([sys.executable, "-m", "opforge", "check", "op_specs", "--kernel-root", "."],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert (r.returncode, r.stdout.strip()) == (0, "4 op specs OK"), r.stderr
+    r = run("info", "my_expr", "--specs", str(specs))
+    assert r.returncode == 0 and "dx = where(x > 0, alpha * dout, dout)" in r.stdout, r.stderr
+    # as do opforge's own specs, checked as they are now (with or without the new ones)
     r = run("check", str(specs), str(SPEC_DIR))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"{len(list(SPEC_DIR.glob('*.yaml'))) + 4} op specs OK"
+    r = run("check", str(SPEC_DIR / "softmax.yaml"))
+    assert (r.returncode, r.stdout.strip()) == (0, "1 op spec OK"), r.stderr
+    # a spec of another project cannot take the name of one of opforge's ops
+    (tmp_path / "mine").mkdir()
+    shutil.copy(SPEC_DIR / "mul.yaml", tmp_path / "mine" / "mul.yaml")
+    r = run("check", str(tmp_path / "mine"))
+    assert r.returncode == 1 and "mul.yaml:2:1: mul: 'mul' is already an op of opforge" in r.stderr, r.stderr
     before = (specs / "my_expr.yaml").read_text()
     r = subprocess.run([sys.executable, "-m", "opforge", "new", "my_expr", "--dir", "op_specs"],
                        capture_output=True, text=True, cwd=tmp_path)

@@ -28,15 +28,42 @@ def _spec_paths(paths: Sequence[Path]) -> list[Path]:
     return paths
 
 
-def _load(paths: Sequence[Path], kernel_root: Optional[Path] = None, known: Sequence[Any] = (),
-          backend: str = "cpu") -> list[Any]:
+def _project_name(root: Path) -> str:
+    """The project name in root/pyproject.toml ("" without one)."""
+    import tomllib
+
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file():
+        return ""
+    return str(tomllib.loads(pyproject.read_text()).get("project", {}).get("name", ""))
+
+
+def _opforge_spec(path: Path) -> bool:
+    """Whether the spec file path is one of opforge's own: in the installed package's op_specs/ or
+    in the op_specs/ of a checkout of opforge."""
+    folder = path.resolve().parent
+    return (folder == (Path(__file__).parent / "op_specs").resolve()
+            or (folder.name == "op_specs" and _project_name(folder.parent) == "opforge"))
+
+
+def _load(paths: Sequence[Path], kernel_root: Optional[Path] = None, backend: str = "cpu",
+          opforge_ops: bool = True) -> list[Any]:
     """The specs under paths (SpecErrors propagate: main prints them, exit status 1), with the
-    kernel files of the wheel backend's targets; formulas may call the ``known`` ops too (opforge's
-    own, for an op package)."""
+    kernel files of the wheel backend's targets. With ``opforge_ops``, their formulas may call this
+    opforge's ops, as in ``opforge.load`` and op packages: all of them but those whose own spec
+    files are among paths (which are checked as they are now), and a spec of another project
+    taking one's name is an error."""
+    from opforge import jit
     from opforge.codegen import load_specs
+    from opforge.codegen.load import spec_paths
     from opforge.codegen.targets import BUILDS
 
-    specs: list[Any] = load_specs(_spec_paths(paths), kernel_root=kernel_root, known=known, build=BUILDS[backend])
+    files = _spec_paths(paths)
+    known: list[Any] = []
+    if opforge_ops:
+        own = {p.stem for p in spec_paths(files) if _opforge_spec(p)}
+        known = [s for s in jit._opforge_signatures() if s.name not in own]
+    specs: list[Any] = load_specs(files, kernel_root=kernel_root, known=known, build=BUILDS[backend])
     return specs
 
 
@@ -115,7 +142,7 @@ def _gen(args: argparse.Namespace) -> int:
 
     _backend(args.backend)
     specs = _spec_paths([args.specs])[0]
-    ops = _load([specs], args.kernel_root, backend=args.backend)
+    ops = _load([specs], args.kernel_root, backend=args.backend, opforge_ops=False)  # (opforge's own build's files)
     sources = {op.name: f"{Path(specs).resolve().name}/{op.name}.yaml" for op in ops}
     args.out.mkdir(parents=True, exist_ok=True)
     files = render_all(ops, sources, BUILDS[args.backend])
@@ -189,26 +216,24 @@ def _init(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> int:
     import re
     import subprocess
-    import tomllib
 
     import opforge
-    from opforge import jit
 
     _backend(args.backend)
     specs = _spec_paths([args.specs])[0]
     if not Path(specs).is_dir():
         raise _Usage(f"{specs}: --specs must be a project's spec directory (its parent holds pyproject.toml)")
     root = Path(specs).resolve().parent
-    pyproject = root / "pyproject.toml"
-    if not pyproject.is_file():
-        raise _Usage(f"{pyproject}: no such file; --specs must be the op_specs/ of a project (opforge init makes one)")
-    project = tomllib.loads(pyproject.read_text()).get("project", {}).get("name", "")
+    if not (root / "pyproject.toml").is_file():
+        raise _Usage(f"{root / 'pyproject.toml'}: no such file; --specs must be the op_specs/ of a project "
+                     "(opforge init makes one)")
+    project = _project_name(root)
     if project == "opforge" and Path(specs).resolve() != root / "op_specs":
         raise _Usage("opforge's own build takes its specs from its op_specs/")
     if project != "opforge":
         _installed(args.backend)  # (an op package links this opforge)
     # spec mistakes are reported here, before any compiler runs
-    _load([specs], root, known=jit._opforge_signatures() if project != "opforge" else (), backend=args.backend)
+    _load([specs], root, backend=args.backend)
     out = (args.out or root / "dist").resolve()
     cmd = [sys.executable, "-m", "pip", "wheel", str(root), "--no-deps", "-w", str(out), "-v",
            f"-Csetup-args=-Dops_backend={args.backend}"]
