@@ -32,3 +32,11 @@ def test_each_spec_loads_on_its_own(path: Path) -> None:
     # the op's location is its name, the first key of its file
     assert op.loc.line >= 1 and op.loc.col == 1
 
+
+
+@pytest.mark.parametrize("path", SPEC_FILES, ids=lambda p: p.stem)
+def test_each_op_has_cuda_rows_or_says_why_not(path: Path) -> None:
+    """Issue 15: every shipped op runs on CUDA, or its doc says why it does not."""
+    op = load_spec_file(path, kernel_root=ROOT)
+    if op.target("cuda") is None:
+        assert "CPU only:" in op.doc, f"{op.name}: no cuda rows, and its doc does not say why ('CPU only: ...')"

@@ -30,7 +30,7 @@ def cuda_cases() -> list[Case]:
     ops: their src/kernels/cuda/ files), in the dtypes of those rows."""
     out = []
     for c in cases():
-        if c.op.impl.kind in ("expr", "cpp") and c.op.target("cuda") is not None:
+        if c.op.impl.kind in ("expr", "cpp", "composite") and c.op.target("cuda") is not None:
             rows = c.op.target("cuda").rows()
             if any(c.dtype in [str(d) for d in b.values()] for b, _ in rows) or not c.op.typevars:
                 out.append(c)
