@@ -45,11 +45,6 @@ def paired(fns: list[Callable[[], Any]], min_time: float = 0.05, repeat: int = 9
     return [statistics.median(ts) * 1e6 for ts in times]
 
 
-def bench(fn: Callable[[], Any], min_time: float = 0.05, repeat: int = 9) -> float:
-    """Median microseconds per call over `repeat` timings of enough calls to last min_time."""
-    return paired([fn], min_time, repeat)[0]
-
-
 def row(group: str, name: str, opforge_v: Optional[float], numpy_v: Optional[float] = None,
         torch_v: Optional[float] = None, target: str = "", met: Optional[bool] = None, note: str = "",
         unit: str = "time") -> dict:
@@ -66,10 +61,8 @@ def call() -> list[dict]:
         a, b = np.ones(n, np.float32), np.ones(n, np.float32)
         oa, ob = opforge.tensor(a), opforge.tensor(b)
         ta, tb = torch.ones(n), torch.ones(n)
-        t_np = bench(lambda: np.multiply(a, b), min_time=0.1)
-        t_torch = bench(lambda: torch.mul(ta, tb), min_time=0.1)
-        t_of = bench(lambda: ops.mul(oa, ob), min_time=0.1)
-        t_of_arr = bench(lambda: ops.mul(a, b), min_time=0.1)
+        t_np, t_torch, t_of, t_of_arr = paired([lambda: np.multiply(a, b), lambda: torch.mul(ta, tb),
+                                                lambda: ops.mul(oa, ob), lambda: ops.mul(a, b)], 0.1)
         if n == 1:
             ok = t_of <= 2.5 * t_np and t_of <= 0.8 * t_torch
             rows.append(row("call", "mul, 1 element, Tensor inputs", t_of, t_np, t_torch,
@@ -95,7 +88,7 @@ def autograd() -> list[dict]:
     def o_step():
         ops.sum(ops.mul(oa, ob)).backward()
 
-    t_t, t_o = bench(t_step, 0.1), bench(o_step, 0.1)
+    t_t, t_o = paired([t_step, o_step], 0.1)
     return [row("autograd", "(a*b).sum() forward+backward, 8 elements", t_o, None, t_t, "≤ 0.5× torch",
                 t_o <= 0.5 * t_t)]
 
@@ -108,12 +101,9 @@ def mul() -> list[dict]:
     tdst = torch.empty_like(ta)
     oa, ob = opforge.from_numpy(a), opforge.from_numpy(b)
     gb = 1e-9 * 1e6  # bytes/µs -> GB/s
-    t_np_out = bench(lambda: np.multiply(a, b, out=out), 0.5, 7)
-    t_np = bench(lambda: np.multiply(a, b), 0.5, 7)
-    t_torch = bench(lambda: torch.mul(ta, tb), 0.5, 7)
-    t_of = bench(lambda: ops.mul(oa, ob), 0.5, 7)
-    t_copy_np = bench(lambda: np.copyto(out, a), 0.5, 7)
-    t_copy_torch = bench(lambda: tdst.copy_(ta), 0.5, 7)
+    t_np_out, t_np, t_torch, t_of, t_copy_np, t_copy_torch = paired(
+        [lambda: np.multiply(a, b, out=out), lambda: np.multiply(a, b), lambda: torch.mul(ta, tb),
+         lambda: ops.mul(oa, ob), lambda: np.copyto(out, a), lambda: tdst.copy_(ta)], 0.5, 7)
     mul_bytes, copy_bytes = 12 * n, 8 * n
     bw = {k: mul_bytes / v * gb for k, v in (("of", t_of), ("np", t_np), ("np_out", t_np_out), ("torch", t_torch))}
     copy_bw = max(copy_bytes / t_copy_np, copy_bytes / t_copy_torch) * gb
@@ -179,9 +169,7 @@ def norms() -> list[dict]:
     for name, of_fn, t_fn, np_fn in cases:
         ox, ow, ob = opforge.from_numpy(x_np), opforge.from_numpy(w_np), opforge.from_numpy(b_np)
         tx, tw, tb = torch.from_numpy(x_np), torch.from_numpy(w_np), torch.from_numpy(b_np)
-        t_o = bench(lambda: of_fn(ox, ow, ob), 0.3, 5)
-        t_t = bench(lambda: t_fn(tx, tw, tb), 0.3, 5)
-        t_n = bench(lambda: np_fn(x_np), 0.3, 5)
+        t_o, t_t, t_n = paired([lambda: of_fn(ox, ow, ob), lambda: t_fn(tx, tw, tb), lambda: np_fn(x_np)], 0.3, 5)
         rows.append(row("norms", f"{name} 4096×4096 forward", t_o, t_n, t_t, "≤ 1.0× torch", t_o <= t_t))
         # forward + backward, every input requiring grad
         oxg = opforge.tensor(x_np, requires_grad=True)
@@ -199,7 +187,7 @@ def norms() -> list[dict]:
         def t_step():
             t_fn(txg, twg, tbg).backward(tg)
 
-        t_o2, t_t2 = bench(o_step, 0.3, 5), bench(t_step, 0.3, 5)
+        t_o2, t_t2 = paired([o_step, t_step], 0.3, 5)
         rows.append(row("norms", f"{name} 4096×4096 forward+backward", t_o2, None, t_t2, "≤ 1.0× torch",
                         t_o2 <= t_t2))
         if name in ("layer_norm", "rms_norm"):  # frozen parameters: x's gradient alone (if_needs)
@@ -209,7 +197,7 @@ def norms() -> list[dict]:
             def t_frozen():
                 t_fn(txg, tw, tb).backward(tg)
 
-            t_o3, t_t3 = bench(o_frozen, 0.3, 5), bench(t_frozen, 0.3, 5)
+            t_o3, t_t3 = paired([o_frozen, t_frozen], 0.3, 5)
             rows.append(row("norms", f"{name} 4096×4096 forward+backward, parameters frozen", t_o3, None, t_t3,
                             "≤ 1.0× torch", t_o3 <= t_t3))
     return rows
@@ -289,7 +277,7 @@ def mlp() -> list[dict]:
             oopt.step()
             oopt.zero_grad()
 
-        t_t, t_o = bench(t_step, 0.5, 7), bench(o_step, 0.5, 7)
+        t_t, t_o = paired([t_step, o_step], 0.5, 7)
         rows.append(row("mlp", f"3-layer MLP training step, batch {batch}", t_o, None, t_t,
                         f"≤ {target}× torch", t_o <= target * t_t))
     return rows
@@ -312,15 +300,16 @@ def torch_ops() -> list[dict]:
     x, y = torch.randn(8), torch.randn(8)
     xr, yr = torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
     of_mul, of_gelu = ot.ops.mul.default, ot.ops.gelu.default
-    add("mul forward, 8 elements", bench(lambda: of_mul(x, y), 0.1), bench(lambda: peer.mul(x, y), 0.1),
-        bench(lambda: torch.mul(x, y), 0.1), 2.0)
-    add("mul forward+backward, 8 elements", bench(lambda: of_mul(xr, yr).sum().backward(), 0.1),
-        bench(lambda: peer.mul(xr, yr).sum().backward(), 0.1),
-        bench(lambda: torch.mul(xr, yr).sum().backward(), 0.1), 1.5)
-    add("gelu forward, 8 elements", bench(lambda: of_gelu(x), 0.1), bench(lambda: peer.gelu(x), 0.1),
-        bench(lambda: F.gelu(x), 0.1), 2.0)
-    add("gelu forward+backward, 8 elements", bench(lambda: of_gelu(xr).sum().backward(), 0.1),
-        bench(lambda: peer.gelu(xr).sum().backward(), 0.1), bench(lambda: F.gelu(xr).sum().backward(), 0.1), 1.5)
+    # (each row's three timed in turn, paired: a drift of this shared machine's speed moves them alike)
+    add("mul forward, 8 elements", *paired([lambda: of_mul(x, y), lambda: peer.mul(x, y),
+                                            lambda: torch.mul(x, y)], 0.1), 2.0)
+    add("mul forward+backward, 8 elements", *paired([lambda: of_mul(xr, yr).sum().backward(),
+                                                     lambda: peer.mul(xr, yr).sum().backward(),
+                                                     lambda: torch.mul(xr, yr).sum().backward()], 0.1), 1.5)
+    add("gelu forward, 8 elements", *paired([lambda: of_gelu(x), lambda: peer.gelu(x), lambda: F.gelu(x)], 0.1), 2.0)
+    add("gelu forward+backward, 8 elements", *paired([lambda: of_gelu(xr).sum().backward(),
+                                                      lambda: peer.gelu(xr).sum().backward(),
+                                                      lambda: F.gelu(xr).sum().backward()], 0.1), 1.5)
 
     # the MLP training step of the mlp group, as a torch model with each framework's ops
     rng = np.random.default_rng(0)
@@ -350,8 +339,7 @@ def torch_ops() -> list[dict]:
         ours = step_with(ot.ops.linear.default, ot.ops.gelu.default, ot.ops.cross_entropy.default)
         hand = step_with(peer.linear, peer.gelu, peer.cross_entropy)
         builtin = step_with(F.linear, F.gelu, F.cross_entropy)
-        add(f"3-layer MLP training step (torch.optim.SGD), batch {batch}", bench(ours, 0.5, 7),
-            bench(hand, 0.5, 7), bench(builtin, 0.5, 7), 1.2)
+        add(f"3-layer MLP training step (torch.optim.SGD), batch {batch}", *paired([ours, hand, builtin], 0.5, 7), 1.2)
     return rows
 
 
@@ -379,17 +367,17 @@ def mindspore_ops() -> list[dict]:
     for n in (8, 65536):
         x = Tensor(np.random.default_rng(0).standard_normal(n).astype(np.float32))
         y = Tensor(np.random.default_rng(1).standard_normal(n).astype(np.float32))
-        add(f"mul forward, {n} elements", bench(lambda: om.ops.mul(x, y), 0.2),
-            bench(lambda: peer.mul(x, y), 0.2), bench(lambda: msops.mul(x, y), 0.2))
-        add(f"leaky_relu forward, {n} elements", bench(lambda: om.ops.leaky_relu(x), 0.2),
-            bench(lambda: peer.leaky_relu(x), 0.2), bench(lambda: msops.leaky_relu(x, 0.01), 0.2))
+        add(f"mul forward, {n} elements", *paired([lambda: om.ops.mul(x, y), lambda: peer.mul(x, y),
+                                                   lambda: msops.mul(x, y)], 0.2))
+        add(f"leaky_relu forward, {n} elements", *paired([lambda: om.ops.leaky_relu(x), lambda: peer.leaky_relu(x),
+                                                          lambda: msops.leaky_relu(x, 0.01)], 0.2))
     x = Tensor(np.random.default_rng(0).standard_normal(8).astype(np.float32))
     y = Tensor(np.random.default_rng(1).standard_normal(8).astype(np.float32))
     g_ours = ms.grad(lambda a, b: om.ops.mul(a, b).sum(), grad_position=(0, 1))
     g_hand = ms.grad(lambda a, b: peer.mul(a, b).sum(), grad_position=(0, 1))
     g_builtin = ms.grad(lambda a, b: msops.mul(a, b).sum(), grad_position=(0, 1))
-    add("mul forward+backward (ms.grad), 8 elements", bench(lambda: g_ours(x, y), 0.3),
-        bench(lambda: g_hand(x, y), 0.3), bench(lambda: g_builtin(x, y), 0.3))
+    add("mul forward+backward (ms.grad), 8 elements", *paired([lambda: g_ours(x, y), lambda: g_hand(x, y),
+                                                               lambda: g_builtin(x, y)], 0.3))
     return rows
 
 

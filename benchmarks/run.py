@@ -6,8 +6,9 @@
 Every group runs in its own Python process (so allocator and thread-pool state of one group
 cannot favour another); within a group the frameworks alternate in the same process. Threads are
 set equal: OMP_NUM_THREADS (opforge, NumPy's BLAS) and torch.set_num_threads use --threads
-(default: all cores). Figures are medians of repeated timings; ratios are opforge / other, so
-below 1.0 means opforge is faster. Needs numpy and torch==2.13.0.
+(default: all cores). Figures are medians of repeated timings, the frameworks of a row timed in
+turn (A B C A B C ...: groups.paired), so that a drift of the machine's speed moves them alike;
+ratios are opforge / other, so below 1.0 means opforge is faster. Needs numpy and torch==2.13.0.
 """
 
 from __future__ import annotations
