@@ -43,6 +43,9 @@ def test_check_reports_mistakes_and_exits_non_zero(tmp_path: Path) -> None:
         "3 errors",
     ]
     # the same specs outside a checkout of opforge are another project's, taking opforge's names
+    (tmp_path / "pyproject.toml").write_text("[project\nname = 'opforge'\n")
+    r = run("check", str(specs / "exp.yaml"))
+    assert r.returncode == 2 and "pyproject.toml: cannot read the project's name:" in r.stderr, r.stderr
     (tmp_path / "pyproject.toml").unlink()
     r = run("check", str(specs / "exp.yaml"))
     assert r.returncode == 1 and "exp.yaml:1:1: exp: 'exp' is already an op of opforge" in r.stderr, r.stderr

@@ -35,7 +35,10 @@ def _project_name(root: Path) -> str:
     pyproject = root / "pyproject.toml"
     if not pyproject.is_file():
         return ""
-    return str(tomllib.loads(pyproject.read_text()).get("project", {}).get("name", ""))
+    try:
+        return str(tomllib.loads(pyproject.read_text()).get("project", {}).get("name", ""))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise _Usage(f"{pyproject}: cannot read the project's name: {exc}") from exc
 
 
 def _opforge_spec(path: Path) -> bool:
