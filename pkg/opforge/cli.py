@@ -41,10 +41,9 @@ def _project_name(root: Path) -> str:
         raise _Usage(f"{pyproject}: cannot read the project's name: {exc}") from exc
 
 
-def _opforge_spec(path: Path) -> bool:
-    """Whether the spec file path is one of opforge's own: in the installed package's op_specs/ or
-    in the op_specs/ of a checkout of opforge."""
-    folder = path.resolve().parent
+def _opforge_folder(folder: Path) -> bool:
+    """Whether the (resolved) folder holds opforge's own specs: the installed package's op_specs/
+    or the op_specs/ of a checkout of opforge."""
     return (folder == (Path(__file__).parent / "op_specs").resolve()
             or (folder.name == "op_specs" and _project_name(folder.parent) == "opforge"))
 
@@ -64,7 +63,9 @@ def _load(paths: Sequence[Path], kernel_root: Optional[Path] = None, backend: st
     files = _spec_paths(paths)
     known: list[Any] = []
     if opforge_ops:
-        own = {p.stem for p in spec_paths(files) if _opforge_spec(p)}
+        found = spec_paths(files)
+        own_folders = {f for f in {p.resolve().parent for p in found} if _opforge_folder(f)}
+        own = {p.stem for p in found if p.resolve().parent in own_folders}
         known = [s for s in jit._opforge_signatures() if s.name not in own]
     specs: list[Any] = load_specs(files, kernel_root=kernel_root, known=known, build=BUILDS[backend])
     return specs

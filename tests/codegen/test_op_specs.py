@@ -33,7 +33,6 @@ def test_each_spec_loads_on_its_own(path: Path) -> None:
     assert op.loc.line >= 1 and op.loc.col == 1
 
 
-
 @pytest.mark.parametrize("path", SPEC_FILES, ids=lambda p: p.stem)
 def test_each_op_has_cuda_rows_or_says_why_not(path: Path) -> None:
     """Issue 15: every shipped op runs on CUDA, or its doc says why it does not."""

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.skipif(not opforge.cuda.is_available(),
 
 def cuda_cases() -> list[Case]:
     """The cpu cases of ops whose cuda rows the cuda wheel runs (expr ops: generated kernels; cpp
-    ops: their src/kernels/cuda/ files), in the dtypes of those rows."""
+    ops: their src/kernels/cuda/ files; composite ops: the kernels of the ops they call), in the
+    dtypes of those rows."""
     out = []
     for c in cases():
         if c.op.impl.kind in ("expr", "cpp", "composite") and c.op.target("cuda") is not None:
