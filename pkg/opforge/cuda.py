@@ -139,6 +139,19 @@ class Stream:
         """Waits for the work queued on this stream."""
         _C._synchronize_stream(self._index, self.cuda_stream)
 
+    def wait_stream(self, stream: "Stream") -> None:
+        """Work queued on this stream from now on runs after the work queued on ``stream`` so far,
+        as ``torch.cuda.Stream.wait_stream``: the device waits, the host does not. Inside a capture
+        this forks a stream into it (a side stream waits for the capture's) and joins it back (the
+        capture's stream waits for the side stream) before the capture ends. Both streams are on
+        one device (ValueError otherwise)."""
+        if not isinstance(stream, Stream):
+            raise TypeError(f"wait_stream: expected an opforge.cuda.Stream, got {type(stream).__name__}")
+        if stream._index != self._index:
+            raise ValueError(f"wait_stream: the streams are on different devices ({self.device} waits for "
+                             f"{stream.device}); a wait is between streams of one device")
+        _C._stream_wait(self._index, self.cuda_stream, stream.cuda_stream)
+
     def __enter__(self) -> "Stream":
         self._previous.append(_C._current_stream(self.device)[1])
         _C._set_current_stream(self.device, self.cuda_stream)

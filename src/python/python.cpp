@@ -1835,6 +1835,11 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     ReleaseGil nogil;
     rt.synchronize_stream("synchronize", index, reinterpret_cast<void*>(stream));
   }, py::arg("index"), py::arg("stream"));
+  m.def("_stream_wait", [](int index, uintptr_t waiter, uintptr_t waitee) {
+    Device d{DeviceType::CUDA, index};
+    device_runtime("wait_stream", d).stream_wait("wait_stream", index, reinterpret_cast<void*>(waiter),
+                                                  reinterpret_cast<void*>(waitee));
+  }, py::arg("index"), py::arg("waiter"), py::arg("waitee"));
   // graphs (opforge.cuda.CUDAGraph): a device runtime's graph handle, released with the object
   py::class_<GraphHandle> graph(m, "_Graph");
   graph

@@ -203,6 +203,39 @@ def test_a_tensor_of_the_capture_stream_freed_in_the_capture_is_kept_for_the_gra
     assert opforge.cuda.memory_allocated() == before - 4000
 
 
+def test_streams_fork_and_join_in_a_capture_and_blocks_they_share_are_not_reused() -> None:
+    # a is the capture stream's block, read by the side stream's captured add: freed on the
+    # capture's stream, it must not go to c, whose kernel nothing orders after that add in the
+    # graph (each replay would race); so c takes a block of its own
+    settle()
+    before = opforge.cuda.graph_memory()
+    x = cuda(rng_array(13, 256, 1024))  # 1 MiB
+    nbytes = 256 * 1024 * 4
+    ops.add(ops.mul(x, x), x)  # (warm-up)
+    side, g = opforge.cuda.Stream(), opforge.cuda.CUDAGraph()
+    with opforge.cuda.graph(g):
+        main = opforge.cuda.current_stream()
+        a = ops.mul(x, x)
+        side.wait_stream(main)  # fork
+        with side:
+            b = ops.add(a, x)
+        main.wait_stream(side)  # join
+        del a
+        c = ops.mul(x, x)
+    assert opforge.cuda.graph_memory() - before == 3 * nbytes
+    for seed in (14, 15):
+        new = rng_array(seed, 256, 1024)
+        x.copy_(new)
+        g.replay()
+        opforge.cuda.synchronize()
+        np.testing.assert_array_equal(b.cpu().numpy(), new * new + new)
+        np.testing.assert_array_equal(c.cpu().numpy(), new * new)
+    g.reset()
+    del b, c
+    settle()
+    assert opforge.cuda.graph_memory() == before
+
+
 def test_other_threads_allocate_and_run_during_a_capture() -> None:
     x = cuda(rng_array(5, 4096))
     ops.mul(x, x)

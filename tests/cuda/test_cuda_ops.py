@@ -121,6 +121,26 @@ def test_streams_order_work_and_restore() -> None:
     np.testing.assert_array_equal(y.cpu().numpy(), np.arange(1 << 16, dtype=np.float32) ** 2)
 
 
+def test_a_stream_waits_for_another_on_the_device() -> None:
+    # y is written on the default stream after ~0.1 s of matmuls; s reads it after wait_stream,
+    # and only s is synchronized: without the device-side wait s would read y's block unwritten
+    n, k = 4096, 32
+    a = opforge.tensor(np.ones((n, n), np.float32), device="cuda")
+    w = opforge.tensor(np.full(1 << 20, 3, np.float32), device="cuda")
+    opforge.cuda.synchronize()
+    default, s = opforge.cuda.current_stream(), opforge.cuda.Stream()
+    outs = [ops.matmul(a, a) for _ in range(k)]
+    y = ops.mul(w, w)
+    s.wait_stream(default)
+    with s:
+        r = ops.add(y, y)
+    s.synchronize()
+    assert np.all(r.cpu().numpy() == 18)
+    with pytest.raises(TypeError, match=r"wait_stream: expected an opforge.cuda.Stream, got int"):
+        s.wait_stream(0)  # type: ignore[arg-type]
+    del outs
+
+
 def test_memory_used_on_another_stream_is_freed_after_that_work() -> None:
     # x is allocated on the default stream and read by work queued on s; freeing it must wait for
     # that work (runtime note_device_use / the free's join_uses), or the default stream's next

@@ -108,3 +108,5 @@ def test_cuda_graphs_without_a_device_say_why() -> None:
     with pytest.raises(ValueError, match=r"\[CUDAGraph\] graphs capture device work: got cpu"):
         opforge._C._Graph("cpu")
     assert opforge.cuda.graph_memory() == 0
+    with pytest.raises(RuntimeError, match=r"\[wait_stream\] device 'cuda:0': "):
+        opforge._C._stream_wait(0, 0, 0)

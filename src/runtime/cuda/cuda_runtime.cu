@@ -55,6 +55,8 @@ struct CudaGraph final : CaptureKeeper {
     size_t size;
     int index;            // its device
     cudaStream_t stream;  // freed on it: reused only by allocations on that stream (its order)
+    bool reusable;        // false: used on another stream of the capture too, whose captured work
+                          // nothing orders before a reuse on stream; freed with the graph
   };
   CudaGraph(std::mutex& lock, int device) : lock(lock), index(device) {}
   Device device() const override { return Device{DeviceType::CUDA, index}; }
@@ -186,7 +188,7 @@ class CudaRuntime final : public DeviceRuntime {
     if (previous != index) cudaSetDevice(index);
     if (!used_on.empty()) join_uses(s, used_on);
     if ((graph_blocks_.load(std::memory_order_acquire) > 0 || captures_.load(std::memory_order_acquire) > 0) &&
-        graph_deallocate(index, p, nbytes, s)) {
+        graph_deallocate(index, p, nbytes, s, used_on)) {
       if (previous != index) cudaSetDevice(previous);
       return;
     }
@@ -208,9 +210,13 @@ class CudaRuntime final : public DeviceRuntime {
   // this a kernel still reading the memory on another stream would see it overwritten. Not across
   // a capture's boundary (a wait between a captured and an uncaptured stream would invalidate the
   // capture) and not on a thread that captures (what it may call is restricted): memory a capture
-  // uses is its graph's to keep (note_device_use).
+  // uses is its graph's to keep (note_device_use). graphs_lock_ is held from the streams' checks to
+  // the wait, as graph_capture_begin holds it around cudaStreamBeginCapture: a capture of ours
+  // cannot begin on either stream in between. (Another library's capture can: its streams are not
+  // ours to lock.)
   void join_uses(cudaStream_t stream, const std::vector<void*>& used_on) noexcept {
     if (captures_.load(std::memory_order_acquire) > 0 && this_thread_captures()) return;
+    std::lock_guard<std::mutex> lock(graphs_lock_);
     unsigned long long id = 0;
     if (capture_status(stream, &id) != cudaStreamCaptureStatusNone) return;
     for (void* u : used_on) {
@@ -361,8 +367,8 @@ class CudaRuntime final : public DeviceRuntime {
   // allocations go on as usual. During a capture, allocations on the capture's streams come from
   // the graph's blocks (cudaMalloc'd, the capture mode relaxed around the call), which stay the
   // graph's: a block freed during the capture is reused by a later allocation of the capture on
-  // the same stream (ordered after its last use there), one freed later only waits for the graph's
-  // release. A pool block freed on a capture's stream during the capture would record its
+  // the same stream (ordered after its last use there) unless another stream used it too, one
+  // freed later only waits for the graph's release. A pool block freed on a capture's stream during the capture would record its
   // cudaFreeAsync into the graph: it is kept until the graph's release instead.
   void* graph_create(const char* op, int index) override {
     DeviceGuard guard(op, index);
@@ -385,14 +391,13 @@ class CudaRuntime final : public DeviceRuntime {
     CaptureKeeper* keeper = set_capture_keeper(nullptr);
     set_capture_keeper(keeper);
     if (keeper) fail<RuntimeError>(op, "this thread is capturing another graph: end that capture first");
-    {
-      std::lock_guard<std::mutex> lock(graphs_lock_);  // (no rehash below once the capture began)
-      by_capture_.reserve(by_capture_.size() + 1);
-      by_stream_.reserve(by_stream_.size() + 1);
-    }
+    // (held from before the capture begins: join_uses on another thread sees s captured or not
+    // captured for the whole of its checks and wait)
+    std::lock_guard<std::mutex> lock(graphs_lock_);
+    by_capture_.reserve(by_capture_.size() + 1);  // (no rehash below once the capture began)
+    by_stream_.reserve(by_stream_.size() + 1);
     check(op, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     capture_status(s, &id);
-    std::lock_guard<std::mutex> lock(graphs_lock_);
     by_capture_[id] = &g;
     by_stream_[s] = &g;
     captures_.fetch_add(1, std::memory_order_acq_rel);
@@ -513,7 +518,7 @@ class CudaRuntime final : public DeviceRuntime {
       for (auto it = g.free.begin(); it != g.free.end(); ++it) {
         // (a block at most twice the size asked for: a GEMM's 32 MiB workspace is not taken by a
         // small output, which would make the next GEMM allocate another)
-        if (it->stream == s && it->size >= size && it->size / 2 <= size &&
+        if (it->reusable && it->stream == s && it->size >= size && it->size / 2 <= size &&
             (best == g.free.end() || it->size < best->size)) {
           best = it;
         }
@@ -550,14 +555,21 @@ class CudaRuntime final : public DeviceRuntime {
     return p;
   }
   // Frees p if it is a graph's block or a pool block freed inside one of our captures (true);
-  // false: an ordinary pool block, for cudaFreeAsync.
-  bool graph_deallocate(int index, void* p, size_t nbytes, cudaStream_t stream) noexcept {
+  // false: an ordinary pool block, for cudaFreeAsync. A graph's block that work on another stream
+  // used (used_on) is not reused by the capture: join_uses orders nothing inside a capture, and a
+  // later kernel of the capture's stream writing it would race, at each replay, with the other
+  // stream's captured kernel still reading it (torch's allocator defers such blocks to the
+  // capture's end likewise).
+  bool graph_deallocate(int index, void* p, size_t nbytes, cudaStream_t stream,
+                        const std::vector<void*>& used_on) noexcept {
     std::unique_lock<std::mutex> lock(graphs_lock_);
     auto it = blocks_.find(p);
     if (it != blocks_.end()) {
       allocated_[index] -= nbytes;
       if (CudaGraph* g = it->second.owner) {
-        g->free.push_back(CudaGraph::FreeBlock{p, it->second.size, it->second.index, stream});
+        const bool elsewhere =
+            std::any_of(used_on.begin(), used_on.end(), [stream](void* u) { return u != stream; });
+        g->free.push_back(CudaGraph::FreeBlock{p, it->second.size, it->second.index, stream, !elsewhere});
         return true;
       }
       const Pending::Block block{it->second.index, p, it->second.size};
