@@ -39,8 +39,12 @@ def _mul_bprop(x, y, out, dout):
     return _mul_raw(dout, y), _mul_raw(dout, x)
 
 
-mul = ops.Custom(f"{LIB}:mul_f32", out_shape=lambda x, y: x, out_dtype=lambda x, y: x, func_type="aot",
-                 reg_info=_mul_reg, bprop=_mul_bprop)
+def _make_mul() -> ops.Custom:
+    return ops.Custom(f"{LIB}:mul_f32", out_shape=lambda x, y: x, out_dtype=lambda x, y: x, func_type="aot",
+                      reg_info=_mul_reg, bprop=_mul_bprop)
+
+
+mul = _make_mul()
 
 _lrelu_reg = (CustomRegOp().input(0, "x").output(0, "y")
               .dtype_format(DataType.F32_Default, DataType.F32_Default).target("CPU").get_op_info())
@@ -50,5 +54,15 @@ def _lrelu_bprop(x, out, dout):
     return (ops.where(x > 0, dout, dout * 0.01),)
 
 
-leaky_relu = ops.Custom(f"{LIB}:leaky_relu_f32", out_shape=lambda x: x, out_dtype=lambda x: x, func_type="aot",
-                        reg_info=_lrelu_reg, bprop=_lrelu_bprop)
+def _make_leaky_relu() -> ops.Custom:
+    return ops.Custom(f"{LIB}:leaky_relu_f32", out_shape=lambda x: x, out_dtype=lambda x: x, func_type="aot",
+                      reg_info=_lrelu_reg, bprop=_lrelu_bprop)
+
+
+leaky_relu = _make_leaky_relu()
+
+# Second instances of the same hand-written ops: the A/A control of the benchmark (timed in the
+# same rounds as the first, their ratio shows how far two identical primitives' times differ in
+# one run: the noise floor of the opforge/aot Custom ratios).
+mul_twin = _make_mul()
+leaky_relu_twin = _make_leaky_relu()

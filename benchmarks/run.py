@@ -80,12 +80,19 @@ def _framework_table(rows: list[dict], title: str, intro: str, heads: tuple[str,
     lines = ["", title, "", intro, "",
              f"| benchmark | {ours} | {peer} | {builtin} | opforge/{short} | opforge/built-in | target | met |",
              "|---|---|---|---|---|---|---|---|"]
+    controls = []
     for r in rows:
         o, c, b = r["opforge"], r["custom_op"], r["builtin"]
         met = "" if r.get("met") is None else ("yes" if r["met"] else "**no**")
         vs_peer = f"{o / c:.2f}" if c else ""
         lines.append(f"| {r['name']} | {fmt_time(o)} | {fmt_time(c) if c else ''} | {fmt_time(b)} | {vs_peer} | "
                      f"{o / b:.2f} | {r['target']} | {met} |")
+        if r.get("control") and c:
+            controls.append(f"{r['name']}: {r['control'] / c:.2f}")
+    if controls:
+        lines += ["", "A/A control (a second instance of the hand-written op, timed in the same rounds, against "
+                  "the first: two identical primitives, so its distance from 1.00 is this run's noise in the "
+                  f"opforge/{short} column): " + "; ".join(controls) + "."]
     return lines
 
 

@@ -51,7 +51,8 @@ TensorPtr wrap_param(const char* op, const char* role, const char* arg, void* da
     }
     storage->device = here;
   }
-  return std::make_shared<Tensor>(std::move(storage), dtype, s, contiguous_strides(s), 0);
+  Shape strides = contiguous_strides(s);
+  return std::make_shared<Tensor>(std::move(storage), dtype, std::move(s), std::move(strides), 0);
 }
 
 std::string join_ints(const Shape& s) { return shape_str(s); }
@@ -99,6 +100,9 @@ Call::Call(const OpInfo& info, uint32_t present, int nparam, void** params, int*
   if (nparam > 0 && (!params || !ndims || !shapes || !dtypes)) {
     fail<ValueError>(info.name, "AOT entry point: null params, ndims, shapes or dtypes");
   }
+  inputs_.reserve(info.inputs.size());
+  outputs_.reserve(info.outputs.size());
+  offers_.reserve(info.outputs.size());
   size_t p = 0;
   std::optional<Device> where;  // the buffers' device, from the first non-empty one
   for (size_t k = 0; k < info.inputs.size(); ++k) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 // Functions compiled for the host and, by nvcc, for CUDA devices too: element conversions, the
@@ -30,7 +31,7 @@ enum class Format : uint8_t { Default, NCHW, NHWC };
 
 const char* dtype_name(DType d);
 const char* format_name(Format f);
-bool dtype_from_name(const std::string& name, DType* out);
+bool dtype_from_name(std::string_view name, DType* out);  // (an entry point's per-call dtype text: no copy)
 bool format_from_name(const std::string& name, Format* out);
 size_t itemsize(DType d);
 inline bool is_floating(DType d) { return d >= DType::Float16; }

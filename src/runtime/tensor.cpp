@@ -26,9 +26,9 @@ const char* dtype_name(DType d) { return kDTypeNames[static_cast<int>(d)]; }
 const char* format_name(Format f) { return kFormatNames[static_cast<int>(f)]; }
 size_t itemsize(DType d) { return kItemsize[static_cast<int>(d)]; }
 
-bool dtype_from_name(const std::string& name, DType* out) {
+bool dtype_from_name(std::string_view name, DType* out) {
   for (int i = 0; i < kNumDTypes; ++i) {
-    if (name == kDTypeNames[i]) {
+    if (name == std::string_view(kDTypeNames[i])) {
       *out = static_cast<DType>(i);
       return true;
     }

@@ -243,6 +243,34 @@ def test_attrs_reach_the_kernel_exactly(mode) -> None:
     np.testing.assert_array_equal(z.asnumpy(), np.maximum(x, -0.5))
 
 
+def test_attrs_at_their_defaults_are_left_to_the_entry_point(mode) -> None:
+    # MindSpore writes every primitive attr into each PyNative call's cache key; the entry point
+    # reads an absent attr as the spec's default, so defaults stay out of the primitive
+    x = np.array([-1.0, -3.0, 2.0])
+    assert "alpha" not in om.ops.leaky_relu.attrs
+    np.testing.assert_array_equal(om.ops.leaky_relu(Tensor(x)).asnumpy(), np.where(x > 0, x, 0.01 * x))
+    given = om.primitive("leaky_relu", alpha=0.2)
+    assert given.attrs["alpha"] == "0.2"
+    np.testing.assert_array_equal(given(Tensor(x)).asnumpy(), np.where(x > 0, x, 0.2 * x))
+    kept = om.primitive("sum", keepdims=True)
+    assert "axis" not in kept.attrs and kept.attrs["keepdims"] == "True"
+    np.testing.assert_array_equal(kept(Tensor(np.arange(6.0).reshape(2, 3))).asnumpy(), [[15.0]])
+    clamp = om.primitive("clamp", min=-0.5)  # max: an optional attr without a value, as its default
+    assert clamp.attrs["min"] == "-0.5" and "max" not in clamp.attrs
+    np.testing.assert_array_equal(clamp(Tensor(x)).asnumpy(), np.maximum(x, -0.5))
+
+    def attr(atype: str, default: Any) -> Any:
+        return opforge._opdef.AttrDef("a", atype, False, default, None)
+
+    assert om._reads_as_default(attr("float", 1), 1.0)  # (the text "1" parses as 1.0)
+    assert not om._reads_as_default(attr("float", 0.1), 0.1000001)
+    assert om._reads_as_default(attr("list[int]", (1, 2)), [1, 2])
+    assert not om._reads_as_default(attr("int", 1), True)
+    assert om._reads_as_default(attr("str", "it's"), "it's")  # (repr's double quotes come off)
+    assert not om._reads_as_default(attr("str", "a\\b"), "a\\b")  # (repr escapes the backslash)
+    assert not om._reads_as_default(opforge._opdef.AttrDef("a", "float", True, None, None), 0.0)
+
+
 def test_primitives_are_cached_and_named() -> None:
     assert om.primitive("leaky_relu", alpha=0.2) is om.primitive("leaky_relu", alpha=0.2)
     assert om.primitive("leaky_relu") is om.ops.leaky_relu
