@@ -368,8 +368,9 @@ class CudaRuntime final : public DeviceRuntime {
   // the graph's blocks (cudaMalloc'd, the capture mode relaxed around the call), which stay the
   // graph's: a block freed during the capture is reused by a later allocation of the capture on
   // the same stream (ordered after its last use there) unless another stream used it too, one
-  // freed later only waits for the graph's release. A pool block freed on a capture's stream during the capture would record its
-  // cudaFreeAsync into the graph: it is kept until the graph's release instead.
+  // freed later only waits for the graph's release. A pool block freed on a capture's stream
+  // during the capture would record its cudaFreeAsync into the graph: it is kept until the
+  // graph's release instead.
   void* graph_create(const char* op, int index) override {
     DeviceGuard guard(op, index);
     return new CudaGraph(graphs_lock_, index);
