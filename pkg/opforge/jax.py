@@ -37,6 +37,13 @@
   stacked.
 - ``register_module(m)`` does the same for an op module (``opforge.load``'s result, a package's
   ``<pkg>._ops``).
+- ``export(jax.jit(f))(*args)`` is ``jax.export.export`` with the ``opforge`` target allowed
+  (JAX refuses custom calls outside its own list unless told). Each call names its op (``mul``;
+  ``<module>.<op>`` for a module's op) and a digest of the op's inputs, attrs and outputs, so a
+  deserialized program runs in another process wherever ``import opforge.jax`` (and, for a
+  module's ops, ``register_module``) has registered the same ops; an op missing there, or of
+  another interface, fails the call naming it. The target has no compatibility guarantee of
+  JAX's: the program is as stable as the ops' specs.
 
 With 64-bit types off (JAX's default) JAX gives float32 and int32 where NumPy would give float64
 and int64; ``jax.config.update("jax_enable_x64", True)`` gives the 64-bit rows. JAX arrays are
@@ -49,6 +56,7 @@ JAX 0.10 needs NumPy 2 and MindSpore 2.10 NumPy 1, so the two live in separate e
 from __future__ import annotations
 
 import functools
+import hashlib
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence
 
@@ -57,6 +65,7 @@ import numpy as np
 try:
     import jax
     import jax.numpy as jnp
+    from jax import export as jax_export
     from jax.extend.core import Primitive
     from jax.interpreters import ad, batching, mlir, xla
 except ImportError as e:  # pragma: no cover - exercised in a subprocess
@@ -69,7 +78,7 @@ from opforge import _formulas, _jax_native
 from opforge._opdef import AttrDef, OpDef, ShapeHelpers
 from opforge._opdef import axes as axes_of
 
-__all__ = ["ops", "register_module", "OpSet", "TARGET", "H"]
+__all__ = ["ops", "register_module", "export", "OpSet", "TARGET", "H"]
 
 #: The XLA FFI target every op lowers to (the handler of include/jax_native/jax_native.cpp).
 TARGET = "opforge"
@@ -212,6 +221,16 @@ def _bind_args(op: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
 # ---------------------------------------------------------------------------- one op's primitives
 
 
+def _abi(op: OpDef) -> int:
+    """A digest of what the handler's call of the op depends on, as a signed 64-bit int (an FFI
+    attribute): its inputs (names, whether optional), attrs (names, types) and outputs. A program
+    exported with jax.export carries it; the handler refuses to run an op of another interface
+    under the same name."""
+    text = repr(([(i.name, i.optional) for i in op.inputs], [(a.name, a.type) for a in op.attrs],
+                 [o.name for o in op.outputs]))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+
+
 def _expand(present: tuple[bool, ...], given: Sequence[Any]) -> list[Any]:
     """The present inputs' values spread over every input slot (None where absent)."""
     it = iter(given)
@@ -222,11 +241,13 @@ class _Op:
     """An op's primitive (its kernel through the FFI target) and, for an op with a bprop, the
     primitive of its tangent map (forward mode: the spec's jvp; its transpose: the spec's bprop)."""
 
-    def __init__(self, op: OpDef, kernel: Any, meta: Callable[..., Any], prefix: str, F: Any) -> None:
+    def __init__(self, op: OpDef, kernel: Any, meta: Callable[..., Any], prefix: str, name: str, F: Any) -> None:
         self.op = op
         self.meta = meta
         self.F = F
-        self.number = _handler.register(kernel)
+        self.name = name  # (what an exported program's calls name it by: "mul", "<module>.<op>")
+        self.abi = _abi(op)
+        self.number = _handler.register(kernel, name, self.abi)
         self.n_in, self.n_out = len(op.inputs), len(op.outputs)
         self.diff_out = [k for k, o in enumerate(op.outputs) if o.differentiable]
         self.axes_batch = op.outputs_follow_axes()  # (whether vmap's axes rule may apply)
@@ -272,6 +293,11 @@ class _Op:
             if a is None:
                 stand_ins.append(None)
                 continue
+            if not all(isinstance(d, (int, np.integer)) for d in a.shape):
+                raise NotImplementedError(
+                    f"[{op.name}] input '{inp.name}' has the symbolic shape {tuple(a.shape)}: opforge's shape rules "
+                    "take concrete shapes (jax.export's shape polymorphism is not supported); export with concrete "
+                    "shapes, one program per shape")
             name = _NAMES.get(np.dtype(a.dtype))
             if name is None:
                 raise TypeError(f"[{op.name}] input '{inp.name}' has dtype {a.dtype}, which opforge does not have; "
@@ -298,7 +324,7 @@ class _Op:
         metas, widen = self._metas(ctx.avals_in, attrs, present)
         narrow = sum(1 << j for j, ((_, dtype), a) in enumerate(zip(metas, ctx.avals_out))
                      if _DTYPES[dtype] != np.dtype(a.dtype))
-        params: dict[str, Any] = {"opforge.op": self.number,
+        params: dict[str, Any] = {"opforge.name": self.name, "opforge.abi": self.abi, "opforge.op": self.number,
                                   "opforge.inputs": sum(1 << k for k, p in enumerate(present) if p),
                                   "opforge.widen": widen, "opforge.narrow": narrow}
         for attr, v in zip(self.op.attrs, attrs):
@@ -497,7 +523,7 @@ class OpSet:
     """The ops of a table as JAX functions: ``.ops.<name>`` (and ``.primitives``, the primitive of
     each op that has a kernel)."""
 
-    def __init__(self, table: dict[str, OpDef], kernels: Any, metas: Any, prefix: str,
+    def __init__(self, table: dict[str, OpDef], kernels: Any, metas: Any, prefix: str, library: Optional[str],
                  extern: Optional[dict[str, Any]] = None) -> None:
         fns: dict[str, Callable[..., Any]] = dict(extern or {})
         self.F = SimpleNamespace()
@@ -507,7 +533,8 @@ class OpSet:
             if op.composite is not None and op.bprop is None:  # (a formula over the other ops)
                 fns[op.name] = _composite(op, self.F)
             else:
-                o = _Op(op, getattr(kernels, op.name), getattr(metas, op.name), prefix, self.F)
+                name = op.name if library is None else f"{library}.{op.name}"
+                o = _Op(op, getattr(kernels, op.name), getattr(metas, op.name), prefix, name, self.F)
                 self.primitives[op.name] = o.prim
                 self._ops[op.name] = o
                 fns[op.name] = _public(o)
@@ -537,7 +564,7 @@ def _composite(op: OpDef, F: Any) -> Callable[..., Any]:
     return fn
 
 
-_OWN = OpSet(_formulas.OPS, _C.ops, _C._meta, "opforge")
+_OWN = OpSet(_formulas.OPS, _C.ops, _C._meta, "opforge", None)
 
 #: opforge's ops as JAX functions: ``ops.<name>(*inputs, **attrs)``.
 ops = _OWN.ops
@@ -548,7 +575,9 @@ _MODULES: dict[str, tuple[Any, OpSet]] = {}
 def register_module(module: Any) -> OpSet:
     """The ops of an op module (``opforge.load``'s result, a package's ``<pkg>._ops``) as JAX
     functions, as opforge's own are (formulas may call opforge's ops too): ``.ops.<name>``.
-    Registering the same module again returns the same OpSet."""
+    Registering the same module again returns the same OpSet. Its ops' calls are named
+    ``<module.__name__>.<op>``: a program exported with them runs in a process that registered a
+    module of that name (the last one registered, if several)."""
     table = getattr(module, "__opforge_formulas__", None)
     if table is None:
         raise TypeError(f"[opforge.jax] {module!r} is not an opforge op module (no __opforge_formulas__): "
@@ -557,6 +586,15 @@ def register_module(module: Any) -> OpSet:
     if known is not None and known[0] is module:
         return known[1]
     base = {name: getattr(ops, name) for name in _formulas.OPS}
-    opset = OpSet(table, module, module._meta, f"{module.__name__}#{len(_MODULES)}", extern=base)
+    opset = OpSet(table, module, module._meta, f"{module.__name__}#{len(_MODULES)}", module.__name__, extern=base)
     _MODULES[module.__name__] = (module, opset)
     return opset
+
+
+def export(fun_jit: Any, **kwargs: Any) -> Any:
+    """``jax.export.export(fun_jit, **kwargs)`` with opforge's custom-call target allowed (added to
+    ``disabled_checks``): ``export(jax.jit(f))(*args)`` gives a ``jax.export.Exported`` whose
+    serialized form runs in another process after ``import opforge.jax`` and the
+    ``register_module`` of each op module it calls (see the module's doc)."""
+    checks = [*kwargs.pop("disabled_checks", ()), jax_export.DisabledSafetyCheck.custom_call(TARGET)]
+    return jax_export.export(fun_jit, disabled_checks=checks, **kwargs)

@@ -8,8 +8,12 @@
 // Every op's JAX primitive lowers to a call of that target with
 // - the op's present inputs as operands, in spec order;
 // - one result per output, of the shape and dtype the op's meta rule gave at trace time;
-// - attributes: "opforge.op", the op's number (register() hands it out for an op function of
-//   opforge._C.ops or of an op module), "opforge.inputs", the mask of present inputs,
+// - attributes: "opforge.name", the op's name as register() was given it ("mul" for opforge's
+//   own ops, "<module>.<op>" for an op module's), "opforge.abi", a digest of its interface
+//   (inputs, attrs, outputs), "opforge.op", its number in this process's table (register() hands
+//   it out: the fast path; a program exported with jax.export and run in another process names
+//   its ops by "opforge.name", and a number that does not name the same op there is looked up by
+//   name, its interface checked against "opforge.abi"), "opforge.inputs", the mask of present inputs,
 //   "opforge.widen" and "opforge.narrow", the masks of inputs given as int32 where the op takes
 //   int64 and of 64-bit outputs JAX holds in 32 bits (JAX without 64-bit types: they are
 //   converted here), and each of the op's attrs that has a value under its own name (bool, int64, double,
@@ -31,6 +35,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/binding.h"
@@ -48,14 +53,42 @@ using opforge::TensorPtr;
 
 constexpr size_t kMaxParams = 16;  // inputs + attrs, and outputs, of one op (as the Python face)
 
-// The ops register() numbered: read by the handler on XLA's threads, appended to under the GIL.
+// The ops register() numbered, with the name and interface digest opforge.jax gave each: read by
+// the handler on XLA's threads, appended to under the GIL (a deque: records never move).
+struct Registered {
+  const opforge::binding::OpEntry* entry;
+  std::string name;
+  int64_t abi;
+};
 std::mutex g_lock;
-std::deque<const opforge::binding::OpEntry*> g_ops;
+std::deque<Registered> g_ops;
+std::unordered_map<std::string, size_t> g_by_name;  // name -> its latest registration
 
-const opforge::binding::OpEntry* op_by_number(int64_t n) {
+// The op a call names: its number when that is the op of its name in this process, else the op
+// registered last under the name (a program exported in another process); nullptr and why if
+// there is none, or if its interface is not the one the program was lowered with.
+const opforge::binding::OpEntry* op_of_call(int64_t number, std::string_view name, int64_t abi,
+                                            ffi::ErrorCode* code, std::string* why) {
   std::lock_guard<std::mutex> guard(g_lock);
-  if (n < 0 || static_cast<uint64_t>(n) >= g_ops.size()) return nullptr;
-  return g_ops[static_cast<size_t>(n)];
+  const Registered* r = nullptr;
+  if (number >= 0 && static_cast<uint64_t>(number) < g_ops.size() && g_ops[static_cast<size_t>(number)].name == name) {
+    r = &g_ops[static_cast<size_t>(number)];
+  } else if (auto it = g_by_name.find(std::string(name)); it != g_by_name.end()) {
+    r = &g_ops[it->second];
+  } else {
+    *code = ffi::ErrorCode::kNotFound;
+    *why = "[" + std::string(name) + "] is not an op of this process's opforge.jax: a program exported with it "
+           "runs where `import opforge.jax` has registered opforge's ops and opforge.jax.register_module() the "
+           "op module that defines it";
+    return nullptr;
+  }
+  if (r->abi != abi) {
+    *code = ffi::ErrorCode::kFailedPrecondition;
+    *why = "[" + std::string(name) + "] was lowered for another interface of the op (inputs, attrs or outputs) "
+           "than this process's: export the program again with the opforge and op module that run it";
+    return nullptr;
+  }
+  return r->entry;
 }
 
 bool to_opforge_dtype(ffi::DataType t, DType* out) {
@@ -144,13 +177,19 @@ ffi::Error run(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary
                void* stream) noexcept {
   std::string name = "opforge";
   try {
-    int64_t number = -1, mask = 0, widen = 0, narrow = 0;
-    if (!get(attrs, "opforge.op", &number) || !get(attrs, "opforge.inputs", &mask) ||
+    int64_t number = -1, abi = 0, mask = 0, widen = 0, narrow = 0;
+    std::string_view op_name;
+    if (!get(attrs, "opforge.name", &op_name) || !get(attrs, "opforge.abi", &abi) ||
+        !get(attrs, "opforge.op", &number) || !get(attrs, "opforge.inputs", &mask) ||
         !get(attrs, "opforge.widen", &widen) || !get(attrs, "opforge.narrow", &narrow)) {
-      return ffi::Error::InvalidArgument("opforge: a call without its opforge.* attributes");
+      return ffi::Error::InvalidArgument(
+          "opforge: a call without its opforge.* attributes (name, abi, op, inputs, widen, narrow): a program "
+          "lowered by another version of opforge.jax? Export it again");
     }
-    const opforge::binding::OpEntry* entry = op_by_number(number);
-    if (entry == nullptr) return ffi::Error::InvalidArgument("opforge: no op numbered " + std::to_string(number));
+    ffi::ErrorCode code = ffi::ErrorCode::kInternal;
+    std::string why;
+    const opforge::binding::OpEntry* entry = op_of_call(number, op_name, abi, &code, &why);
+    if (entry == nullptr) return ffi::Error(code, why);
     const opforge::OpInfo& info = *entry->info;
     name = info.name;
     const size_t n_in = info.inputs.size(), n_out = info.outputs.size();
@@ -280,8 +319,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 namespace {
 
-// register(fn) -> the op's number: fn a function of opforge._C.ops or of an op module.
-PyObject* register_op(PyObject*, PyObject* fn) {
+// register(fn, name, abi) -> the op's number: fn a function of opforge._C.ops or of an op module,
+// name what calls name it by ("mul", "<module>.<op>"), abi the digest of its interface.
+PyObject* register_op(PyObject*, PyObject* args) {
+  PyObject* fn;
+  const char* name;
+  long long abi;
+  if (!PyArg_ParseTuple(args, "OsL:register", &fn, &name, &abi)) return nullptr;
   const opforge::binding::OpEntry* entry = opforge_op_entry(fn);
   if (entry == nullptr) {
     PyErr_SetString(PyExc_TypeError, "opforge.jax: not an opforge op function");
@@ -292,11 +336,11 @@ PyObject* register_op(PyObject*, PyObject* fn) {
     return nullptr;
   }
   std::lock_guard<std::mutex> guard(g_lock);
-  for (size_t n = 0; n < g_ops.size(); ++n) {
-    if (g_ops[n] == entry) return PyLong_FromSize_t(n);
-  }
-  g_ops.push_back(entry);
-  return PyLong_FromSize_t(g_ops.size() - 1);
+  size_t n = 0;
+  while (n < g_ops.size() && !(g_ops[n].entry == entry && g_ops[n].name == name && g_ops[n].abi == abi)) ++n;
+  if (n == g_ops.size()) g_ops.push_back(Registered{entry, name, static_cast<int64_t>(abi)});
+  g_by_name[name] = n;  // (a module registered again under its name: its ops are the ones calls by name mean)
+  return PyLong_FromSize_t(n);
 }
 
 // handler(platform) -> a PyCapsule of the handler for "cpu" or "cuda" (jax.ffi.register_ffi_target's).
@@ -314,9 +358,10 @@ PyObject* handler(PyObject*, PyObject* arg) {
 }
 
 PyMethodDef methods[] = {
-    {"register", register_op, METH_O,
-     "register(fn) -> int: the number of fn's op (a function of opforge._C.ops or of an op module) in the "
-     "handler's table, its opforge.op attribute"},
+    {"register", register_op, METH_VARARGS,
+     "register(fn, name, abi) -> int: the number of fn's op (a function of opforge._C.ops or of an op module) in "
+     "the handler's table, its opforge.op attribute; name and abi (its opforge.name and opforge.abi attributes) "
+     "find it from a program exported in another process"},
     {"handler", handler, METH_O, "handler(platform) -> PyCapsule: the FFI handler for 'cpu' or 'cuda'"},
     {nullptr, nullptr, 0, nullptr}};
 

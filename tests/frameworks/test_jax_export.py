@@ -1,0 +1,166 @@
+"""opforge.jax under jax.export: a program exported in one process runs in another.
+
+The custom calls name their op (``mul``, ``<module>.<op>``) and a digest of its interface beside
+this process's op number, so a deserialized program runs the ops it was lowered with wherever
+they are registered, and fails naming the op where one is missing or has another interface. Each
+test runs the deserialized program in a fresh Python process.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason='JAX is not installed (pip install "opforge[jax]"; `nox -s jax` runs these)')
+
+import jax.numpy as jnp  # noqa: E402
+
+import opforge  # noqa: E402
+import opforge.jax as oj  # noqa: E402
+
+CPU = jax.devices("cpu")[0]
+
+# A fresh process: registers what `setup` says, deserializes argv[1], calls it on argv[2]'s
+# arrays (an .npz, in order) and saves the results to argv[3].
+CHILD = """
+import sys, numpy as np, jax
+jax.config.update("jax_enable_x64", {x64})
+import opforge, opforge.jax as oj
+{setup}
+with jax.default_device(jax.devices("cpu")[0]):
+    exported = jax.export.deserialize(bytearray(open(sys.argv[1], "rb").read()))
+    given = np.load(sys.argv[2])
+    out = exported.call(*[given[f"arg{{k}}"] for k in range(len(given.files))])
+    np.savez(sys.argv[3], *jax.tree_util.tree_leaves(out))
+"""
+
+
+def run_elsewhere(tmp_path: Path, exported: Any, args: tuple[Any, ...], setup: str = "") -> subprocess.CompletedProcess:
+    blob, given, got = tmp_path / "program.bin", tmp_path / "args.npz", tmp_path / "out.npz"
+    blob.write_bytes(exported.serialize())
+    np.savez(given, **{f"arg{k}": np.asarray(a) for k, a in enumerate(args)})
+    got.unlink(missing_ok=True)
+    code = CHILD.format(x64=jax.config.jax_enable_x64, setup=textwrap.dedent(setup))
+    return subprocess.run([sys.executable, "-c", code, str(blob), str(given), str(got)],
+                          capture_output=True, text=True, timeout=600)
+
+
+def outputs(tmp_path: Path) -> list[np.ndarray]:
+    with np.load(tmp_path / "out.npz") as f:
+        return [f[f"arr_{k}"] for k in range(len(f.files))]
+
+
+def test_a_training_step_of_opforges_ops_runs_in_another_process(tmp_path: Path) -> None:
+    """Forward and reverse mode of built-in ops, attrs of every kind the step uses (str, float,
+    list[int]), an optional input left out, int labels: the results of the deserialized program in
+    a fresh process equal this process's."""
+    def loss(x: Any, w: Any, b: Any, labels: Any) -> Any:
+        h = oj.ops.gelu(oj.ops.linear(x, w, b), approximate="tanh")
+        y, _, _ = oj.ops.layer_norm(h, axis=[-1], eps=1e-3)  # (weight and bias left out)
+        return oj.ops.cross_entropy(oj.ops.linear(y, w), labels, reduction="sum")
+
+    step = jax.jit(jax.value_and_grad(loss, argnums=(1, 2)))
+    rng = np.random.default_rng(0)
+    args = (rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal((4, 4)).astype(np.float32),
+            rng.standard_normal(4).astype(np.float32), np.array([0, 3, 1, 2, 3, 0], np.int64 if jax.config.jax_enable_x64 else np.int32))
+    with jax.default_device(CPU):
+        exported = oj.export(step)(*args)
+        want = [np.asarray(a) for a in jax.tree_util.tree_leaves(step(*args))]
+    text = exported.mlir_module()
+    for name in ("linear", "gelu", "layer_norm", "cross_entropy", "cross_entropy_backward"):
+        assert f'opforge.name = "{name}"' in text
+    r = run_elsewhere(tmp_path, exported, args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = outputs(tmp_path)
+    assert len(got) == len(want) == 3
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)  # (the same kernels on the same inputs)
+
+
+def test_jax_refuses_opforges_target_without_export(tmp_path: Path) -> None:
+    """Plain jax.export.export refuses the opforge target (JAX's own safety check, which
+    oj.export lifts); with it lifted by hand the program is the same."""
+    f = jax.jit(lambda x: oj.ops.mul(x, x))
+    x = np.arange(3.0, dtype=np.float32)
+    with pytest.raises(ValueError, match="custom calls whose targets have no compatibility guarantees"):
+        jax.export.export(f)(x)
+    by_hand = jax.export.export(f, disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(oj.TARGET)])(x)
+    assert by_hand.mlir_module() == oj.export(f)(x).mlir_module()
+
+
+def test_symbolic_shapes_raise_naming_the_op() -> None:
+    f = jax.jit(lambda x: oj.ops.mul(x, x))
+    spec = jax.ShapeDtypeStruct(jax.export.symbolic_shape("b, 3"), jnp.float32)
+    with pytest.raises(NotImplementedError, match=r"\[mul\] input 'x' has the symbolic shape \(b, 3\): opforge's "
+                                                  r"shape rules take concrete shapes"):
+        oj.export(f)(spec)
+
+
+def write_module_spec(folder: Path, op: str, expr: str, extra_attr: bool = False) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    attrs = "    k: {type: float, default: 2.0}\n" + ("    j: {type: float, default: 0.0}\n" if extra_attr else "")
+    (folder / f"{op}.yaml").write_text(f"""
+{op}:
+  doc: An op module's op for the export tests ({expr}).
+  inputs:
+    x: T
+  attrs:
+{attrs.rstrip()}
+  outputs:
+    out: {{dtype: T, shape: same(x)}}
+  dtypes:
+    T: [float32, float64]
+  impl:
+    expr: {expr}{" + j" if extra_attr else ""}
+  bprop:
+    x: dout * k
+""")
+    return folder / f"{op}.yaml"
+
+
+@pytest.mark.slow
+def test_an_op_modules_ops_are_found_by_name_in_another_process(tmp_path: Path) -> None:
+    """Two modules registered in one order here and in the other order in the child: the numbers
+    differ, the names do not, and the program runs the op it was lowered with. A child without the
+    module, or whose module of that name has another interface for the op, fails the call naming
+    the op; it does not run another op in its place."""
+    cache = tmp_path / "cache"
+    spec_a = write_module_spec(tmp_path / "a", "ex_scale_a", "k * x - 100")
+    spec_b = write_module_spec(tmp_path / "b", "ex_scale_b", "k * x")
+    oj.register_module(opforge.load("ex_mod_a", [spec_a], build_dir=cache))
+    b = oj.register_module(opforge.load("ex_mod_b", [spec_b], build_dir=cache))
+    f = jax.jit(jax.value_and_grad(lambda x: oj.ops.sum(b.ops.ex_scale_b(x, k=3.0))))
+    x = np.arange(4.0, dtype=np.float32)
+    with jax.default_device(CPU):
+        exported = oj.export(f)(x)
+        want = [np.asarray(v) for v in jax.tree_util.tree_leaves(f(x))]
+    assert 'opforge.name = "ex_mod_b.ex_scale_b"' in exported.mlir_module()
+    load = "oj.register_module(opforge.load({name!r}, [{spec!r}], build_dir={cache!r}))\n"
+    load_a = load.format(name="ex_mod_a", spec=str(spec_a), cache=str(cache))
+    load_b = load.format(name="ex_mod_b", spec=str(spec_b), cache=str(cache))
+
+    r = run_elsewhere(tmp_path, exported, (x,), setup=load_b + load_a)  # (b's op takes a's number here)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = outputs(tmp_path)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    assert float(got[0]) == 18.0
+
+    r = run_elsewhere(tmp_path, exported, (x,), setup=load_a)
+    assert r.returncode != 0 and not (tmp_path / "out.npz").exists()
+    assert ("NOT_FOUND: [ex_mod_b.ex_scale_b] is not an op of this process's opforge.jax: a program exported with "
+            "it runs where `import opforge.jax` has registered opforge's ops and opforge.jax.register_module() the "
+            "op module that defines it") in r.stderr, r.stderr[-3000:]
+
+    other = write_module_spec(tmp_path / "b2", "ex_scale_b", "k * x", extra_attr=True)
+    load_other = load.format(name="ex_mod_b", spec=str(other), cache=str(tmp_path / "cache2"))
+    r = run_elsewhere(tmp_path, exported, (x,), setup=load_a + load_other)
+    assert r.returncode != 0 and not (tmp_path / "out.npz").exists()
+    assert ("FAILED_PRECONDITION: [ex_mod_b.ex_scale_b] was lowered for another interface of the op (inputs, attrs "
+            "or outputs) than this process's") in r.stderr, r.stderr[-3000:]
