@@ -400,6 +400,12 @@ def test_two_processes_load_a_damaged_entry_at_once(built: tuple[Path, Path], tm
     assert lines == [["False", LOG2, "0"], ["False", LOG2, "0"], ["True", LOG2, "1"]]
 
 
+def preloaded_with(library: Path) -> str:
+    """LD_PRELOAD with `library` added to what this process preloads (under the sanitizers: their
+    runtime, which must stay first in every child that loads instrumented code)."""
+    return " ".join(filter(None, [os.environ.get("LD_PRELOAD", ""), str(library)]))
+
+
 @pytest.mark.slow
 def test_module_that_never_imports_is_built_once_per_load(tmp_path: Path) -> None:
     """A module that imports only where a library is preloaded: cached by such a process, then
@@ -414,7 +420,7 @@ def test_module_that_never_imports_is_built_once_per_load(tmp_path: Path) -> Non
             f"sources=[{str(kernel)!r}], build_dir={str(root)!r}); "
             f"print(m.__opforge_build__['built'], m.needs_helper(np.ones((1, 2)), np.array([3.0])).numpy().sum())")
     ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        env={**os.environ, "LD_PRELOAD": str(helper)})
+                        env={**os.environ, "LD_PRELOAD": preloaded_with(helper)})
     assert ok.stdout.split() == ["True", "6.0"], ok.stderr
     (target,) = root.glob(f"jit_helper/????????????????/jit_helper{SUFFIX}")
     for how, warned in (("built again", True), ("built just now", False)):
