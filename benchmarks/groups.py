@@ -410,7 +410,19 @@ def jax_ops() -> list[dict]:
         t = paired([lambda: ours(x, y).block_until_ready(), lambda: hand(x, y).block_until_ready(),
                     lambda: builtin(x, y).block_until_ready()], 0.2)
         add(f"mul under jax.jit, {n} elements", t[0], t[1], t[2], "≤ 1.0× jax.ffi by hand", t[0] <= t[1])
+    # the handler's own cost per call, without jit's dispatch: a program of 256 chained calls (XLA
+    # fuses jnp's chain into one loop: its column is that loop, not 256 calls)
+    def chain(mul: Callable[[Any, Any], Any]) -> Callable[[Any], Any]:
+        def f(a: Any) -> Any:
+            for _ in range(256):
+                a = mul(a, a)
+            return a
+        return jax.jit(f)
+
     x8 = jnp.ones(8, jnp.float32)
+    fns = [chain(oj.ops.mul), chain(peer.mul), chain(jnp.multiply)]
+    t = paired([lambda f=f: f(x8).block_until_ready() for f in fns], 0.2)
+    add("mul, 8 elements, 256 calls in one jax.jit program: per call", *(v / 256 for v in t), "", None)
     t = paired([lambda: oj.ops.mul(x8, x8).block_until_ready(), lambda: jnp.multiply(x8, x8).block_until_ready()], 0.2)
     add("mul called eagerly (opforge.jax.ops.mul, jnp.multiply), 8 elements", t[0], None, t[1], "", None)
     for batch in (64, 1024):

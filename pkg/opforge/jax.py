@@ -89,9 +89,15 @@ _DTYPES["bfloat16"] = np.dtype(jnp.bfloat16)
 _NAMES = {d: name for name, d in _DTYPES.items()}
 
 _handler = _jax_native.load()
+# (each call's attributes are decoded once, when XLA instantiates it: the state, a type of the handler's.
+# XLA takes a handler only after the types it uses, and JAX, when it starts its backends, hands
+# them the handlers queued before the types: started first, they take both in this order)
+jax.devices()
+jax.ffi.register_ffi_type(f"{TARGET}.call_state", _handler.state_type(), platform="cpu")
 jax.ffi.register_ffi_target(TARGET, _handler.handler("cpu"), platform="cpu")
 _PLATFORMS = ["cpu"]
 if "cuda" in _formulas.BUILT_TARGETS:  # (the cu130 wheel: XLA's CUDA buffers and stream; needs jax's CUDA plugin)
+    jax.ffi.register_ffi_type(f"{TARGET}.call_state", _handler.state_type(), platform="CUDA")
     jax.ffi.register_ffi_target(TARGET, _handler.handler("cuda"), platform="CUDA")
     _PLATFORMS.append("cuda")
 _lower = jax.ffi.ffi_lowering(TARGET)

@@ -19,6 +19,9 @@
 //   converted here), and each of the op's attrs that has a value under its own name (bool, int64, double,
 //   string, or a dense int64/double array for list attrs).
 //
+// XLA instantiates each call once (the FFI's instantiate stage, when it loads the executable):
+// the attributes are decoded and checked then, the op looked up, into the call's state
+// (CallState, a type registered with XLA); each execution reads that state and decodes nothing.
 // The handler sees XLA's buffers as opforge tensors (zero copy; inputs read-only), offers the
 // result buffers to the op's allocations (runtime/tensor.h's BufferOffer: the op writes its
 // results in place), runs the op's entry and copies a result that was not written in place.
@@ -32,10 +35,12 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "runtime/binding.h"
@@ -172,24 +177,61 @@ bool to_attr(const ffi::Dictionary& attrs, const opforge::AttrInfo& a, AttrValue
   return true;
 }
 
-// Runs the call on device (the host, or the device XLA's buffers are on, ordered on stream).
-ffi::Error run(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs, bool on_device,
-               void* stream) noexcept {
-  std::string name = "opforge";
+// What a custom call's attributes say, decoded once when XLA instantiates the call (the FFI's
+// instantiate stage) and read by each execution: the op, the masks, and the attr values.
+struct CallState {
+  static ffi::TypeId id;
+  const opforge::binding::OpEntry* entry = nullptr;
+  int64_t mask = 0, widen = 0, narrow = 0;
+  AttrValue values[kMaxParams];
+};
+ffi::TypeId CallState::id = {};
+XLA_FFI_TypeInfo call_state_info = ffi::MakeTypeInfo<CallState>();
+
+ffi::ErrorOr<std::unique_ptr<CallState>> instantiate(ffi::Dictionary attrs) noexcept {
+  using Failed = ffi::Unexpected<ffi::Error>;
   try {
-    int64_t number = -1, abi = 0, mask = 0, widen = 0, narrow = 0;
+    auto state = std::make_unique<CallState>();
+    int64_t number = -1, abi = 0;
     std::string_view op_name;
     if (!get(attrs, "opforge.name", &op_name) || !get(attrs, "opforge.abi", &abi) ||
-        !get(attrs, "opforge.op", &number) || !get(attrs, "opforge.inputs", &mask) ||
-        !get(attrs, "opforge.widen", &widen) || !get(attrs, "opforge.narrow", &narrow)) {
-      return ffi::Error::InvalidArgument(
+        !get(attrs, "opforge.op", &number) || !get(attrs, "opforge.inputs", &state->mask) ||
+        !get(attrs, "opforge.widen", &state->widen) || !get(attrs, "opforge.narrow", &state->narrow)) {
+      return Failed(ffi::Error::InvalidArgument(
           "opforge: a call without its opforge.* attributes (name, abi, op, inputs, widen, narrow): a program "
-          "lowered by another version of opforge.jax? Export it again");
+          "lowered by another version of opforge.jax? Export it again"));
     }
     ffi::ErrorCode code = ffi::ErrorCode::kInternal;
     std::string why;
-    const opforge::binding::OpEntry* entry = op_of_call(number, op_name, abi, &code, &why);
-    if (entry == nullptr) return ffi::Error(code, why);
+    state->entry = op_of_call(number, op_name, abi, &code, &why);
+    if (state->entry == nullptr) return Failed(ffi::Error(code, why));
+    const opforge::OpInfo& info = *state->entry->info;
+    for (size_t a = 0; a < info.attrs.size(); ++a) {
+      if (!to_attr(attrs, info.attrs[a], &state->values[a])) {
+        return Failed(error(ffi::ErrorCode::kInvalidArgument, info.name,
+                            std::string("attr '") + info.attrs[a].name + "' is not a " + info.attrs[a].type));
+      }
+      if (std::holds_alternative<std::monostate>(state->values[a]) && info.attrs[a].required) {
+        return Failed(error(ffi::ErrorCode::kInvalidArgument, info.name,
+                            std::string("attr '") + info.attrs[a].name + "' is required"));
+      }
+    }
+    return state;
+  } catch (const std::exception& e) {
+    return Failed(ffi::Error(ffi::ErrorCode::kInternal, std::string("opforge: ") + e.what()));
+  }
+}
+
+// Runs the call on device (the host, or the device XLA's buffers are on, ordered on stream).
+ffi::Error run(const CallState* state, ffi::RemainingArgs args, ffi::RemainingRets rets, bool on_device,
+               void* stream) noexcept {
+  std::string name = "opforge";
+  try {
+    if (state == nullptr || state->entry == nullptr) {
+      return ffi::Error::Internal("opforge: a call executed without its instantiated state");
+    }
+    const opforge::binding::OpEntry* entry = state->entry;
+    const int64_t mask = state->mask, widen = state->widen, narrow = state->narrow;
     const opforge::OpInfo& info = *entry->info;
     name = info.name;
     const size_t n_in = info.inputs.size(), n_out = info.outputs.size();
@@ -233,16 +275,8 @@ ffi::Error run(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary
       return error(ffi::ErrorCode::kInvalidArgument, name,
                    std::to_string(args.size()) + " operands for " + std::to_string(given) + " inputs present");
     }
-    AttrValue values[kMaxParams];
-    for (size_t a = 0; a < info.attrs.size(); ++a) {
-      if (!to_attr(attrs, info.attrs[a], &values[a])) {
-        return error(ffi::ErrorCode::kInvalidArgument, name,
-                     std::string("attr '") + info.attrs[a].name + "' is not a " + info.attrs[a].type);
-      }
-      if (std::holds_alternative<std::monostate>(values[a]) && info.attrs[a].required) {
-        return error(ffi::ErrorCode::kInvalidArgument, name, std::string("attr '") + info.attrs[a].name + "' is required");
-      }
-    }
+    AttrValue values[kMaxParams];  // (the op's entry moves its attrs out: a copy per execution)
+    for (size_t a = 0; a < info.attrs.size(); ++a) values[a] = state->values[a];
     TensorPtr results[kMaxParams];
     std::vector<opforge::BufferOffer> offers;
     offers.reserve(n_out);
@@ -291,28 +325,29 @@ ffi::Error run(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary
   }
 }
 
-ffi::Error call_host(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs) {
-  return run(args, rets, attrs, false, nullptr);
+ffi::Error call_host(CallState* state, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  return run(state, args, rets, false, nullptr);
 }
 
 }  // namespace
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(OpforgeXlaInstantiate, instantiate, ffi::Ffi::BindInstantiate().Attrs());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    OpforgeXlaCall, call_host, ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs());
+    OpforgeXlaCall, call_host, ffi::Ffi::Bind().Ctx<ffi::State<CallState>>().RemainingArgs().RemainingRets());
 
 #ifdef OPFORGE_JAX_CUDA
 struct CUstream_st;  // (CUDA's stream type, declared as cuda_runtime.h does: no CUDA headers needed)
 using cudaStream_t = CUstream_st*;
 namespace {
 
-ffi::Error call_cuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs) {
-  return run(args, rets, attrs, true, stream);
+ffi::Error call_cuda(cudaStream_t stream, CallState* state, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  return run(state, args, rets, true, stream);
 }
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     OpforgeXlaCallCuda, call_cuda,
-    ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().RemainingArgs().RemainingRets().Attrs());
+    ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::State<CallState>>().RemainingArgs().RemainingRets());
 #endif
 
 // ---------------------------------------------------------------------------- the Python module
@@ -344,17 +379,44 @@ PyObject* register_op(PyObject*, PyObject* args) {
 }
 
 // handler(platform) -> a PyCapsule of the handler for "cpu" or "cuda" (jax.ffi.register_ffi_target's).
+PyObject* capsule(void* p) { return PyCapsule_New(p, nullptr, nullptr); }
+
+// {stage: capsule} for stages' handlers (jax.ffi.register_ffi_target's fn); nullptr with an error set.
+PyObject* stages(void* instantiate, void* execute) {
+  PyObject* d = PyDict_New();
+  for (auto [key, fn] : {std::pair<const char*, void*>{"instantiate", instantiate}, {"execute", execute}}) {
+    PyObject* c = d ? capsule(fn) : nullptr;
+    if (c == nullptr || PyDict_SetItemString(d, key, c) != 0) {
+      Py_XDECREF(c);
+      Py_XDECREF(d);
+      return nullptr;
+    }
+    Py_DECREF(c);
+  }
+  return d;
+}
+
 PyObject* handler(PyObject*, PyObject* arg) {
   const char* platform = PyUnicode_AsUTF8(arg);
   if (platform == nullptr) return nullptr;
-  if (std::strcmp(platform, "cpu") == 0) return PyCapsule_New(reinterpret_cast<void*>(&OpforgeXlaCall), nullptr, nullptr);
+  void* instantiate = reinterpret_cast<void*>(&OpforgeXlaInstantiate);
+  if (std::strcmp(platform, "cpu") == 0) return stages(instantiate, reinterpret_cast<void*>(&OpforgeXlaCall));
 #ifdef OPFORGE_JAX_CUDA
-  if (std::strcmp(platform, "cuda") == 0) {
-    return PyCapsule_New(reinterpret_cast<void*>(&OpforgeXlaCallCuda), nullptr, nullptr);
-  }
+  if (std::strcmp(platform, "cuda") == 0) return stages(instantiate, reinterpret_cast<void*>(&OpforgeXlaCallCuda));
 #endif
   PyErr_Format(PyExc_ValueError, "opforge.jax: no handler for platform '%s' in this build", platform);
   return nullptr;
+}
+
+// state_type() -> {"type_id": capsule, "type_info": capsule}: the instantiated state's type
+// (jax.ffi.register_ffi_type's registration; XLA assigns the id).
+PyObject* state_type(PyObject*, PyObject*) {
+  PyObject* id = capsule(&CallState::id);
+  PyObject* info = id ? capsule(&call_state_info) : nullptr;
+  PyObject* d = info ? Py_BuildValue("{sOsO}", "type_id", id, "type_info", info) : nullptr;
+  Py_XDECREF(id);
+  Py_XDECREF(info);
+  return d;
 }
 
 PyMethodDef methods[] = {
@@ -362,7 +424,10 @@ PyMethodDef methods[] = {
      "register(fn, name, abi) -> int: the number of fn's op (a function of opforge._C.ops or of an op module) in "
      "the handler's table, its opforge.op attribute; name and abi (its opforge.name and opforge.abi attributes) "
      "find it from a program exported in another process"},
-    {"handler", handler, METH_O, "handler(platform) -> PyCapsule: the FFI handler for 'cpu' or 'cuda'"},
+    {"handler", handler, METH_O,
+     "handler(platform) -> {stage: PyCapsule}: the FFI handlers (instantiate, execute) for 'cpu' or 'cuda'"},
+    {"state_type", state_type, METH_NOARGS,
+     "state_type() -> {'type_id': PyCapsule, 'type_info': PyCapsule}: the type of the calls' instantiated state"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "opforge_jax_native",
