@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "runtime/binding.h"
+#include "runtime/borrowed.h"
 #include "runtime/device.h"
 #include "runtime/errors.h"
 #include "runtime/tensor.h"
@@ -117,19 +118,25 @@ ffi::Error error(ffi::ErrorCode code, const std::string& op, const std::string& 
   return ffi::Error(code, "[" + op + "] " + message);
 }
 
-// XLA's buffer as an opforge tensor (no copy; the buffer outlives the call).
+// XLA's buffer as an opforge tensor (no copy; the buffer outlives the call; a wrapper recycled
+// per thread: Wrapped gives it back).
 TensorPtr wrap(ffi::AnyBuffer b, DType dtype, opforge::Device device, bool readonly) {
-  auto storage = std::make_shared<opforge::Storage>();
   const auto dims = b.dimensions();
-  opforge::Shape shape(dims.begin(), dims.end());
-  storage->nbytes = b.size_bytes();
-  storage->data = storage->nbytes ? b.untyped_data() : nullptr;
-  storage->external = true;
-  storage->readonly = readonly;
-  storage->device = device;
-  opforge::Shape strides = opforge::contiguous_strides(shape);
-  return std::make_shared<opforge::Tensor>(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
+  return opforge::wrap_borrowed(b.untyped_data(), b.size_bytes(), dtype, dims.begin(), dims.size(), device, readonly);
 }
+
+// A call's wrappers of XLA's buffers, given back to this thread's pool however the call ends
+// (inputs[k] only while borrowed bit k is set: a widened input is opforge's own tensor).
+struct Wrapped {
+  TensorPtr inputs[kMaxParams], results[kMaxParams];
+  uint32_t borrowed = 0;
+  ~Wrapped() {
+    for (size_t k = 0; k < kMaxParams; ++k) {
+      if (borrowed & (1u << k)) opforge::recycle_borrowed(inputs[k]);
+    }
+    for (TensorPtr& t : results) opforge::recycle_borrowed(t);
+  }
+};
 
 // One attr of the op from the call's attributes, by the type its spec declares; monostate when
 // the call has none under that name (an optional attr without a value).
@@ -211,9 +218,12 @@ ffi::ErrorOr<std::unique_ptr<CallState>> instantiate(ffi::Dictionary attrs) noex
         return Failed(error(ffi::ErrorCode::kInvalidArgument, info.name,
                             std::string("attr '") + info.attrs[a].name + "' is not a " + info.attrs[a].type));
       }
-      if (std::holds_alternative<std::monostate>(state->values[a]) && info.attrs[a].required) {
-        return Failed(error(ffi::ErrorCode::kInvalidArgument, info.name,
-                            std::string("attr '") + info.attrs[a].name + "' is required"));
+      if (std::holds_alternative<std::monostate>(state->values[a])) {  // (not in the call: its default)
+        if (info.attrs[a].required) {
+          return Failed(error(ffi::ErrorCode::kInvalidArgument, info.name,
+                              std::string("attr '") + info.attrs[a].name + "' is required"));
+        }
+        if (a < state->entry->defaults.size() && state->entry->defaults[a]) state->values[a] = *state->entry->defaults[a];
       }
     }
     return state;
@@ -252,7 +262,8 @@ ffi::Error run(const CallState* state, ffi::RemainingArgs args, ffi::RemainingRe
       }
     }
 
-    TensorPtr inputs[kMaxParams];
+    Wrapped wrapped;
+    TensorPtr* inputs = wrapped.inputs;
     size_t given = 0;
     for (size_t k = 0; k < n_in; ++k) {
       if (!(mask & (int64_t{1} << k))) continue;
@@ -265,9 +276,12 @@ ffi::Error run(const CallState* state, ffi::RemainingArgs args, ffi::RemainingRe
                      "dtypes: bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64");
       }
       inputs[k] = wrap(*b, dtype, device, true);
+      wrapped.borrowed |= 1u << k;
       if (widen & (int64_t{1} << k)) {  // (an int32 array where the op takes int64: JAX without x64)
         TensorPtr wide = opforge::empty(DType::Int64, inputs[k]->shape(), opforge::Format::Default, device);
         opforge::copy_into(wide, inputs[k]);
+        opforge::recycle_borrowed(inputs[k]);
+        wrapped.borrowed &= ~(1u << k);
         inputs[k] = std::move(wide);
       }
     }
@@ -275,9 +289,9 @@ ffi::Error run(const CallState* state, ffi::RemainingArgs args, ffi::RemainingRe
       return error(ffi::ErrorCode::kInvalidArgument, name,
                    std::to_string(args.size()) + " operands for " + std::to_string(given) + " inputs present");
     }
-    AttrValue values[kMaxParams];  // (the op's entry moves its attrs out: a copy per execution)
-    for (size_t a = 0; a < info.attrs.size(); ++a) values[a] = state->values[a];
-    TensorPtr results[kMaxParams];
+    // (the op's entry moves its attrs out: a copy per execution; none for an op without attrs)
+    std::vector<AttrValue> values(state->values, state->values + info.attrs.size());
+    TensorPtr* results = wrapped.results;
     std::vector<opforge::BufferOffer> offers;
     offers.reserve(n_out);
     for (size_t j = 0; j < n_out; ++j) {
@@ -296,7 +310,7 @@ ffi::Error run(const CallState* state, ffi::RemainingArgs args, ffi::RemainingRe
     {
       opforge::StreamScope on_stream(info.name, device, stream);
       opforge::BufferOfferScope scope(&offers);
-      entry->call(inputs, values, outputs);
+      entry->call(inputs, values.data(), outputs);
       for (size_t j = 0; j < n_out; ++j) {
         const opforge::Tensor& got = *outputs[j];
         const opforge::Tensor& want = *results[j];

@@ -1,6 +1,8 @@
 // Tensor storage, construction and data movement helpers.
 #include "runtime/tensor.h"
 
+#include "runtime/borrowed.h"
+
 #include <cstring>
 
 #include <sys/mman.h>
@@ -54,6 +56,55 @@ Shape contiguous_strides(const Shape& shape) {
     s *= shape[i];
   }
   return strides;
+}
+
+namespace {
+// (wrap_borrowed's pool: a wrapper's storage is a plain Storage, marked external)
+constexpr size_t kPooledBorrowed = 16;
+struct BorrowedPool {
+  TensorPtr items[kPooledBorrowed];
+  size_t n = 0;
+};
+thread_local BorrowedPool t_borrowed;
+}  // namespace
+
+TensorPtr wrap_borrowed(void* data, size_t nbytes, DType dtype, const int64_t* shape, size_t ndim, Device device,
+                        bool readonly) {
+  int64_t small[8];
+  std::vector<int64_t> large(ndim > 8 ? ndim : 0);
+  int64_t* strides = ndim > 8 ? large.data() : small;
+  int64_t step = 1;
+  for (size_t i = ndim; i-- > 0;) {
+    strides[i] = step;
+    step *= shape[i];
+  }
+  TensorPtr t;
+  if (t_borrowed.n > 0) {
+    t = std::move(t_borrowed.items[--t_borrowed.n]);
+    t->rebind(dtype, shape, strides, ndim);
+  } else {
+    auto storage = std::make_shared<Storage>();
+    storage->external = true;
+    t = std::make_shared<Tensor>(std::move(storage), dtype, Shape(shape, shape + ndim), Shape(strides, strides + ndim), 0);
+  }
+  Storage& st = *t->storage();
+  st.data = nbytes ? data : nullptr;
+  st.nbytes = nbytes;
+  st.readonly = readonly;
+  st.device = device;
+  return t;
+}
+
+void recycle_borrowed(TensorPtr& t) {
+  TensorPtr mine = std::move(t);
+  if (!mine || mine.use_count() != 1 || mine->storage().use_count() != 1 || t_borrowed.n == kPooledBorrowed) return;
+  Storage& st = *mine->storage();
+  if (st.capacity != 0 || st.owner || !st.external) return;  // (memory someone owns: never a borrowed wrapper)
+  st.data = nullptr;  // (a pooled wrapper points at nothing)
+  st.nbytes = 0;
+  st.used_on.clear();
+  st.version.store(0, std::memory_order_relaxed);
+  t_borrowed.items[t_borrowed.n++] = std::move(mine);
 }
 
 int64_t shape_numel(const Shape& shape) {

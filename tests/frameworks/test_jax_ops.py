@@ -365,6 +365,68 @@ def test_indices_out_of_range_raise_naming_the_op_without_reading_out_of_bounds(
     np.testing.assert_array_equal(oj.ops.embedding(jnp.array([3]), table), [[1.0, 1.0]])
 
 
+def test_calls_of_the_target_written_by_hand_are_checked_not_trusted() -> None:
+    """A program can reach the handler without opforge.jax's lowering (jax.ffi.ffi_call, an edited
+    or foreign export): an attr it leaves out takes the op's default; a required input or attr
+    left out, an attr of another type, a missing opforge.* attribute or a name of no op raise
+    naming what is wrong, when the program is instantiated or run; nothing crashes."""
+    x = -jnp.ones(4, jnp.float32)
+
+    def call(op: str, n_inputs: int, n_out: int = 1, **attrs: Any) -> Any:
+        o = oj._OWN._ops[op]
+        given = {"opforge.name": o.name, "opforge.abi": o.abi, "opforge.op": o.number,
+                 "opforge.inputs": (1 << n_inputs) - 1, "opforge.widen": 0, "opforge.narrow": 0, **attrs}
+        out = [jax.ShapeDtypeStruct(x.shape, x.dtype)] * n_out
+        f = jax.ffi.ffi_call(oj.TARGET, out if n_out > 1 else out[0])
+        with jax.default_device(CPU):
+            return jax.block_until_ready(f(*[x] * n_inputs, **{k: v for k, v in given.items() if v is not None}))
+
+    np.testing.assert_allclose(call("leaky_relu", 1), np.full(4, -0.01), rtol=1e-6)  # (alpha: its default)
+    np.testing.assert_allclose(call("leaky_relu", 1, alpha=0.5), np.full(4, -0.5))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"\[leaky_relu\] attr 'alpha' is not a float"):
+        call("leaky_relu", 1, alpha=np.int64(2))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"\[sgd_step\] attr 'lr' is required"):
+        call("sgd_step", 3, n_out=2)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"\[mul\] input 'y' is required"):
+        call("mul", 1)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"a call without its opforge\.\* attributes"):
+        call("mul", 2, **{"opforge.abi": None})
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"NOT_FOUND: \[no_such_op\] is not an op of this process"):
+        call("mul", 2, **{"opforge.name": "no_such_op", "opforge.op": 1 << 40})
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"FAILED_PRECONDITION: \[mul\] was lowered for another "):
+        call("mul", 2, **{"opforge.abi": 12345})
+    np.testing.assert_array_equal(call("mul", 2), np.ones(4))  # (the process goes on)
+
+
+def test_calls_on_many_threads_of_every_rank_agree_with_numpy() -> None:
+    """The handler wraps XLA's buffers in wrappers it recycles per thread (rebound to each call's
+    buffers, ranks 0 to 4 in turn): programs run from several threads at once, each mixing ranks,
+    a transpose and reductions, give NumPy's results."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def program(a: Any, b: Any, c: Any) -> Any:
+        t = oj.ops.transpose(oj.ops.mul(a, b))  # (the last two axes swapped)
+        return oj.ops.add(oj.ops.sum(t, axis=[0]), oj.ops.sum(oj.ops.mul(c, c)))
+
+    f = jax.jit(program)
+    rng = np.random.default_rng(7)
+    shapes = [((2, 5), ()), ((2, 3, 4), (3,)), ((2, 1, 3, 2), ()), ((1, 1), (2, 2))]
+    data = [(rng.standard_normal(s), rng.standard_normal(s), rng.standard_normal(c)) for s, c in shapes]
+
+    def expected(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+        return np.sum(np.swapaxes(a * b, -1, -2), axis=0) + np.sum(c * c)
+
+    def worker(k: int) -> int:
+        with jax.default_device(CPU):
+            for r in range(40):
+                a, b, c = data[(k + r) % len(data)]
+                np.testing.assert_allclose(np.asarray(f(a, b, c)), expected(a, b, c), rtol=1e-12)
+        return k
+
+    with ThreadPoolExecutor(4) as pool:
+        assert sorted(pool.map(worker, range(4))) == [0, 1, 2, 3]
+
+
 @pytest.fixture
 def host_arrays() -> Any:
     """Op modules (opforge.load) compile cpu kernels only: their tests put arrays on the CPU device
