@@ -18,6 +18,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "runtime/borrowed.h"
 #include "runtime/errors.h"
 
 namespace opforge::aot {
@@ -34,25 +35,21 @@ TensorPtr wrap_param(const char* op, const char* role, const char* arg, void* da
   if (!dtype_from_name(dtype_str, &dtype)) {
     fail<TypeError>(op, role, " '", arg, "': unsupported dtype '", dtype_str, "'");
   }
-  Shape s(shape, shape + ndim);
-  const int64_t n = checked_numel(op, s, dtype);
+  const int64_t n = checked_numel(op, Shape(shape, shape + ndim), dtype);
   if (n > 0 && !data) fail<ValueError>(op, role, " '", arg, "': null data pointer");
-  auto storage = std::make_shared<Storage>();
-  storage->data = data;
-  storage->nbytes = static_cast<size_t>(n) * itemsize(dtype);
-  storage->external = true;
+  Device here;
   if (n > 0) {  // every buffer on the device of the first one
-    const Device here = locate_pointer(data);
+    here = locate_pointer(data);
     if (!device->has_value()) {
       *device = here;
     } else if (here != **device) {
       fail<ValueError>(op, role, " '", arg, "' is on ", here.str(), " but the buffers before it are on ", (*device)->str(),
                        ": an AOT call's buffers must all be on one device");
     }
-    storage->device = here;
   }
-  Shape strides = contiguous_strides(s);
-  return std::make_shared<Tensor>(std::move(storage), dtype, std::move(s), std::move(strides), 0);
+  // (a wrapper recycled per thread: ~Call gives it back)
+  return wrap_borrowed(data, static_cast<size_t>(n) * itemsize(dtype), dtype, shape, static_cast<size_t>(ndim), here,
+                       false);
 }
 
 std::string join_ints(const Shape& s) { return shape_str(s); }
@@ -142,6 +139,11 @@ Call::Call(const OpInfo& info, uint32_t present, int nparam, void** params, int*
   for (const TensorPtr& t : outputs_) {
     if (t->numel() == 0) t->storage()->device = device_;
   }
+}
+
+Call::~Call() {
+  for (TensorPtr& t : inputs_) recycle_borrowed(t);
+  for (TensorPtr& t : outputs_) recycle_borrowed(t);
 }
 
 ShapeCall::ShapeCall(const OpInfo& info, uint32_t present, int* ndims, int64_t** shapes, void* extra)

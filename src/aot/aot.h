@@ -70,6 +70,9 @@ class Call : public AttrSource {
  public:
   Call(const OpInfo& info, uint32_t present, int nparam, void** params, int* ndims, int64_t** shapes,
        const char** dtypes, void* extra);
+  ~Call();  // (gives its wrappers of the host's buffers back to the thread's pool: runtime/borrowed.h)
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
 
   TensorPtr input(size_t k) const { return inputs_[k]; }
   Device device() const { return device_; }  // where the buffers live (the host's when there are none)
