@@ -213,6 +213,9 @@ ffi::ErrorOr<std::unique_ptr<CallState>> instantiate(ffi::Dictionary attrs) noex
     state->entry = op_of_call(number, op_name, abi, &code, &why);
     if (state->entry == nullptr) return Failed(ffi::Error(code, why));
     const opforge::OpInfo& info = *state->entry->info;
+    if (info.attrs.size() > kMaxParams) {  // (register() refuses such ops: never here)
+      return Failed(error(ffi::ErrorCode::kInternal, info.name, "more attrs than the handler takes"));
+    }
     for (size_t a = 0; a < info.attrs.size(); ++a) {
       if (!to_attr(attrs, info.attrs[a], &state->values[a])) {
         return Failed(error(ffi::ErrorCode::kInvalidArgument, info.name,
