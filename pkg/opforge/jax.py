@@ -68,6 +68,9 @@ try:
     from jax import export as jax_export
     from jax.extend.core import Primitive
     from jax.interpreters import ad, batching, mlir, xla
+    # (the registration functions jax.ffi itself goes through: see below)
+    from jax._src import lib as _jax_lib
+    from jax._src import xla_bridge as _xla_bridge
 except ImportError as e:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
         'opforge.jax needs JAX: pip install "opforge[jax]" (jax==0.10.2, which needs numpy>=2; MindSpore 2.10 '
@@ -89,16 +92,33 @@ _DTYPES["bfloat16"] = np.dtype(jnp.bfloat16)
 _NAMES = {d: name for name, d in _DTYPES.items()}
 
 _handler = _jax_native.load()
-# (each call's attributes are decoded once, when XLA instantiates it: the state, a type of the handler's.
-# XLA takes a handler only after the types it uses, and JAX, when it starts its backends, hands
-# them the handlers queued before the types: started first, they take both in this order)
-jax.devices()
-jax.ffi.register_ffi_type(f"{TARGET}.call_state", _handler.state_type(), platform="cpu")
-jax.ffi.register_ffi_target(TARGET, _handler.handler("cpu"), platform="cpu")
+
+
+def _register(platform: str, xla_platform: str) -> None:
+    """The handler as the target for a platform, after the type of its calls' state (each call's
+    attributes are decoded once, when XLA instantiates it)."""
+    jax.ffi.register_ffi_type(f"{TARGET}.call_state", _handler.state_type(), platform=xla_platform)
+    jax.ffi.register_ffi_target(TARGET, _handler.handler(platform), platform=xla_platform)
+
+
+# XLA takes a handler only after the types it uses. JAX queues what is registered before a
+# platform's client exists and, making the client, hands it the queued handlers before the queued
+# types, which XLA refuses. So the type goes first, through the platform's own registration: the
+# CPU's (the function jaxlib's make_cpu_client installs, installed here beforehand: no client is
+# started, so JAX_PLATFORMS, XLA_FLAGS or jax.distributed.initialize() set after this import still
+# apply), a plugin's (CUDA: JAX calls back once its plugins are set up, their functions installed).
+_jax_lib.xla_client.register_custom_type_handler("cpu", _jax_lib._jax.register_custom_type)
+_register("cpu", "cpu")
 _PLATFORMS = ["cpu"]
 if "cuda" in _formulas.BUILT_TARGETS:  # (the cu130 wheel: XLA's CUDA buffers and stream; needs jax's CUDA plugin)
-    jax.ffi.register_ffi_type(f"{TARGET}.call_state", _handler.state_type(), platform="CUDA")
-    jax.ffi.register_ffi_target(TARGET, _handler.handler("cuda"), platform="CUDA")
+    _cuda_registered: list[bool] = []
+
+    def _register_cuda(c_api: Any = None) -> None:
+        if not _cuda_registered:
+            _cuda_registered.append(True)
+            _register("cuda", "CUDA")
+
+    _xla_bridge.register_plugin_callbacks(_register_cuda)
     _PLATFORMS.append("cuda")
 _lower = jax.ffi.ffi_lowering(TARGET)
 

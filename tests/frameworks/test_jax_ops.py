@@ -365,6 +365,27 @@ def test_indices_out_of_range_raise_naming_the_op_without_reading_out_of_bounds(
     np.testing.assert_array_equal(oj.ops.embedding(jnp.array([3]), table), [[1.0, 1.0]])
 
 
+def test_importing_opforge_jax_starts_no_backend() -> None:
+    """The handler and its state's type are registered without starting JAX's backends, so what
+    configures them after the import (XLA_FLAGS here; JAX_PLATFORMS, jax.distributed.initialize())
+    still applies; the ops then run."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, jax, jax.numpy as jnp\n"
+        "import opforge.jax as oj\n"
+        "from jax._src import xla_bridge\n"
+        "assert not xla_bridge.backends_are_initialized()\n"
+        "os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=3'\n"
+        "x = jax.device_put(jnp.arange(3.0), jax.devices('cpu')[2])\n"
+        "print(len(jax.devices('cpu')), oj.ops.mul(x, x).tolist())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={k: v for k, v in __import__("os").environ.items() if k != "XLA_FLAGS"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[0] == "3 [0.0, 1.0, 4.0]"
+
+
 def test_calls_of_the_target_written_by_hand_are_checked_not_trusted() -> None:
     """A program can reach the handler without opforge.jax's lowering (jax.ffi.ffi_call, an edited
     or foreign export): an attr it leaves out takes the op's default; a required input or attr
