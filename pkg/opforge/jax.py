@@ -92,6 +92,9 @@ _DTYPES["bfloat16"] = np.dtype(jnp.bfloat16)
 _NAMES = {d: name for name, d in _DTYPES.items()}
 
 _handler = _jax_native.load()
+#: This process's token: calls lowered here carry it beside their op numbers, which are this
+#: process's (a program run in another process goes by the ops' names).
+_PROCESS = _handler.process()
 
 
 def _register(platform: str, xla_platform: str) -> None:
@@ -351,7 +354,7 @@ class _Op:
         narrow = sum(1 << j for j, ((_, dtype), a) in enumerate(zip(metas, ctx.avals_out))
                      if _DTYPES[dtype] != np.dtype(a.dtype))
         params: dict[str, Any] = {"opforge.name": self.name, "opforge.abi": self.abi, "opforge.op": self.number,
-                                  "opforge.inputs": sum(1 << k for k, p in enumerate(present) if p),
+                                  "opforge.process": _PROCESS, "opforge.inputs": sum(1 << k for k, p in enumerate(present) if p),
                                   "opforge.widen": widen, "opforge.narrow": narrow}
         for attr, v in zip(self.op.attrs, attrs):
             if v is not None:

@@ -11,9 +11,11 @@
 // - attributes: "opforge.name", the op's name as register() was given it ("mul" for opforge's
 //   own ops, "<module>.<op>" for an op module's), "opforge.abi", a digest of its interface
 //   (inputs, attrs, outputs), "opforge.op", its number in this process's table (register() hands
-//   it out: the fast path; a program exported with jax.export and run in another process names
-//   its ops by "opforge.name", and a number that does not name the same op there is looked up by
-//   name, its interface checked against "opforge.abi"), "opforge.inputs", the mask of present inputs,
+//   it out), "opforge.process", this process's token (random per load of this handler): the number
+//   is the fast path only in the process whose token the call carries; a program exported with
+//   jax.export and run in another process names its ops by "opforge.name", looked up there (the
+//   last registration of the name), its interface checked against "opforge.abi"),
+//   "opforge.inputs", the mask of present inputs,
 //   "opforge.widen" and "opforge.narrow", the masks of inputs given as int32 where the op takes
 //   int64 and of 64-bit outputs JAX holds in 32 bits (JAX without 64-bit types: they are
 //   converted here), and each of the op's attrs that has a value under its own name (bool, int64, double,
@@ -32,11 +34,13 @@
 // op on the device its buffers are on, ordered on that stream (registered for platform CUDA).
 #include <Python.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -69,15 +73,30 @@ struct Registered {
 std::mutex g_lock;
 std::deque<Registered> g_ops;
 std::unordered_map<std::string, size_t> g_by_name;  // name -> its latest registration
+// This process's token (its calls' "opforge.process"): a number is this table's only in calls
+// lowered here. Another process's number may name an older registration of the same name here
+// (a module loaded again), so a foreign call goes by name.
+const int64_t g_process = []() noexcept {
+  uint64_t token = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                   reinterpret_cast<uintptr_t>(&g_ops);
+  try {
+    std::random_device entropy;
+    token ^= (uint64_t{entropy()} << 32) ^ entropy();
+  } catch (...) {  // (no entropy source: the clock and where the table is)
+  }
+  return static_cast<int64_t>(token);
+}();
 
-// The op a call names: its number when that is the op of its name in this process, else the op
-// registered last under the name (a program exported in another process); nullptr and why if
-// there is none, or if its interface is not the one the program was lowered with.
-const opforge::binding::OpEntry* op_of_call(int64_t number, std::string_view name, int64_t abi,
+// The op a call names: its number when the call was lowered in this process (ours) and the
+// number is the op of its name, else the op registered last under the name (a program exported
+// in another process); nullptr and why if there is none, or if its interface is not the one the
+// program was lowered with.
+const opforge::binding::OpEntry* op_of_call(bool ours, int64_t number, std::string_view name, int64_t abi,
                                             ffi::ErrorCode* code, std::string* why) {
   std::lock_guard<std::mutex> guard(g_lock);
   const Registered* r = nullptr;
-  if (number >= 0 && static_cast<uint64_t>(number) < g_ops.size() && g_ops[static_cast<size_t>(number)].name == name) {
+  if (ours && number >= 0 && static_cast<uint64_t>(number) < g_ops.size() &&
+      g_ops[static_cast<size_t>(number)].name == name) {
     r = &g_ops[static_cast<size_t>(number)];
   } else if (auto it = g_by_name.find(std::string(name)); it != g_by_name.end()) {
     r = &g_ops[it->second];
@@ -208,9 +227,11 @@ ffi::ErrorOr<std::unique_ptr<CallState>> instantiate(ffi::Dictionary attrs) noex
           "opforge: a call without its opforge.* attributes (name, abi, op, inputs, widen, narrow): a program "
           "lowered by another version of opforge.jax? Export it again"));
     }
+    int64_t process = 0;  // (absent in a call written by hand: it goes by name)
+    const bool ours = get(attrs, "opforge.process", &process) && process == g_process;
     ffi::ErrorCode code = ffi::ErrorCode::kInternal;
     std::string why;
-    state->entry = op_of_call(number, op_name, abi, &code, &why);
+    state->entry = op_of_call(ours, number, op_name, abi, &code, &why);
     if (state->entry == nullptr) return Failed(ffi::Error(code, why));
     const opforge::OpInfo& info = *state->entry->info;
     if (info.attrs.size() > kMaxParams) {  // (register() refuses such ops: never here)
@@ -264,6 +285,9 @@ ffi::Error run(const CallState* state, ffi::RemainingArgs args, ffi::RemainingRe
         if (r.has_value() && (*r)->size_bytes() > 0) device = opforge::locate_pointer((*r)->untyped_data());
       }
     }
+    // (from here on the device's work, the widening copies included, is ordered on XLA's stream;
+    // declared before the wrappers: a widened input is freed on that stream too)
+    opforge::StreamScope on_stream(info.name, device, stream);
 
     Wrapped wrapped;
     TensorPtr* inputs = wrapped.inputs;
@@ -311,7 +335,6 @@ ffi::Error run(const CallState* state, ffi::RemainingArgs args, ffi::RemainingRe
     }
     TensorPtr outputs[kMaxParams];
     {
-      opforge::StreamScope on_stream(info.name, device, stream);
       opforge::BufferOfferScope scope(&offers);
       entry->call(inputs, values.data(), outputs);
       for (size_t j = 0; j < n_out; ++j) {
@@ -395,6 +418,9 @@ PyObject* register_op(PyObject*, PyObject* args) {
   return PyLong_FromSize_t(n);
 }
 
+// process() -> this process's token, the "opforge.process" attribute of the calls lowered here.
+PyObject* process(PyObject*, PyObject*) { return PyLong_FromLongLong(g_process); }
+
 // handler(platform) -> a PyCapsule of the handler for "cpu" or "cuda" (jax.ffi.register_ffi_target's).
 PyObject* capsule(void* p) { return PyCapsule_New(p, nullptr, nullptr); }
 
@@ -441,6 +467,9 @@ PyMethodDef methods[] = {
      "register(fn, name, abi) -> int: the number of fn's op (a function of opforge._C.ops or of an op module) in "
      "the handler's table, its opforge.op attribute; name and abi (its opforge.name and opforge.abi attributes) "
      "find it from a program exported in another process"},
+    {"process", process, METH_NOARGS,
+     "process() -> int: this process's token, the opforge.process attribute of calls lowered here (their "
+     "opforge.op numbers are this process's)"},
     {"handler", handler, METH_O,
      "handler(platform) -> {stage: PyCapsule}: the FFI handlers (instantiate, execute) for 'cpu' or 'cuda'"},
     {"state_type", state_type, METH_NOARGS,
