@@ -8,13 +8,18 @@ import time
 from typing import Any, Callable, Optional
 
 import numpy as np
-import torch
+
+try:  # (every group but jax_ops compares with torch; a JAX environment may lack it)
+    import torch
+except ImportError:
+    torch = None
 
 import opforge
 from opforge import ops
 
 THREADS = int(os.environ.get("OPFORGE_BENCH_THREADS", os.cpu_count() or 1))
-torch.set_num_threads(THREADS)
+if torch is not None:
+    torch.set_num_threads(THREADS)
 
 
 def _calls_for(fn: Callable[[], Any], min_time: float) -> int:

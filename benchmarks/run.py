@@ -8,7 +8,8 @@ cannot favour another); within a group the frameworks alternate in the same proc
 set equal: OMP_NUM_THREADS (opforge, NumPy's BLAS) and torch.set_num_threads use --threads
 (default: all cores). Figures are medians of repeated timings, the frameworks of a row timed in
 turn (A B C A B C ...: groups.paired), so that a drift of the machine's speed moves them alike;
-ratios are opforge / other, so below 1.0 means opforge is faster. Needs numpy and torch==2.13.0.
+ratios are opforge / other, so below 1.0 means opforge is faster. Needs numpy and torch==2.13.0;
+the jax_ops group needs JAX instead (a NumPy 2 environment, without torch or MindSpore).
 """
 
 from __future__ import annotations
@@ -37,19 +38,17 @@ def machine() -> str:
                 break
     except OSError:
         pass
+    import importlib.util
     import numpy
-    import torch
 
     import opforge
 
-    try:  # (in a NumPy 2 environment)
-        import jax
-
-        jax_version = f", JAX {jax.__version__}"
-    except ImportError:
-        jax_version = ""
+    # (torch for every group but jax_ops; JAX only in a NumPy 2 environment)
+    versions = "".join(f", {label} {__import__(module).__version__}"
+                       for module, label in (("torch", "torch"), ("jax", "JAX"))
+                       if importlib.util.find_spec(module) is not None)
     return (f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; Python "
-            f"{platform.python_version()}, NumPy {numpy.__version__}, torch {torch.__version__}{jax_version}, "
+            f"{platform.python_version()}, NumPy {numpy.__version__}{versions}, "
             f"opforge {getattr(opforge, '__version__', '?')} ({opforge.backend})")
 
 
@@ -99,14 +98,15 @@ def _framework_table(rows: list[dict], title: str, intro: str, heads: tuple[str,
 def render(rows: list[dict], threads: int) -> str:
     lines = ["# opforge benchmarks (cpu)", "",
              f"Run {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} with `python benchmarks/run.py` "
-             f"({threads} threads for every framework).", "", f"Machine: {machine()}", "",
-             "| group | benchmark | opforge | NumPy | PyTorch | opforge/NumPy | opforge/PyTorch | target | met |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"({threads} threads for every framework).", "", f"Machine: {machine()}"]
     notes = []
     torch_rows = [r for r in rows if r.get("table") == "torch"]
     ms_rows = [r for r in rows if r.get("table") == "mindspore"]
     jax_rows = [r for r in rows if r.get("table") == "jax"]
     rows = [r for r in rows if r.get("table") not in ("torch", "mindspore", "jax")]
+    if rows:  # (the main table: none when only framework groups ran)
+        lines += ["", "| group | benchmark | opforge | NumPy | PyTorch | opforge/NumPy | opforge/PyTorch | target | met |",
+                  "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "opforge" not in r:
             lines.append(f"| {r['group']} | {r['name']} | n/a | | | | | | |")
