@@ -35,6 +35,17 @@
   (axes shifted past the batch axis), matmul-like batch broadcasting, and an op's spec'd
   ``batch_inputs``; any other op runs once per batch element (``jax.lax.map``) and the results are
   stacked.
+- Sharded programs: a call whose leading dims are independent rows (the same rule from the
+  spec: elementwise ops, ops whose axis attrs index every present input, before the first axis
+  named, batched matmul) says so to XLA (the ``num_batch_dims`` attribute of a target registered
+  as batch partitionable, and Shardy's sharding rule), so XLA's partitioner runs it on each
+  device's rows; an elementwise call with an operand broadcast along the rows (a bias) has that
+  operand broadcast first, in a program over several devices. Any other call (an operand without
+  rows: linear's weight, layer_norm's) runs on gathered operands, correct but not split. Under a
+  mesh of explicit axes the results' types carry the rows' sharding. Inside ``jax.shard_map``
+  every op runs on its shard, results varying over the manual axes their operands vary over (an
+  invariant operand is cast to varying first, as JAX's own ops do): the way to split a
+  data-parallel step through linear and the norms.
 - ``register_module(m)`` does the same for an op module (``opforge.load``'s result, a package's
   ``<pkg>._ops``).
 - ``export(jax.jit(f))(*args)`` is ``jax.export.export`` with the ``opforge`` target allowed
@@ -68,9 +79,16 @@ try:
     from jax import export as jax_export
     from jax.extend.core import Primitive
     from jax.interpreters import ad, batching, mlir, xla
-    # (the registration functions jax.ffi itself goes through: see below)
+    # JAX's own names, not its public API (pinned jax==0.10.2; the tests fail loudly if they move):
+    # the registration functions jax.ffi itself goes through (see below); the manual-axes type of
+    # values inside shard_map and the current mesh's sharding (what jax.ffi.ffi_call's abstract
+    # evaluation uses); Shardy's sharding-rule builder (jax.experimental.custom_partitioning's);
+    # the lowering of a broadcast
+    from jax._src import core as _core
+    from jax._src import custom_partitioning_sharding_rule as _sdy_rule
     from jax._src import lib as _jax_lib
     from jax._src import xla_bridge as _xla_bridge
+    from jax._src.interpreters import mlir as _mlir_impl
 except ImportError as e:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
         'opforge.jax needs JAX: pip install "opforge[jax]" (jax==0.10.2, which needs numpy>=2; MindSpore 2.10 '
@@ -124,6 +142,62 @@ if "cuda" in _formulas.BUILT_TARGETS:  # (the cu130 wheel: XLA's CUDA buffers an
     _xla_bridge.register_plugin_callbacks(_register_cuda)
     _PLATFORMS.append("cuda")
 _lower = jax.ffi.ffi_lowering(TARGET)
+# (a call whose leading dims are independent rows says how many (the "num_batch_dims" frontend
+# attribute, and Shardy's sharding rule): XLA's SPMD partitioner then runs it on each device's
+# rows instead of gathering its operands; see _Op.batch_dims)
+jax.ffi.register_ffi_target_as_batch_partitionable(TARGET)
+
+
+def _agree_varying(operands: Sequence[Any]) -> Sequence[Any]:
+    """Inside shard_map (checking what varies over its manual axes): the operands made to vary
+    over the same axes, as JAX's own ops make theirs (an invariant operand is cast to varying)."""
+    varying = [jax.typeof(x).mat.varying for x in operands]
+    every = frozenset().union(*varying)
+    if not every:
+        return operands
+    return [x if v == every else jax.lax.pcast(x, tuple(every - v), to="varying")
+            for x, v in zip(operands, varying)]
+
+
+def _batch_sharding(avals: Sequence[Any], k: int) -> Optional[Callable[[int], Any]]:
+    """Under a mesh of explicit axes (sharding in types), the results' sharding of a call whose
+    first k dims are batch dims: those dims as the operands shard them, the rest whole (a
+    function of a result's rank); None when nothing is sharded or the operands disagree (the
+    results are then whole, as for any other call: XLA gathers the operands)."""
+    specs = set()
+    mesh = None
+    for a in avals:
+        sharding = getattr(a, "sharding", None)
+        if sharding is None or getattr(sharding.mesh, "empty", True):
+            return None
+        mesh = sharding.mesh
+        spec = tuple(sharding.spec) + (None,) * (len(a.shape) - len(sharding.spec))
+        specs.add(spec[:k])
+    if len(specs) != 1 or mesh is None:
+        return None
+    (batch,) = specs
+    if all(s is None for s in batch):
+        return None
+    return lambda rank: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*batch, *(None,) * (rank - k)))
+
+
+def _lower_partitioned(ctx: Any, k: int, *args: Any, **params: Any) -> Any:
+    """The call, its first k dims (on every operand and result) its batch dims."""
+    extra: dict[str, Any] = {"mhlo.frontend_attributes": mlir.ir_attribute({"num_batch_dims": str(k)})}
+    if jax.config.jax_use_shardy_partitioner:
+        batch = [f"b{d}" for d in range(k)]
+        mappings, own = [], []  # (each array's own dims: factors of their own, replicated)
+        for j, aval in enumerate((*ctx.avals_in, *ctx.avals_out)):
+            rest = [f"d{j}_{d}" for d in range(k, len(aval.shape))]
+            own += rest
+            mappings.append(" ".join(batch + rest))
+        n_in = len(ctx.avals_in)
+        rule = _sdy_rule.str_to_sdy_sharding_rule(
+            f"{', '.join(mappings[:n_in])} -> {', '.join(mappings[n_in:])}", need_replication_factors=tuple(own))
+        extra["sdy.sharding_rule"] = _sdy_rule.sdy_sharding_rule_to_mlir(
+            rule, [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_in],
+            [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out])
+    return jax.ffi.ffi_lowering(TARGET, extra_attributes=extra)(ctx, *args, **params)
 
 
 # ---------------------------------------------------------------------------- helpers of formulas
@@ -304,7 +378,7 @@ class _Op:
             self.tangent_prim = t
 
         def call(*operands: Any, attrs: tuple[Any, ...], present: tuple[bool, ...]) -> Any:
-            return self.prim.bind(*operands, attrs=attrs, present=present)
+            return self.prim.bind(*_agree_varying(operands), attrs=attrs, present=present)
 
         # (behind jax.jit: a repeated call reuses the compiled executable, ~10 us, as a jnp op's)
         self.call = jax.jit(call, static_argnames=("attrs", "present"))
@@ -340,8 +414,16 @@ class _Op:
 
     def abstract(self, *avals: Any, attrs: tuple[Any, ...], present: tuple[bool, ...]) -> list[Any]:
         metas, _ = self._metas(avals, attrs, present)
+        k = self.batch_dims([a.shape for a in avals], [shape for shape, _ in metas], attrs, present)
+        batch = _batch_sharding(avals, k) if k else None
+        # (inside shard_map: the results vary over the manual axes the operands vary over; call()
+        # made the operands agree)
+        varying = _core.standard_vma_rule(self.op.name, *avals)
         # (JAX without 64-bit types holds an int64 result as int32: the handler narrows it)
-        return [jax.core.ShapedArray(tuple(shape), jax.dtypes.canonicalize_dtype(_DTYPES[dtype]))
+        return [jax.core.ShapedArray(
+                    tuple(shape), jax.dtypes.canonicalize_dtype(_DTYPES[dtype]),
+                    sharding=batch(len(shape)) if batch is not None else _core.get_cur_mesh_sharding(),
+                    manual_axis_type=_core.ManualAxisType(varying=varying))
                 for shape, dtype in metas]
 
     def no_kernel(self, platform: str, ctx: Any, *args: Any, **params: Any) -> Any:
@@ -359,7 +441,66 @@ class _Op:
         for attr, v in zip(self.op.attrs, attrs):
             if v is not None:
                 params[attr.name] = _ffi_attr(attr, v)
+        k = self.batch_dims([a.shape for a in ctx.avals_in], [a.shape for a in ctx.avals_out], attrs, present)
+        if not k and self.op.impl == "expr" and getattr(ctx.module_context.axis_context, "num_devices", 1) > 1:
+            # (an elementwise call in a program partitioned over devices, an operand broadcast
+            # along rows (a bias, a scale): that operand broadcast to the result's shape here, so
+            # the call is partitioned by rows; each device writes only its rows of it)
+            shape = ctx.avals_out[0].shape
+            if all(a.shape == shape for a in ctx.avals_out):
+                avals = [a.update(shape=shape) for a in ctx.avals_in]
+                k = self.batch_dims([shape] * len(avals), [shape] * len(ctx.avals_out), attrs, present)
+                if k:
+                    args = tuple(x if a.shape == shape else _mlir_impl.broadcast_in_dim(
+                                     ctx, x, b, broadcast_dimensions=range(len(shape) - len(a.shape), len(shape)))
+                                 for x, a, b in zip(args, ctx.avals_in, avals))
+                    ctx = ctx.replace(avals_in=avals)
+        if k:
+            return _lower_partitioned(ctx, k, *args, **params)
         return _lower(ctx, *args, **params)
+
+    # ---- sharding
+
+    def batch_dims(self, shapes_in: Sequence[Sequence[int]], shapes_out: Sequence[Sequence[int]],
+                   attrs: tuple[Any, ...], present: tuple[bool, ...]) -> int:
+        """How many leading dims of this call are batch dims: dims every operand and result has,
+        of the same sizes, along which the op maps each index independently, so that the op on a
+        block of them gives that block of the results. A sharded program then runs the call on
+        each device's block (XLA's batch partitioner) instead of gathering its operands. From
+        the spec, as vmap's rules: an elementwise op (all arrays of one rank, no dim broadcast),
+        an op whose axis attrs index every present input (its dims before the first axis named),
+        a batched matmul (its batch dims); 0 for any other op or call (an input no axis indexes,
+        such as layer_norm's weight or linear's, must stay whole)."""
+        op = self.op
+        arrays = [*shapes_in, *shapes_out]
+        rank = min(len(s) for s in arrays)
+        same_rank = all(len(s) == rank for s in arrays)
+        # (the common prefix; XLA's batch partitioner leaves a call whose arrays are all batch dims
+        # unpartitioned: one dim stays out, so a 1-d elementwise call is not partitioned)
+        k = 0
+        while k < min(rank, max(len(s) for s in arrays) - 1) and len({s[k] for s in arrays}) == 1:
+            k += 1
+        if k == 0:
+            return 0
+        if op.impl == "expr":
+            return k if same_rank else 0  # (an operand of lower rank broadcasts from the left)
+        if self.n_out == 1 and op.outputs[0].shape == "matmul":
+            return min(k, rank - 2) if same_rank else 0  # (the dims before the matrices)
+        axis_attrs = [j for j, a in enumerate(op.attrs) if a.axis_of]
+        indexed = op.axis_indexed()
+        if not axis_attrs or not self.axes_batch or any(p and i not in indexed for i, p in enumerate(present)):
+            return 0
+        ins = _expand(present, list(shapes_in))
+        for j in axis_attrs:
+            reference = ins[op.input_index(op.attrs[j].axis_of[0])]
+            if reference is None or any(x is not None and len(x) != len(reference)
+                                        for i, x in enumerate(ins) if i in indexed):
+                return 0
+            named = axes_of(attrs[j], len(reference)) if attrs[j] != () else list(range(len(reference)))
+            if any(not 0 <= a < len(reference) for a in named):
+                return 0
+            k = min([k, *named])
+        return k
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         inputs, attrs = _bind_args(self.op, args, kwargs)
@@ -449,7 +590,7 @@ class _Op:
 
     def _bind(self, ins: Sequence[Any], attrs: tuple[Any, ...]) -> list[Any]:
         present = tuple(x is not None for x in ins)
-        return list(self.prim.bind(*(x for x in ins if x is not None), attrs=attrs, present=present))
+        return list(self.prim.bind(*_agree_varying([x for x in ins if x is not None]), attrs=attrs, present=present))
 
     # ---- autodiff
 
@@ -467,6 +608,7 @@ class _Op:
 
     def jvp(self, primals: Sequence[Any], tangents: Sequence[Any], *, attrs: tuple[Any, ...],
             present: tuple[bool, ...]) -> tuple[list[Any], list[Any]]:
+        primals = _agree_varying(primals)
         outs = self.prim.bind(*primals, attrs=attrs, present=present)
         zeros = [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
         live = self._live(present, tangents)
@@ -476,8 +618,8 @@ class _Op:
             if not self.diff_out:  # (comparisons, indices: outputs without derivatives)
                 return outs, zeros
             raise NotImplementedError(f"[{self.op.name}] has no derivative: its spec has no bprop")
-        touts = self.tangent_prim.bind(*primals, *outs, *(tangents[j] for j in live), attrs=attrs, present=present,
-                                       live=live)
+        touts = self.tangent_prim.bind(*_agree_varying([*primals, *outs, *(tangents[j] for j in live)]), attrs=attrs,
+                                       present=present, live=live)
         result = list(zeros)
         for k, t in zip(self.diff_out, touts):
             result[k] = t

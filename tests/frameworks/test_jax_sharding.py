@@ -1,0 +1,177 @@
+"""opforge.jax in sharded programs: a call whose leading dims are independent rows runs on each
+device's rows (XLA's batch partitioner), any other call on gathered operands, and ops inside
+``jax.shard_map`` run per shard; every result equals the same op on one device.
+
+The sharded programs run in a child process with two host devices
+(``--xla_force_host_platform_device_count=2``, which must be set before JAX starts its CPU
+client; this process's client is already up).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason='JAX is not installed (pip install "opforge[jax]"; `nox -s jax` runs these)')
+
+import opforge.jax as oj  # noqa: E402
+
+OPS = oj._OWN._ops
+
+
+def k(name: str, shapes_in: list[tuple[int, ...]], shapes_out: list[tuple[int, ...]], **attrs: Any) -> int:
+    """The batch dims opforge.jax gives a call of the op (attrs by name, the rest their defaults)."""
+    o = OPS[name]
+    values = tuple(attrs.get(a.name, a.default) for a in o.op.attrs)
+    present = tuple(True for _ in shapes_in) + (False,) * (len(o.op.inputs) - len(shapes_in))
+    return o.batch_dims(shapes_in, shapes_out, values, present)
+
+
+def test_the_batch_dims_of_a_call_follow_the_spec() -> None:
+    # elementwise: every dim but one, when no operand broadcasts
+    assert k("mul", [(8, 6), (8, 6)], [(8, 6)]) == 1
+    assert k("where", [(8, 6, 5)] * 3, [(8, 6, 5)]) == 2
+    assert k("mul", [(8, 6), (6,)], [(8, 6)]) == 0  # (an operand of lower rank)
+    assert k("mul", [(8, 6), (1, 6)], [(8, 6)]) == 0  # (a dim broadcast)
+    assert k("exp", [(8,)], [(8,)]) == 0  # (XLA's partitioner keeps one dim out of the batch)
+    # axis attrs: the dims before the first axis named, when the axes index every present input
+    assert k("softmax", [(8, 6)], [(8, 6)], axis=-1) == 1
+    assert k("softmax", [(8, 6)], [(8, 6)], axis=0) == 0
+    assert k("sum", [(4, 8, 6)], [(4, 8)], axis=2) == 2
+    assert k("sum", [(4, 8, 6)], [()], axis=None) == 0
+    assert k("take_along_axis", [(8, 6), (8, 2)], [(8, 2)], axis=1) == 1
+    assert k("layer_norm", [(8, 6)], [(8, 6), (8, 1), (8, 1)]) == 1
+    assert k("layer_norm", [(8, 6), (6,)], [(8, 6), (8, 1), (8, 1)]) == 0  # (its weight has no rows)
+    # matmul: the batch dims before the matrices, when neither operand broadcasts them
+    assert k("matmul", [(8, 3, 5), (8, 5, 2)], [(8, 3, 2)]) == 1
+    assert k("matmul", [(8, 5), (5, 2)], [(8, 2)]) == 0
+    assert k("matmul", [(8, 3, 5), (5, 2)], [(8, 3, 2)]) == 0
+    # any other op
+    assert k("linear", [(8, 5), (3, 5)], [(8, 3)]) == 0
+    assert k("transpose", [(8, 8)], [(8, 8)]) == 0
+
+
+CHILD = r'''
+import json, os, sys
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+import opforge.jax as oj
+
+ops = oj.ops
+rng = np.random.default_rng(0)
+x = rng.standard_normal((8, 6)).astype(np.float32)
+w = rng.standard_normal((3, 6)).astype(np.float32)
+a3, b3 = rng.standard_normal((8, 3, 5)).astype(np.float32), rng.standard_normal((8, 5, 2)).astype(np.float32)
+idx = rng.integers(0, 6, (8, 2)).astype(np.int32)
+CASES = {  # name: (function, its arguments, which arguments are split by rows)
+    "mul": (lambda x: ops.mul(x, x), (x,), (True,)),
+    "exp": (lambda x: ops.exp(x), (x,), (True,)),
+    "softmax": (lambda x: ops.softmax(x, axis=-1), (x,), (True,)),
+    "log_softmax": (lambda x: ops.log_softmax(x, axis=1), (x,), (True,)),
+    "sum_rows": (lambda x: ops.sum(x, axis=1), (x,), (True,)),
+    "layer_norm": (lambda x: ops.layer_norm(x), (x,), (True,)),
+    "take_along_axis": (lambda x, i: ops.take_along_axis(x, i, axis=1), (x, idx), (True, True)),
+    "matmul_batched": (lambda a, b: ops.matmul(a, b), (a3, b3), (True, True)),
+    "grad_log_softmax": (jax.grad(lambda x: ops.sum(ops.mul(ops.log_softmax(x, axis=-1), x))), (x,), (True,)),
+    # (an elementwise call whose other operand broadcasts along rows: broadcast to the rows first)
+    "add_bias": (lambda x, w: ops.add(x, w[0]), (x, w), (True, False)),
+    "mul_scale_column": (lambda x, w: ops.mul(x, w[:, :1].T[:, :1]), (x, w), (True, False)),
+    # whole: the call needs every row
+    "softmax_axis0": (lambda x: ops.softmax(x, axis=0), (x,), (True,)),
+    "sum_all": (lambda x: ops.sum(x), (x,), (True,)),
+    "layer_norm_affine": (lambda x, w: ops.layer_norm(x, w[0], w[1]), (x, w), (True, False)),
+    "linear": (lambda x, w: ops.linear(x, w), (x, w), (True, False)),
+}
+
+def calls(compiled):
+    text = compiled.as_text()
+    shapes = [line.split(" = ", 1)[1].split(" custom-call(", 1)[0].strip()
+              for line in text.splitlines() if " custom-call(" in line and 'custom_call_target="opforge"' in line]
+    return shapes, sum(" all-gather(" in line for line in text.splitlines())
+
+def equal(got, want):
+    return all(np.array_equal(np.asarray(g), np.asarray(v))
+               for g, v in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)))
+
+report = {}
+mesh = jax.make_mesh((2,), ("rows",), devices=jax.devices("cpu"), axis_types=(AxisType.Auto,))
+for name, (f, args, split) in CASES.items():
+    one = jax.jit(f)(*args)  # (one device)
+    put = [jax.device_put(a, NamedSharding(mesh, P("rows") if s else P())) for a, s in zip(args, split)]
+    g = jax.jit(f)
+    shapes, gathers = calls(g.lower(*put).compile())
+    report[name] = {"calls": shapes, "gathers": gathers, "equal": equal(g(*put), one)}
+
+# sharding in types (a mesh of explicit axes): the results' type says how they are split
+explicit = jax.make_mesh((2,), ("rows",), devices=jax.devices("cpu"), axis_types=(AxisType.Explicit,))
+with jax.set_mesh(explicit):
+    xs = jax.device_put(x, P("rows"))
+    typed = []
+    g = jax.jit(lambda x: (typed.append(str(jax.typeof(ops.softmax(x, axis=-1)))), ops.softmax(x, axis=-1))[1])
+    shapes, gathers = calls(g.lower(xs).compile())
+    out = g(xs)
+    report["explicit"] = {"calls": shapes, "gathers": gathers, "type": typed[-1], "spec": str(out.sharding.spec),
+                          "equal": equal(out, jax.jit(lambda x: ops.softmax(x, axis=-1))(x))}
+
+    # shard_map: a data-parallel training step, the weight the same on both devices (invariant)
+    def loss(w, x):
+        y = ops.linear(x, w)
+        return jax.lax.psum(ops.sum(ops.mul(y, y)), "rows")
+    step = jax.jit(jax.shard_map(jax.value_and_grad(loss), in_specs=(P(), P("rows")), out_specs=(P(), P())))
+    value, grad = step(jax.device_put(w, P()), xs)
+    want_value, want_grad = jax.value_and_grad(lambda w, x: jnp.sum((x @ w.T) ** 2))(w, x)
+    report["shard_map"] = {"value": float(value), "want": float(want_value),
+                           "grad_error": float(np.max(np.abs(np.asarray(grad) - np.asarray(want_grad))))}
+print("REPORT" + json.dumps(report))
+'''
+
+
+@pytest.fixture(scope="module")
+def report() -> dict[str, Any]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(CHILD)], capture_output=True, text=True, timeout=600,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    line = next(line for line in r.stdout.splitlines() if line.startswith("REPORT"))
+    return json.loads(line[len("REPORT"):])
+
+
+ROWS = ["mul", "exp", "softmax", "log_softmax", "sum_rows", "layer_norm", "take_along_axis", "matmul_batched",
+        "grad_log_softmax", "add_bias", "mul_scale_column"]
+WHOLE = ["softmax_axis0", "sum_all", "layer_norm_affine", "linear"]
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_a_call_of_independent_rows_runs_on_each_devices_rows(report: dict[str, Any], name: str) -> None:
+    got = report[name]
+    assert got["equal"], f"{name}: the sharded program's results differ from one device's"
+    assert got["gathers"] == 0, f"{name}: its operands were gathered: {got}"
+    assert got["calls"] and all(shape.split("[", 1)[1].startswith(("4,", "4]")) for shape in got["calls"]), got
+
+
+@pytest.mark.parametrize("name", WHOLE)
+def test_a_call_that_needs_every_row_runs_on_gathered_operands(report: dict[str, Any], name: str) -> None:
+    got = report[name]
+    assert got["equal"], f"{name}: the sharded program's results differ from one device's"
+    assert got["gathers"] >= 1 and not any(shape.split("[", 1)[1].startswith("4") for shape in got["calls"]), got
+
+
+def test_under_explicit_axes_the_results_type_is_split_by_rows(report: dict[str, Any]) -> None:
+    got = report["explicit"]
+    assert got["equal"] and got["gathers"] == 0, got
+    assert got["type"] == "float32[8@rows,6]" and got["spec"] == "P('rows', None)", got
+    assert got["calls"] == ["f32[4,6]{1,0}"], got
+
+
+def test_a_data_parallel_step_in_shard_map_matches_one_device(report: dict[str, Any]) -> None:
+    got = report["shard_map"]
+    assert got["value"] == pytest.approx(got["want"], rel=1e-5)
+    assert got["grad_error"] < 1e-3 * max(1.0, abs(got["want"]))
