@@ -53,8 +53,10 @@
   ``<module>.<op>`` for a module's op) and a digest of the op's inputs, attrs and outputs, so a
   deserialized program runs in another process wherever ``import opforge.jax`` (and, for a
   module's ops, ``register_module``) has registered the same ops; an op missing there, or of
-  another interface, fails the call naming it. The target has no compatibility guarantee of
-  JAX's: the program is as stable as the ops' specs.
+  another interface, fails the call naming it. Shapes may be symbolic (jax.export's shape
+  polymorphism): the results' shapes come from the spec's shape rules on the dim variables and
+  the meta rule checks the call at a stand-in size per variable. The target has no compatibility
+  guarantee of JAX's: the program is as stable as the ops' specs.
 
 With 64-bit types off (JAX's default) JAX gives float32 and int32 where NumPy would give float64
 and int64; ``jax.config.update("jax_enable_x64", True)`` gives the 64-bit rows. JAX arrays are
@@ -68,6 +70,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
+import re
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence
 
@@ -148,6 +152,62 @@ _lower = jax.ffi.ffi_lowering(TARGET)
 jax.ffi.register_ffi_target_as_batch_partitionable(TARGET)
 
 
+def _stand_in_env(shapes: Sequence[Sequence[Any]]) -> dict[str, int]:
+    """A value per dim variable of symbolic shapes (jax.export's shape polymorphism): distinct,
+    large, none 1, for the meta rule's checks and dtypes; {} for concrete shapes."""
+    names: set[str] = set()
+    for shape in shapes:
+        for d in shape:
+            if not isinstance(d, (int, np.integer)):
+                names |= d._get_vars()
+    return {v: 1009 + 4 * k for k, v in enumerate(sorted(names))}
+
+
+def _at(shape: Sequence[Any], env: dict[str, int]) -> list[int]:
+    """A shape's sizes, its symbolic ones at env's values."""
+    return [int(d) if isinstance(d, (int, np.integer)) else int(d._evaluate(env)) for d in shape]
+
+
+def _symbolic_shapes(op: OpDef, shapes: Sequence[Any], attrs: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """The op's output shapes on symbolic input shapes (None for an absent input), from the spec's
+    shape rules: same, broadcast, reduce, matmul and its shape expressions."""
+    ins = {i.name: s for i, s in zip(op.inputs, shapes)}
+    values = {a.name: _meta_value(v) for a, v in zip(op.attrs, attrs)}
+    exprs = None
+    out = []
+    try:
+        for k, o in enumerate(op.outputs):
+            a = o.shape_args
+            if o.shape == "same":
+                shape = tuple(ins[a[0]])
+            elif o.shape == "broadcast":
+                shape = tuple(jax.lax.broadcast_shapes(*(tuple(ins[n]) for n in a if ins.get(n) is not None)))
+            elif o.shape == "reduce":
+                x = tuple(ins[a[0]])
+                keep = {"true": True, "false": False}.get(a[2], values.get(a[2]))
+                named = axes_of(values[a[1]], len(x))
+                shape = tuple(1 if j in named else n for j, n in enumerate(x) if keep or j not in named)
+            elif o.shape == "matmul":
+                sa, sb = list(ins[a[0]]), list(ins[a[1]])
+                va, vb = len(sa) == 1, len(sb) == 1
+                sa, sb = ([1] + sa if va else sa), (sb + [1] if vb else sb)
+                batch = list(jax.lax.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
+                shape = tuple(batch + ([] if va else [sa[-2]]) + ([] if vb else [sb[-1]]))
+            elif o.shape == "expression" and op.shapes is not None:
+                if exprs is None:
+                    exprs = op.shapes(H, *(None if s is None else tuple(s) for s in shapes), *values.values())
+                shape = tuple(exprs[k])
+            else:
+                raise NotImplementedError(f"[{op.name}] output '{o.name}' has a shape rule of C++ only ({o.shape})")
+            out.append(shape)
+    except (ValueError, TypeError, NotImplementedError) as e:
+        if str(e).startswith(f"[{op.name}]"):
+            raise
+        raise NotImplementedError(f"[{op.name}] its shape rule cannot decide on the symbolic shapes "
+                                  f"{', '.join(str(tuple(s)) for s in shapes if s is not None)}: {e}") from e
+    return out
+
+
 def _agree_varying(operands: Sequence[Any]) -> Sequence[Any]:
     """Inside shard_map (checking what varies over its manual axes): the operands made to vary
     over the same axes, as JAX's own ops make theirs (an invariant operand is cast to varying)."""
@@ -214,8 +274,8 @@ class _Helpers(ShapeHelpers):
     ones_like = staticmethod(jnp.ones_like)
 
     @staticmethod
-    def numel(t: Any) -> int:
-        return int(np.prod(t.shape, dtype=np.int64))
+    def numel(t: Any) -> Any:
+        return math.prod(t.shape)  # (symbolic under jax.export's shape polymorphism)
 
     @staticmethod
     def expand_reduced(g: Any, like: Any, axes: Any, keepdims: bool) -> Any:
@@ -392,15 +452,14 @@ class _Op:
         op = self.op
         stand_ins: list[Any] = []
         widen = 0
+        # (symbolic dims, jax.export's shape polymorphism: the meta rule checks the call and gives
+        # the dtypes on a stand-in value per dim variable; the shapes come from the spec's shape
+        # rules on the symbolic dims, checked against the meta rule's at the stand-ins)
+        env = _stand_in_env([a.shape for a in avals if a is not None])
         for k, (inp, a) in enumerate(zip(op.inputs, _expand(present, avals))):
             if a is None:
                 stand_ins.append(None)
                 continue
-            if not all(isinstance(d, (int, np.integer)) for d in a.shape):
-                raise NotImplementedError(
-                    f"[{op.name}] input '{inp.name}' has the symbolic shape {tuple(a.shape)}: opforge's shape rules "
-                    "take concrete shapes (jax.export's shape polymorphism is not supported); export with concrete "
-                    "shapes, one program per shape")
             name = _NAMES.get(np.dtype(a.dtype))
             if name is None:
                 raise TypeError(f"[{op.name}] input '{inp.name}' has dtype {a.dtype}, which opforge does not have; "
@@ -408,8 +467,26 @@ class _Op:
             if name == "int32" and inp.dtype == "int64" and not getattr(jax.config, "jax_enable_x64"):
                 name = "int64"
                 widen |= 1 << k
-            stand_ins.append(_C._meta_tensor(list(a.shape), name))
-        metas = self.meta(*stand_ins, *(_meta_value(v) for v in attrs))  # raises what an eager call would
+            stand_ins.append(_C._meta_tensor(_at(a.shape, env), name))
+        try:
+            metas = self.meta(*stand_ins, *(_meta_value(v) for v in attrs))  # raises what an eager call would
+        except (TypeError, ValueError, IndexError) as e:
+            if not env:
+                raise
+            # (the stand-ins named back by their variables, and said to be stand-ins)
+            message = str(e)
+            for var, size in env.items():
+                message = re.sub(rf"\b{size}\b", var, message)
+            raise type(e)(f"{message} (symbolic dims checked at stand-in sizes "
+                          f"{', '.join(f'{v}={n}' for v, n in env.items())})") from None
+        if env:
+            shapes = _symbolic_shapes(op, _expand(present, [a.shape for a in avals]), attrs)
+            if any(_at(sym, env) != list(shape) for sym, (shape, _) in zip(shapes, metas)):
+                raise NotImplementedError(
+                    f"[{op.name}] its shape rule on the symbolic shapes "
+                    f"{', '.join(str(tuple(a.shape)) for a in avals)} gives {', '.join(map(str, shapes))}, which "
+                    "its meta rule does not confirm; export with concrete shapes")
+            metas = [(tuple(sym), dtype) for sym, (_, dtype) in zip(shapes, metas)]
         return metas, widen
 
     def abstract(self, *avals: Any, attrs: tuple[Any, ...], present: tuple[bool, ...]) -> list[Any]:
@@ -473,6 +550,8 @@ class _Op:
         such as layer_norm's weight or linear's, must stay whole)."""
         op = self.op
         arrays = [*shapes_in, *shapes_out]
+        if not all(isinstance(d, (int, np.integer)) for s in arrays for d in s):
+            return 0  # (symbolic dims: jax.export's shape polymorphism)
         rank = min(len(s) for s in arrays)
         same_rank = all(len(s) == rank for s in arrays)
         # (the common prefix; XLA's batch partitioner leaves a call whose arrays are all batch dims

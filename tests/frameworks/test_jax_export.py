@@ -95,12 +95,50 @@ def test_jax_refuses_opforges_target_without_export(tmp_path: Path) -> None:
     assert by_hand.mlir_module() == oj.export(f)(x).mlir_module()
 
 
-def test_symbolic_shapes_raise_naming_the_op() -> None:
-    f = jax.jit(lambda x: oj.ops.mul(x, x))
-    spec = jax.ShapeDtypeStruct(jax.export.symbolic_shape("b, 3"), jnp.float32)
-    with pytest.raises(NotImplementedError, match=r"\[mul\] input 'x' has the symbolic shape \(b, 3\): opforge's "
-                                                  r"shape rules take concrete shapes"):
-        oj.export(f)(spec)
+def step_loss(x: Any, w: Any, b: Any, labels: Any) -> Any:
+    h = oj.ops.gelu(oj.ops.linear(x, w, b), approximate="tanh")
+    y, _, _ = oj.ops.layer_norm(h, axis=[-1], eps=1e-3)
+    return oj.ops.cross_entropy(oj.ops.linear(y, w), labels, reduction="mean")
+
+
+def test_a_step_exported_for_any_batch_size_runs_each_in_another_process(tmp_path: Path) -> None:
+    """jax.export's shape polymorphism: the batch a dim variable; the shapes come from the specs'
+    shape rules on it (the meta rule checks the call at a stand-in size). One program, run in a
+    fresh process at batch 1, 5 and 33, equals this process's jit at each."""
+    step = jax.jit(jax.value_and_grad(step_loss, argnums=(0, 1, 2)))
+    labels_dtype = np.int64 if jax.config.jax_enable_x64 else np.int32
+    (b,) = jax.export.symbolic_shape("b")
+    specs = [jax.ShapeDtypeStruct((b, 4), jnp.float32), jax.ShapeDtypeStruct((4, 4), jnp.float32),
+             jax.ShapeDtypeStruct((4,), jnp.float32), jax.ShapeDtypeStruct((b,), labels_dtype)]
+    with jax.default_device(CPU):
+        exported = oj.export(step)(*specs)
+    assert [str(a) for a in jax.tree_util.tree_leaves(exported.out_avals)] == [
+        "float32[]", "float32[b,4]", "float32[4,4]", "float32[4]"]
+    rng = np.random.default_rng(0)
+    w, bias = rng.standard_normal((4, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    for n in (1, 5, 33):
+        args = (rng.standard_normal((n, 4)).astype(np.float32), w, bias, rng.integers(0, 4, n).astype(labels_dtype))
+        with jax.default_device(CPU):
+            want = [np.asarray(a) for a in jax.tree_util.tree_leaves(step(*args))]
+        r = run_elsewhere(tmp_path, exported, args)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got = outputs(tmp_path)
+        assert [g.shape for g in got] == [v.shape for v in want] and want[1].shape == (n, 4)
+        for g, v in zip(got, want):
+            np.testing.assert_allclose(g, v, rtol=1e-6, atol=1e-6)
+
+
+def test_symbolic_shapes_the_op_refuses_raise_naming_it_and_the_dims() -> None:
+    b, c = jax.export.symbolic_shape("b, c")
+    spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
+    with pytest.raises(ValueError, match=r"\[mul\] shapes cannot be broadcast together: x \(b, 3\), y \(c, 3\) "
+                                         r"\(symbolic dims checked at stand-in sizes b=1009, c=1013\)"):
+        oj.export(jax.jit(oj.ops.mul))(spec(b, 3), spec(c, 3))
+    with pytest.raises(ValueError, match=r"\[linear\] x's last dimension 4 differs from weight's in_features c"):
+        oj.export(jax.jit(oj.ops.linear))(spec(b, 4), spec(3, c))
+    # (a constant dim broadcast against a symbolic one)
+    exported = oj.export(jax.jit(oj.ops.mul))(spec(b, 3), spec(3))
+    assert str(exported.out_avals[0]) == "float32[b,3]"
 
 
 def write_module_spec(folder: Path, op: str, expr: str, extra_attr: bool = False) -> Path:
