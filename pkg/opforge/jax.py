@@ -208,6 +208,15 @@ def _symbolic_shapes(op: OpDef, shapes: Sequence[Any], attrs: tuple[Any, ...]) -
     return out
 
 
+def _typed_like(g: Any, aval: Any) -> Any:
+    """A cotangent the bprop formula computed, resharded to its tangent's type under a mesh of
+    explicit axes (the formula's own ops, a broadcast say, need not keep a row-split type)."""
+    want = getattr(aval, "sharding", None)
+    if want is None or want.mesh.empty or not want.mesh.are_all_axes_explicit:
+        return g
+    return g if jax.typeof(g).sharding == want else jax.sharding.reshard(g, want)
+
+
 def _agree_varying(operands: Sequence[Any]) -> Sequence[Any]:
     """Inside shard_map (checking what varies over its manual axes): the operands made to vary
     over the same axes, as JAX's own ops make theirs (an invariant operand is cast to varying)."""
@@ -414,6 +423,8 @@ class _Op:
         self.n_in, self.n_out = len(op.inputs), len(op.outputs)
         self.diff_out = [k for k, o in enumerate(op.outputs) if o.differentiable]
         self.axes_batch = op.outputs_follow_axes()  # (whether vmap's axes rule may apply)
+        # (an input of a concrete integer dtype: indices or labels, which its kernel checks)
+        self.checks_values = any(i.dtype in ("int32", "int64") for i in op.inputs)
         self.prim = Primitive(f"{prefix}.{op.name}")
         self.prim.multiple_results = True
         self.prim.def_impl(functools.partial(xla.apply_primitive, self.prim))
@@ -519,7 +530,13 @@ class _Op:
             if v is not None:
                 params[attr.name] = _ffi_attr(attr, v)
         k = self.batch_dims([a.shape for a in ctx.avals_in], [a.shape for a in ctx.avals_out], attrs, present)
-        if not k and self.op.impl == "expr" and getattr(ctx.module_context.axis_context, "num_devices", 1) > 1:
+        devices = getattr(ctx.module_context.axis_context, "num_devices", 1)
+        if k and self.checks_values and any(n % devices for n in ctx.avals_out[0].shape[:k]):
+            # (rows that do not split evenly are padded, the pad holding any values: an op whose
+            # kernel checks its inputs' values (indices) could raise on one device alone while
+            # the others wait for it; such a call is split only into whole rows)
+            k = 0
+        if not k and self.op.impl == "expr" and devices > 1:
             # (an elementwise call in a program partitioned over devices, an operand broadcast
             # along rows (a bias, a scale): that operand broadcast to the result's shape here, so
             # the call is partitioned by rows; each device writes only its rows of it)
@@ -762,7 +779,7 @@ class _Op:
         result = []
         for j, t in zip(live, tangents):
             g = grads[slots[j]]
-            result.append(ad.Zero(t.aval) if g is None else g)
+            result.append(ad.Zero(t.aval) if g is None else _typed_like(g, t.aval))
         return none + result
 
 

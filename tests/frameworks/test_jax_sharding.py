@@ -79,6 +79,11 @@ CASES = {  # name: (function, its arguments, which arguments are split by rows)
     "sum_rows": (lambda x: ops.sum(x, axis=1), (x,), (True,)),
     "layer_norm": (lambda x: ops.layer_norm(x), (x,), (True,)),
     "take_along_axis": (lambda x, i: ops.take_along_axis(x, i, axis=1), (x, idx), (True, True)),
+    # (3 rows on 2 devices: XLA pads a shard, the pad holding rows the program sliced away, here
+    # indices out of range; an op checking its indices is then not split, else it raises on one
+    # device alone while the other waits for it: the process aborted)
+    "take_along_axis_uneven": (lambda x, i: ops.take_along_axis(x[:3], i[:3], axis=1),
+                               (x, np.concatenate([idx[:3], np.full((5, 2), 99, np.int32)])), (True, True)),
     "matmul_batched": (lambda a, b: ops.matmul(a, b), (a3, b3), (True, True)),
     "grad_log_softmax": (jax.grad(lambda x: ops.sum(ops.mul(ops.log_softmax(x, axis=-1), x))), (x,), (True,)),
     # (an elementwise call whose other operand broadcasts along rows: broadcast to the rows first)
@@ -121,6 +126,12 @@ with jax.set_mesh(explicit):
     report["explicit"] = {"calls": shapes, "gathers": gathers, "type": typed[-1], "spec": str(out.sharding.spec),
                           "equal": equal(out, jax.jit(lambda x: ops.softmax(x, axis=-1))(x))}
 
+    # reverse mode: the cotangents have their primals' types (the bprop's broadcast is resharded)
+    grad = jax.jit(jax.grad(lambda x: ops.sum(ops.exp(x))))
+    got = grad(xs)
+    report["explicit_grad"] = {"type": str(jax.typeof(got)),
+                               "equal": bool(np.allclose(np.asarray(got), np.exp(x), rtol=1e-6))}
+
     # shard_map: a data-parallel training step, the weight the same on both devices (invariant)
     def loss(w, x):
         y = ops.linear(x, w)
@@ -146,7 +157,7 @@ def report() -> dict[str, Any]:
 
 ROWS = ["mul", "exp", "softmax", "log_softmax", "sum_rows", "layer_norm", "take_along_axis", "matmul_batched",
         "grad_log_softmax", "add_bias", "mul_scale_column"]
-WHOLE = ["softmax_axis0", "sum_all", "layer_norm_affine", "linear"]
+WHOLE = ["softmax_axis0", "sum_all", "layer_norm_affine", "linear", "take_along_axis_uneven"]
 
 
 @pytest.mark.parametrize("name", ROWS)
@@ -169,6 +180,10 @@ def test_under_explicit_axes_the_results_type_is_split_by_rows(report: dict[str,
     assert got["equal"] and got["gathers"] == 0, got
     assert got["type"] == "float32[8@rows,6]" and got["spec"] == "P('rows', None)", got
     assert got["calls"] == ["f32[4,6]{1,0}"], got
+
+
+def test_under_explicit_axes_gradients_have_their_primals_types(report: dict[str, Any]) -> None:
+    assert report["explicit_grad"] == {"type": "float32[8@rows,6]", "equal": True}
 
 
 def test_a_data_parallel_step_in_shard_map_matches_one_device(report: dict[str, Any]) -> None:
