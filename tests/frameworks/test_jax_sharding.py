@@ -1,6 +1,7 @@
 """opforge.jax in sharded programs: a call whose leading dims are independent rows runs on each
 device's rows (XLA's batch partitioner), any other call on gathered operands, and ops inside
-``jax.shard_map`` run per shard; every result equals the same op on one device.
+``jax.shard_map`` run per shard; every result equals the same op on one device. A sharded
+program exported with jax.export runs split in another process too.
 
 The sharded programs run in a child process with two host devices
 (``--xla_force_host_platform_device_count=2``, which must be set before JAX starts its CPU
@@ -14,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -190,3 +192,42 @@ def test_a_data_parallel_step_in_shard_map_matches_one_device(report: dict[str, 
     got = report["shard_map"]
     assert got["value"] == pytest.approx(got["want"], rel=1e-5)
     assert got["grad_error"] < 1e-3 * max(1.0, abs(got["want"]))
+
+
+EXPORT_CHILD = r'''
+import os, sys
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+import jax, numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+import opforge.jax as oj
+
+mesh = jax.make_mesh((2,), ("rows",), devices=jax.devices("cpu"), axis_types=(AxisType.Auto,))
+rows = NamedSharding(mesh, P("rows"))
+x = np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32)
+blob, out = sys.argv[2], sys.argv[3]
+if sys.argv[1] == "export":
+    f = jax.jit(lambda x: oj.ops.softmax(oj.ops.mul(x, x), axis=-1), in_shardings=rows, out_shardings=rows)
+    open(blob, "wb").write(oj.export(f)(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows)).serialize())
+    np.save(out, np.asarray(f(x)))
+else:
+    call = jax.jit(jax.export.deserialize(bytearray(open(blob, "rb").read())).call)
+    xs = jax.device_put(x, rows)
+    text = call.lower(xs).compile().as_text()
+    assert text.count(" all-gather(") == 0, text
+    shapes = [line.split(" = ", 1)[1].split(" custom-call(")[0] for line in text.splitlines()
+              if 'custom_call_target="opforge"' in line]
+    assert shapes == ["f32[4,6]{1,0}"] * 2, shapes
+    np.save(out, np.asarray(call(xs)))
+'''
+
+
+def test_a_sharded_program_exported_runs_split_in_another_process(tmp_path: Path) -> None:
+    """The calls' batch dims and sharding rules travel in the serialized program: deserialized in
+    a fresh process, on two devices, each call still runs on its device's rows."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    blob = tmp_path / "program.bin"
+    for stage, out in (("export", tmp_path / "want.npy"), ("run", tmp_path / "got.npy")):
+        r = subprocess.run([sys.executable, "-c", EXPORT_CHILD, stage, str(blob), str(out)], capture_output=True,
+                           text=True, timeout=600, env=env)
+        assert r.returncode == 0, r.stderr[-4000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "got.npy"), np.load(tmp_path / "want.npy"))
