@@ -71,6 +71,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import operator
 import re
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence
@@ -152,15 +153,42 @@ _lower = jax.ffi.ffi_lowering(TARGET)
 jax.ffi.register_ffi_target_as_batch_partitionable(TARGET)
 
 
-def _stand_in_env(shapes: Sequence[Sequence[Any]]) -> dict[str, int]:
-    """A value per dim variable of symbolic shapes (jax.export's shape polymorphism): distinct,
-    large, none 1, for the meta rule's checks and dtypes; {} for concrete shapes."""
-    names: set[str] = set()
+def _stand_in_envs(op: str, shapes: Sequence[Sequence[Any]]) -> list[dict[str, int]]:
+    """Two sets of values for the dim variables of symbolic shapes (jax.export's shape
+    polymorphism), each distinct, large and within the variables' constraints, for the meta
+    rule's checks and dtypes: a call valid at one and not the other relates a variable to a
+    constant. [] for concrete shapes."""
+    variables: dict[str, Any] = {}
     for shape in shapes:
         for d in shape:
             if not isinstance(d, (int, np.integer)):
-                names |= d._get_vars()
-    return {v: 1009 + 4 * k for k, v in enumerate(sorted(names))}
+                for v in d._get_vars():
+                    variables.setdefault(v, d.scope)
+    if not variables:
+        return []
+    envs = []
+    for base, step in ((1009, 4), (1201, 6)):
+        env = {}
+        for k, (v, scope) in enumerate(sorted(variables.items())):
+            low, high = _bounds(jax.export.symbolic_shape(v, scope=scope)[0])
+            env[v] = int(min(max(base + step * k, low), high))
+        if any(n < 1 for shape in shapes for n in _at(shape, env)):
+            raise NotImplementedError(
+                f"[{op}] no sizes of {', '.join(variables)} within their constraints give the shapes "
+                f"{', '.join(str(tuple(s)) for s in shapes)} sizes of at least 1 to check the call at; export with "
+                "concrete shapes")
+        envs.append(env)
+    return envs
+
+
+def _bounds(var: Any) -> tuple[float, float]:
+    """A dim variable's bounds under its scope's constraints ((1, inf) when JAX cannot say)."""
+    try:
+        from jax._src.export import shape_poly
+        low, high = shape_poly._bounds_decision(var, shape_poly.BoundsPrecision.BEST)
+        return max(low, 1), high
+    except Exception:  # (JAX's private decision procedure moved: its default bounds)
+        return 1, math.inf
 
 
 def _at(shape: Sequence[Any], env: dict[str, int]) -> list[int]:
@@ -200,8 +228,8 @@ def _symbolic_shapes(op: OpDef, shapes: Sequence[Any], attrs: tuple[Any, ...]) -
             else:
                 raise NotImplementedError(f"[{op.name}] output '{o.name}' has a shape rule of C++ only ({o.shape})")
             out.append(shape)
-    except (ValueError, TypeError, NotImplementedError) as e:
-        if str(e).startswith(f"[{op.name}]"):
+    except (ValueError, TypeError, NotImplementedError, jax.errors.InconclusiveDimensionOperation) as e:
+        if str(e).startswith(f"[{op.name}]") and not isinstance(e, jax.errors.InconclusiveDimensionOperation):
             raise
         raise NotImplementedError(f"[{op.name}] its shape rule cannot decide on the symbolic shapes "
                                   f"{', '.join(str(tuple(s)) for s in shapes if s is not None)}: {e}") from e
@@ -284,7 +312,12 @@ class _Helpers(ShapeHelpers):
 
     @staticmethod
     def numel(t: Any) -> Any:
-        return math.prod(t.shape)  # (symbolic under jax.export's shape polymorphism)
+        if all(isinstance(d, (int, np.integer)) for d in t.shape):
+            return math.prod(t.shape)
+        # (symbolic dims, jax.export's shape polymorphism: a weakly typed float, as a Python
+        # number would be, so that a product past 2**31 does not wrap as int32 would)
+        return functools.reduce(operator.mul, (d if isinstance(d, (int, np.integer)) else 1.0 * jnp.asarray(d)
+                                               for d in t.shape), 1.0)
 
     @staticmethod
     def expand_reduced(g: Any, like: Any, axes: Any, keepdims: bool) -> Any:
@@ -466,7 +499,9 @@ class _Op:
         # (symbolic dims, jax.export's shape polymorphism: the meta rule checks the call and gives
         # the dtypes on a stand-in value per dim variable; the shapes come from the spec's shape
         # rules on the symbolic dims, checked against the meta rule's at the stand-ins)
-        env = _stand_in_env([a.shape for a in avals if a is not None])
+        envs = _stand_in_envs(op.name, [a.shape for a in avals if a is not None])
+        env = envs[0] if envs else {}
+        dtypes: list[Optional[str]] = [None] * len(op.inputs)
         for k, (inp, a) in enumerate(zip(op.inputs, _expand(present, avals))):
             if a is None:
                 stand_ins.append(None)
@@ -479,6 +514,7 @@ class _Op:
                 name = "int64"
                 widen |= 1 << k
             stand_ins.append(_C._meta_tensor(_at(a.shape, env), name))
+            dtypes[k] = name
         try:
             metas = self.meta(*stand_ins, *(_meta_value(v) for v in attrs))  # raises what an eager call would
         except (TypeError, ValueError, IndexError) as e:
@@ -492,11 +528,27 @@ class _Op:
                           f"{', '.join(f'{v}={n}' for v, n in env.items())})") from None
         if env:
             shapes = _symbolic_shapes(op, _expand(present, [a.shape for a in avals]), attrs)
-            if any(_at(sym, env) != list(shape) for sym, (shape, _) in zip(shapes, metas)):
-                raise NotImplementedError(
-                    f"[{op.name}] its shape rule on the symbolic shapes "
-                    f"{', '.join(str(tuple(a.shape)) for a in avals)} gives {', '.join(map(str, shapes))}, which "
-                    "its meta rule does not confirm; export with concrete shapes")
+            given = ", ".join(str(tuple(a.shape)) for a in avals)
+            for other in envs:
+                if other is not env:
+                    try:
+                        at_other = self.meta(*(None if a is None else _C._meta_tensor(_at(a.shape, other), d)
+                                               for d, a in zip(dtypes, _expand(present, avals))),
+                                             *(_meta_value(v) for v in attrs))
+                    except (TypeError, ValueError, IndexError) as e:
+                        raise ValueError(
+                            f"[{op.name}] the call is valid for some sizes of its dim variables and not others "
+                            f"(checked at {', '.join(f'{v}={n}' for v, n in env.items())}, then at "
+                            f"{', '.join(f'{v}={n}' for v, n in other.items())}: {e}): its shapes {given} relate "
+                            "a dim variable to a constant; export with shapes that agree for every size") from None
+                    metas_at = [(shape, dtype) for shape, dtype in at_other]
+                else:
+                    metas_at = metas
+                if any(_at(sym, other) != list(shape) for sym, (shape, _) in zip(shapes, metas_at)):
+                    raise NotImplementedError(
+                        f"[{op.name}] its shape rule on the symbolic shapes {given} gives "
+                        f"{', '.join(map(str, shapes))}, which its meta rule does not confirm; export with concrete "
+                        "shapes")
             metas = [(tuple(sym), dtype) for sym, (_, dtype) in zip(shapes, metas)]
         return metas, widen
 

@@ -139,6 +139,33 @@ def test_symbolic_shapes_the_op_refuses_raise_naming_it_and_the_dims() -> None:
     # (a constant dim broadcast against a symbolic one)
     exported = oj.export(jax.jit(oj.ops.mul))(spec(b, 3), spec(3))
     assert str(exported.out_avals[0]) == "float32[b,3]"
+    # a call valid at one size of a dim variable and not another: refused, not left to fail at run time
+    with pytest.raises(ValueError, match=r"\[matmul\] the call is valid for some sizes of its dim variables and "
+                                         r"not others \(checked at b=1009, then at b=1201"):
+        oj.export(jax.jit(oj.ops.matmul))(spec(2, b), spec(1009, 3))
+
+
+def test_symbolic_shapes_honour_the_dim_variables_constraints() -> None:
+    """The stand-in sizes the meta rule checks the call at lie within the scope's constraints."""
+    (d,) = jax.export.symbolic_shape("d", constraints=("d >= 2000",))
+    exported = oj.export(jax.jit(lambda x: oj.ops.mul(x, x)))(jax.ShapeDtypeStruct((d - 1990, 3), jnp.float32))
+    x = np.arange(33.0, dtype=np.float32).reshape(11, 3)
+    np.testing.assert_array_equal(np.asarray(exported.call(x)), x * x)
+
+
+def test_element_counts_of_symbolic_shapes_do_not_wrap() -> None:
+    """H.numel (the bprops of mean and the norms divide by it) past 2**31 elements: a float, as
+    for concrete shapes, not int32 arithmetic that wraps (it read -1/1024 at b=2)."""
+    from types import SimpleNamespace
+
+    (b,) = jax.export.symbolic_shape("b")
+
+    def ratio(x: Any) -> Any:
+        n = x.shape[0]
+        return oj.H.numel(SimpleNamespace(shape=(n, 2**20))) / oj.H.numel(SimpleNamespace(shape=(n, 2**20, 2**10)))
+
+    exported = jax.export.export(jax.jit(ratio))(jax.ShapeDtypeStruct((b,), jnp.float32))
+    assert [float(exported.call(np.ones(n, np.float32))) for n in (1, 2, 4)] == [2.0**-10] * 3
 
 
 def write_module_spec(folder: Path, op: str, expr: str, extra_attr: bool = False) -> Path:
