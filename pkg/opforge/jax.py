@@ -245,10 +245,24 @@ def _typed_like(g: Any, aval: Any) -> Any:
     return g if jax.typeof(g).sharding == want else jax.sharding.reshard(g, want)
 
 
+def _varying(aval: Any) -> frozenset[Any]:
+    """The manual axes (inside shard_map) a value varies over: JAX 0.10's manual_axis_type, or the
+    vma field JAX had before (the GPU machine's JAX may differ from the pinned one)."""
+    mat = getattr(aval, "mat", None)
+    return mat.varying if mat is not None else getattr(aval, "vma", frozenset())
+
+
+def _varying_kw(varying: frozenset[Any]) -> dict[str, Any]:
+    """ShapedArray's keyword for the manual axes a result varies over (see _varying)."""
+    if hasattr(_core, "ManualAxisType"):
+        return {"manual_axis_type": _core.ManualAxisType(varying=varying)}
+    return {"vma": varying}
+
+
 def _agree_varying(operands: Sequence[Any]) -> Sequence[Any]:
     """Inside shard_map (checking what varies over its manual axes): the operands made to vary
     over the same axes, as JAX's own ops make theirs (an invariant operand is cast to varying)."""
-    varying = [jax.typeof(x).mat.varying for x in operands]
+    varying = [_varying(jax.typeof(x)) for x in operands]
     every = frozenset().union(*varying)
     if not every:
         return operands
@@ -563,7 +577,7 @@ class _Op:
         return [jax.core.ShapedArray(
                     tuple(shape), jax.dtypes.canonicalize_dtype(_DTYPES[dtype]),
                     sharding=batch(len(shape)) if batch is not None else _core.get_cur_mesh_sharding(),
-                    manual_axis_type=_core.ManualAxisType(varying=varying))
+                    **_varying_kw(varying))
                 for shape, dtype in metas]
 
     def no_kernel(self, platform: str, ctx: Any, *args: Any, **params: Any) -> Any:
