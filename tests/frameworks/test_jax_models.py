@@ -3,6 +3,7 @@ against the same model in jax.numpy (runs in the ``jax`` nox session; skips with
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -42,3 +43,19 @@ def test_the_example_runs_and_its_loss_falls() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     losses = [float(line.split()[3]) for line in r.stdout.splitlines() if line.startswith("step")]
     assert len(losses) == 3 and losses[-1] < 0.5 * losses[0], r.stdout
+
+
+def test_the_example_data_parallel_over_two_devices_trains_as_one_device() -> None:
+    """``--devices 2``: the step in jax.shard_map over two host devices, each on half the batch,
+    the gradients of the averaged loss; its losses and accuracies are the one-device run's."""
+    runs = {}
+    env = dict(os.environ, JAX_PLATFORMS="cpu")  # (host devices, on a GPU machine too)
+    for devices in ("1", "2"):
+        r = subprocess.run([sys.executable, str(ROOT / "examples" / "jax_mlp.py"), "--steps", "100",
+                            "--devices", devices], capture_output=True, text=True, timeout=600, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+        runs[devices] = [(float(line.split()[3]), float(line.split()[5]))
+                         for line in r.stdout.splitlines() if line.startswith("step")]
+    assert "data parallel over" in r.stdout
+    assert len(runs["2"]) == 3
+    np.testing.assert_allclose(runs["2"], runs["1"], atol=2e-4)
