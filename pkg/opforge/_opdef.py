@@ -121,6 +121,32 @@ def axes(value: Any, rank: int) -> list[int]:
     return sorted({a + rank if a < 0 else a for a in given})
 
 
+def kind_shape(out: OutputDef, ins: dict[str, Any], attrs: dict[str, Any],
+               broadcast: Callable[..., Sequence[Any]]) -> Optional[list[Any]]:
+    """An output's shape by its rule's kind (same, broadcast, reduce, matmul) on input shapes
+    whose sizes may be symbolic (a framework's: torch's SymInts, JAX's dim variables), kept so;
+    ``broadcast`` the framework's broadcast of shapes. None for the other kinds (infer(), spec
+    expressions: the op's ``shapes``)."""
+    a = out.shape_args
+    if out.shape == "same":
+        return list(ins[a[0]])
+    if out.shape == "broadcast":
+        return list(broadcast(*(tuple(ins[n]) for n in a if ins.get(n) is not None)))
+    if out.shape == "reduce":
+        x = list(ins[a[0]])
+        keep = {"true": True, "false": False}.get(a[2], attrs.get(a[2]))
+        named = axes(attrs[a[1]], len(x))
+        return [1 if k in named else n for k, n in enumerate(x) if keep or k not in named]
+    if out.shape == "matmul":
+        sa, sb = list(ins[a[0]]), list(ins[a[1]])
+        va, vb = len(sa) == 1, len(sb) == 1
+        sa = [1] + sa if va else sa
+        sb = sb + [1] if vb else sb
+        batch = list(broadcast(tuple(sa[:-2]), tuple(sb[:-2])))
+        return batch + ([] if va else [sa[-2]]) + ([] if vb else [sb[-1]])
+    return None
+
+
 class ShapeHelpers:
     """The framework-independent part of an adapter's ``H``: the helpers of shape rules."""
 

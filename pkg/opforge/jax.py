@@ -101,7 +101,7 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess
 
 import opforge._C as _C
 from opforge import _formulas, _jax_native
-from opforge._opdef import AttrDef, OpDef, ShapeHelpers
+from opforge._opdef import AttrDef, OpDef, ShapeHelpers, kind_shape
 from opforge._opdef import axes as axes_of
 
 __all__ = ["ops", "register_module", "export", "OpSet", "TARGET", "H"]
@@ -205,29 +205,14 @@ def _symbolic_shapes(op: OpDef, shapes: Sequence[Any], attrs: tuple[Any, ...]) -
     out = []
     try:
         for k, o in enumerate(op.outputs):
-            a = o.shape_args
-            if o.shape == "same":
-                shape = tuple(ins[a[0]])
-            elif o.shape == "broadcast":
-                shape = tuple(jax.lax.broadcast_shapes(*(tuple(ins[n]) for n in a if ins.get(n) is not None)))
-            elif o.shape == "reduce":
-                x = tuple(ins[a[0]])
-                keep = {"true": True, "false": False}.get(a[2], values.get(a[2]))
-                named = axes_of(values[a[1]], len(x))
-                shape = tuple(1 if j in named else n for j, n in enumerate(x) if keep or j not in named)
-            elif o.shape == "matmul":
-                sa, sb = list(ins[a[0]]), list(ins[a[1]])
-                va, vb = len(sa) == 1, len(sb) == 1
-                sa, sb = ([1] + sa if va else sa), (sb + [1] if vb else sb)
-                batch = list(jax.lax.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
-                shape = tuple(batch + ([] if va else [sa[-2]]) + ([] if vb else [sb[-1]]))
-            elif o.shape == "expression" and op.shapes is not None:
+            shape = kind_shape(o, {n: s for n, s in ins.items() if s is not None}, values, jax.lax.broadcast_shapes)
+            if shape is None and o.shape == "expression" and op.shapes is not None:
                 if exprs is None:
                     exprs = op.shapes(H, *(None if s is None else tuple(s) for s in shapes), *values.values())
-                shape = tuple(exprs[k])
-            else:
+                shape = list(exprs[k])
+            if shape is None:
                 raise NotImplementedError(f"[{op.name}] output '{o.name}' has a shape rule of C++ only ({o.shape})")
-            out.append(shape)
+            out.append(tuple(shape))
     except (ValueError, TypeError, NotImplementedError, jax.errors.InconclusiveDimensionOperation) as e:
         if str(e).startswith(f"[{op.name}]") and not isinstance(e, jax.errors.InconclusiveDimensionOperation):
             raise
@@ -543,26 +528,23 @@ class _Op:
         if env:
             shapes = _symbolic_shapes(op, _expand(present, [a.shape for a in avals]), attrs)
             given = ", ".join(str(tuple(a.shape)) for a in avals)
-            for other in envs:
-                if other is not env:
-                    try:
-                        at_other = self.meta(*(None if a is None else _C._meta_tensor(_at(a.shape, other), d)
-                                               for d, a in zip(dtypes, _expand(present, avals))),
-                                             *(_meta_value(v) for v in attrs))
-                    except (TypeError, ValueError, IndexError) as e:
-                        raise ValueError(
-                            f"[{op.name}] the call is valid for some sizes of its dim variables and not others "
-                            f"(checked at {', '.join(f'{v}={n}' for v, n in env.items())}, then at "
-                            f"{', '.join(f'{v}={n}' for v, n in other.items())}: {e}): its shapes {given} relate "
-                            "a dim variable to a constant; export with shapes that agree for every size") from None
-                    metas_at = [(shape, dtype) for shape, dtype in at_other]
-                else:
-                    metas_at = metas
-                if any(_at(sym, other) != list(shape) for sym, (shape, _) in zip(shapes, metas_at)):
-                    raise NotImplementedError(
-                        f"[{op.name}] its shape rule on the symbolic shapes {given} gives "
-                        f"{', '.join(map(str, shapes))}, which its meta rule does not confirm; export with concrete "
-                        "shapes")
+            other = envs[1]
+            try:
+                at_other = self.meta(*(None if a is None else _C._meta_tensor(_at(a.shape, other), d)
+                                       for d, a in zip(dtypes, _expand(present, avals))),
+                                     *(_meta_value(v) for v in attrs))
+            except (TypeError, ValueError, IndexError) as e:
+                raise ValueError(
+                    f"[{op.name}] the call is valid for some sizes of its dim variables and not others "
+                    f"(checked at {', '.join(f'{v}={n}' for v, n in env.items())}, then at "
+                    f"{', '.join(f'{v}={n}' for v, n in other.items())}: {e}): its shapes {given} relate "
+                    "a dim variable to a constant; export with shapes that agree for every size") from None
+            if any(_at(sym, at) != list(shape) for at, found in ((env, metas), (other, at_other))
+                   for sym, (shape, _) in zip(shapes, found)):
+                raise NotImplementedError(
+                    f"[{op.name}] its shape rule on the symbolic shapes {given} gives "
+                    f"{', '.join(map(str, shapes))}, which its meta rule does not confirm; export with concrete "
+                    "shapes")
             metas = [(tuple(sym), dtype) for sym, (_, dtype) in zip(shapes, metas)]
         return metas, widen
 

@@ -62,7 +62,7 @@ from torch._C import _from_dlpack, _to_dlpack
 import opforge._C as _C
 import opforge._formulas as _formulas
 from opforge import _torch_native
-from opforge._opdef import OpDef, ShapeHelpers
+from opforge._opdef import OpDef, ShapeHelpers, kind_shape
 from opforge._opdef import axes as _axes
 
 __all__ = ["ops", "NAMESPACE", "schema", "scalar_slots", "register_ops", "register_module", "TORCH_DTYPES"]
@@ -316,28 +316,6 @@ def _hint(s: Any) -> int:
     return int(s)
 
 
-def _symbolic_shape(out: Any, ins: dict[str, Any], attrs: dict[str, Any]) -> Any:
-    """Output shape of a same/broadcast/reduce/matmul rule, SymInts kept symbolic."""
-    a = out.shape_args
-    if out.shape == "same":
-        return ins[a[0]].shape
-    if out.shape == "broadcast":
-        return torch.broadcast_shapes(*(ins[n].shape for n in a))
-    if out.shape == "reduce":
-        x = ins[a[0]].shape
-        keep = {"true": True, "false": False}.get(a[2], attrs.get(a[2]))
-        axes = _axes(attrs[a[1]], len(x))
-        return [1 if k in axes else n for k, n in enumerate(x) if keep or k not in axes]
-    if out.shape == "matmul":
-        sa, sb = list(ins[a[0]].shape), list(ins[a[1]].shape)
-        va, vb = len(sa) == 1, len(sb) == 1
-        sa = [1] + sa if va else sa
-        sb = sb + [1] if vb else sb
-        batch = list(torch.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
-        return batch + ([] if va else [sa[-2]]) + ([] if vb else [sb[-1]])
-    return None  # infer(): the C++ rule only
-
-
 def _stand_ins(op: OpDef, tensors: Sequence[Any], size: Callable[[Any], int]) -> list[Any]:
     """opforge meta tensors of torch tensors' shapes (each size through ``size``) and dtypes, for the
     op's meta rule; TypeError naming the op for a dtype opforge does not have."""
@@ -379,7 +357,9 @@ def _fake_kernel(op: OpDef, meta: Callable[..., Any]) -> Callable[..., Any]:
             if symbolic and out.shape == "expression" and exprs is not None:
                 shape = exprs[k]
             elif symbolic and out.shape != "infer":
-                shape = _symbolic_shape(out, dict(zip(names, tensors)), attrs)
+                # (infer(): the C++ rule only, None)
+                shape = kind_shape(out, {n: t.shape for n, t in zip(names, tensors) if t is not None}, attrs,
+                                   torch.broadcast_shapes)
             empty = like.new_empty(shape, dtype=_FROM_NAME[dtype])
             results.append(empty.contiguous(memory_format=torch.channels_last) if nhwc and nhwc[2][k] else empty)
         return results[0] if len(results) == 1 else tuple(results)
