@@ -45,7 +45,9 @@
   mesh of explicit axes the results' types carry the rows' sharding. Inside ``jax.shard_map``
   every op runs on its shard, results varying over the manual axes their operands vary over (an
   invariant operand is cast to varying first, as JAX's own ops do): the way to split a
-  data-parallel step through linear and the norms.
+  data-parallel step through linear and the norms. An op that checks index values, where devices
+  may hold different rows (a split call, or inside shard_map), defers its error: every device
+  fails at the call's check, none is left waiting for another (see _lower_agreed).
 - ``register_module(m)`` does the same for an op module (``opforge.load``'s result, a package's
   ``<pkg>._ops``).
 - ``export(jax.jit(f))(*args)`` is ``jax.export.export`` with the ``opforge`` target allowed
@@ -70,6 +72,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import math
 import operator
 import re
@@ -83,6 +86,8 @@ try:
     import jax.numpy as jnp
     from jax import export as jax_export
     from jax.extend.core import Primitive
+    from jax.extend.mlir import ir
+    from jax.extend.mlir.dialects import stablehlo as hlo
     from jax.interpreters import ad, batching, mlir, xla
     # JAX's own names, not its public API (pinned jax==0.10.2; the tests fail loudly if they move):
     # the registration functions jax.ffi itself goes through (see below); the manual-axes type of
@@ -147,6 +152,7 @@ if "cuda" in _formulas.BUILT_TARGETS:  # (the cu130 wheel: XLA's CUDA buffers an
     _xla_bridge.register_plugin_callbacks(_register_cuda)
     _PLATFORMS.append("cuda")
 _lower = jax.ffi.ffi_lowering(TARGET)
+_SITES = itertools.count(1)
 # (a call whose leading dims are independent rows says how many (the "num_batch_dims" frontend
 # attribute, and Shardy's sharding rule): XLA's SPMD partitioner then runs it on each device's
 # rows instead of gathering its operands; see _Op.batch_dims)
@@ -277,8 +283,10 @@ def _batch_sharding(avals: Sequence[Any], k: int) -> Optional[Callable[[int], An
     return lambda rank: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*batch, *(None,) * (rank - k)))
 
 
-def _lower_partitioned(ctx: Any, k: int, *args: Any, **params: Any) -> Any:
-    """The call, its first k dims (on every operand and result) its batch dims."""
+def _lower_partitioned(ctx: Any, k: int, *args: Any, _aliases: Optional[dict[int, int]] = None,
+                       **params: Any) -> Any:
+    """The call, its first k dims (on every operand and result) its batch dims (operand i the
+    same buffer as result _aliases[i])."""
     extra: dict[str, Any] = {"mhlo.frontend_attributes": mlir.ir_attribute({"num_batch_dims": str(k)})}
     if jax.config.jax_use_shardy_partitioner:
         batch = [f"b{d}" for d in range(k)]
@@ -293,7 +301,48 @@ def _lower_partitioned(ctx: Any, k: int, *args: Any, **params: Any) -> Any:
         extra["sdy.sharding_rule"] = _sdy_rule.sdy_sharding_rule_to_mlir(
             rule, [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_in],
             [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out])
-    return jax.ffi.ffi_lowering(TARGET, extra_attributes=extra)(ctx, *args, **params)
+    return jax.ffi.ffi_lowering(TARGET, extra_attributes=extra, operand_output_aliases=_aliases)(ctx, *args, **params)
+
+
+def _lower_agreed(ctx: Any, k: int, axes: tuple[Any, ...], *args: Any, **params: Any) -> Any:
+    """The call of an op that checks its inputs' values (indices, labels) in a program over several
+    devices, where one device's rows may fail its checks and the others' not: with its error
+    deferred, so that every device fails at one place, not one device alone while the others wait
+    for it in their next collective (XLA's CPU client aborts the process after 40 s).
+
+    The call gives one more result, its status (int32, of its k batch dims' shape: 0, or an error
+    code, the error kept by the handler under the call's site). The status is reduced over every
+    device: over its rows (XLA's partitioner all-reduces a reduction of split rows) and over the
+    manual axes the results vary over (inside shard_map). A check of the site then passes the
+    results on, on every device, or fails with the kept error (see jax_native.cpp); what uses the
+    results runs after it."""
+    site = (_PROCESS + next(_SITES)) % 2**63
+    int32 = np.dtype(np.int32)
+    scalar = jax.core.ShapedArray((), int32)
+    status = jax.core.ShapedArray(ctx.avals_out[0].shape[:k], int32)
+    call = ctx.replace(avals_out=[*ctx.avals_out, status])
+    lower = functools.partial(_lower_partitioned, call, k) if k else functools.partial(_lower, call)
+    *outs, flag = lower(*args, **params, **{"opforge.defer": 1, "opforge.site": site})
+    if k:
+        t = mlir.aval_to_ir_type(ctx.module_context, scalar)
+        reduce = hlo.ReduceOp([t], [flag], [mlir.ir_constant(np.int32(0))], mlir.dense_int_array(list(range(k))))
+        body = reduce.body.blocks.append(t, t)
+        with ir.InsertionPoint(body):
+            hlo.return_([hlo.maximum(*body.arguments)])
+        flag = reduce.result
+    if axes:
+        whole = jax.sharding.NamedSharding(ctx.avals_out[0].sharding.mesh, jax.sharding.PartitionSpec())
+        varying = jax.core.ShapedArray((), int32, sharding=whole, **_varying_kw(frozenset(axes)))
+        (flag,) = mlir.lower_fun(lambda s: jax.lax.pmax(s, axes), multiple_results=False)(
+            ctx.replace(primitive=None, avals_in=[varying], avals_out=[scalar.update(sharding=whole)]), flag)
+    if k:  # (as the results' rows: the check is split as the call is)
+        flag = _mlir_impl.broadcast_in_dim(ctx, flag, status, broadcast_dimensions=())
+    check = ctx.replace(primitive=None, avals_in=[status, *ctx.avals_out])
+    attrs = {"opforge.check": 1, "opforge.name": params["opforge.name"], "opforge.site": site}
+    aliases = {1 + j: j for j in range(len(outs))}
+    if k:
+        return _lower_partitioned(check, k, flag, *outs, _aliases=aliases, **attrs)
+    return jax.ffi.ffi_lowering(TARGET, operand_output_aliases=aliases)(check, flag, *outs, **attrs)
 
 
 # ---------------------------------------------------------------------------- helpers of formulas
@@ -581,8 +630,8 @@ class _Op:
         devices = getattr(ctx.module_context.axis_context, "num_devices", 1)
         if k and self.checks_values and any(n % devices for n in ctx.avals_out[0].shape[:k]):
             # (rows that do not split evenly are padded, the pad holding any values: an op whose
-            # kernel checks its inputs' values (indices) could raise on one device alone while
-            # the others wait for it; such a call is split only into whole rows)
+            # kernel checks its inputs' values (indices) would fail on the pad; such a call is
+            # split only into whole rows)
             k = 0
         if not k and self.op.impl == "expr" and devices > 1:
             # (an elementwise call in a program partitioned over devices, an operand broadcast
@@ -597,6 +646,16 @@ class _Op:
                                      ctx, x, b, broadcast_dimensions=range(len(shape) - len(a.shape), len(shape)))
                                  for x, a, b in zip(args, ctx.avals_in, avals))
                     ctx = ctx.replace(avals_in=avals)
+        if self.checks_values:
+            axis_context = ctx.module_context.axis_context
+            manual = frozenset(getattr(axis_context, "manual_axes", ()))
+            # (the manual axes its results vary over, inside shard_map, in the mesh's order)
+            axes = tuple(a for a in getattr(getattr(axis_context, "mesh", None), "axis_names", ())
+                         if a in manual and a in _varying(ctx.avals_out[0]))
+            auto = devices if not manual else axis_context.mesh.size // math.prod(
+                axis_context.mesh.shape[a] for a in manual)
+            if axes or (k and auto > 1):  # (devices may hold different rows: their checks must agree)
+                return _lower_agreed(ctx, k, axes, *args, **params)
         if k:
             return _lower_partitioned(ctx, k, *args, **params)
         return _lower(ctx, *args, **params)

@@ -30,10 +30,23 @@
 // opforge's exceptions become FFI errors carrying the op's message (JAX raises them as
 // JaxRuntimeError: INVALID_ARGUMENT / OUT_OF_RANGE / INTERNAL). Nothing may escape the handler.
 //
+// Errors every device must agree on. In a program over several devices, an op that checks its
+// inputs' values (indices, labels) may fail on one device's rows alone; that device's program
+// would stop there while the others wait for it in their next collective (XLA's CPU client
+// aborts the process after 40 s; NCCL waits on). opforge.jax lowers such a call with
+// "opforge.defer" and "opforge.site" (a number for the call): the call then has one more result,
+// an int32 status (0, or the error's code; of the call's batch dims' shape), its error is kept
+// here under the site instead of returned, and the call's results hold what the op wrote. The
+// program then reduces the status over every device (XLA's partitioner and shard_map's all-reduce)
+// and calls this target again with "opforge.check": every device reads the same status and, if
+// it is not 0, fails there with the error kept under the site (or, if another process kept it,
+// an error naming the op).
+//
 // With OPFORGE_JAX_CUDA (the cu130 wheel), a second handler takes XLA's CUDA stream and runs the
 // op on the device its buffers are on, ordered on that stream (registered for platform CUDA).
 #include <Python.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -41,6 +54,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -115,6 +129,15 @@ const opforge::binding::OpEntry* op_of_call(bool ours, int64_t number, std::stri
   }
   return r->entry;
 }
+
+// The errors of deferred calls, by site: written by the device that failed, read by every device's
+// check of that site (entries are replaced, never removed: one per site that ever failed).
+struct Failure {
+  ffi::ErrorCode code;
+  std::string message;
+};
+std::mutex g_failures_lock;
+std::unordered_map<int64_t, Failure> g_failures;
 
 bool to_opforge_dtype(ffi::DataType t, DType* out) {
   switch (t) {
@@ -210,6 +233,10 @@ struct CallState {
   const opforge::binding::OpEntry* entry = nullptr;
   int64_t mask = 0, widen = 0, narrow = 0;
   AttrValue values[kMaxParams];
+  bool defer = false;  // its error kept under site, its last result the status (see the top)
+  bool check = false;  // the check of a site's status: no op runs
+  int64_t site = 0;
+  std::string name;  // (a check's op, for its message)
 };
 ffi::TypeId CallState::id = {};
 XLA_FFI_TypeInfo call_state_info = ffi::MakeTypeInfo<CallState>();
@@ -218,8 +245,22 @@ ffi::ErrorOr<std::unique_ptr<CallState>> instantiate(ffi::Dictionary attrs) noex
   using Failed = ffi::Unexpected<ffi::Error>;
   try {
     auto state = std::make_unique<CallState>();
-    int64_t number = -1, abi = 0;
+    int64_t number = -1, abi = 0, flag = 0;
     std::string_view op_name;
+    if (get(attrs, "opforge.check", &flag) && flag != 0) {
+      if (!get(attrs, "opforge.name", &op_name) || !get(attrs, "opforge.site", &state->site)) {
+        return Failed(ffi::Error::InvalidArgument("opforge: a check without its opforge.name and opforge.site"));
+      }
+      state->check = true;
+      state->name = std::string(op_name);
+      return state;
+    }
+    if (get(attrs, "opforge.defer", &flag) && flag != 0) {
+      if (!get(attrs, "opforge.site", &state->site)) {
+        return Failed(ffi::Error::InvalidArgument("opforge: a deferred call without its opforge.site"));
+      }
+      state->defer = true;
+    }
     if (!get(attrs, "opforge.name", &op_name) || !get(attrs, "opforge.abi", &abi) ||
         !get(attrs, "opforge.op", &number) || !get(attrs, "opforge.inputs", &state->mask) ||
         !get(attrs, "opforge.widen", &state->widen) || !get(attrs, "opforge.narrow", &state->narrow)) {
@@ -256,10 +297,116 @@ ffi::ErrorOr<std::unique_ptr<CallState>> instantiate(ffi::Dictionary attrs) noex
   }
 }
 
+// Sets every element of result j, a deferred call's int32 status, to value (on device, ordered
+// on stream).
+void set_status(const std::string& name, ffi::RemainingRets rets, size_t j, opforge::Device device, void* stream,
+                int32_t value) {
+  auto r = rets.get<ffi::AnyBuffer>(j);
+  if (r.has_error() || (*r)->element_type() != ffi::DataType::S32) {
+    throw std::runtime_error("[" + name + "] a deferred call without its int32 status");
+  }
+  void* p = (*r)->untyped_data();
+  const auto n = static_cast<int64_t>((*r)->element_count());
+  if (n == 0) return;
+  if (device.type == opforge::DeviceType::CPU) {
+    std::fill_n(static_cast<int32_t*>(p), n, value);
+    return;
+  }
+  opforge::StreamScope on_stream(name.c_str(), device, stream);
+  opforge::device_runtime(name.c_str(), device).fill(name.c_str(), device.index, p, n, sizeof value, &value);
+}
+
+// A deferred call's error (see the top): kept under its site, its status set to the error's code;
+// the error itself when the status cannot be written.
+ffi::Error defer(const CallState& state, const std::string& name, ffi::RemainingRets rets, opforge::Device device,
+                 void* stream, ffi::ErrorCode code, const std::string& message) noexcept {
+  try {
+    {
+      std::lock_guard<std::mutex> guard(g_failures_lock);
+      g_failures[state.site] = Failure{code, message};
+    }
+    set_status(name, rets, rets.size() - 1, device, stream, static_cast<int32_t>(code));
+    return ffi::Error::Success();
+  } catch (...) {
+    return ffi::Error(code, message);
+  }
+}
+
+// A deferred call's check: operand 0 the call's status reduced over every device (each element
+// the same), the call's results after it, passed on as the check's results (the same buffers
+// unless XLA copied). Fails with the error kept under the site when the status is not 0.
+ffi::Error check(const CallState& state, ffi::RemainingArgs args, ffi::RemainingRets rets, bool on_device,
+                 void* stream) noexcept {
+  try {
+    auto b = args.get<ffi::AnyBuffer>(0);
+    if (args.size() != rets.size() + 1 || b.has_error() || b->element_type() != ffi::DataType::S32) {
+      return error(ffi::ErrorCode::kInvalidArgument, state.name,
+                   "a check takes the call's int32 status and results, and gives the results");
+    }
+    int32_t status = 0;
+    opforge::Device device = on_device ? opforge::locate_pointer(b->untyped_data()) : opforge::Device{};
+    if (b->element_count() > 0 && device.type == opforge::DeviceType::CPU) {
+      std::memcpy(&status, b->untyped_data(), sizeof status);
+    } else if (b->element_count() > 0) {
+      opforge::StreamScope on_stream(state.name.c_str(), device, stream);
+      opforge::device_runtime(state.name.c_str(), device)
+          .copy(state.name.c_str(), &status, opforge::Device{}, b->untyped_data(), device, sizeof status);
+    }
+    if (status != 0) {
+      {
+        std::lock_guard<std::mutex> guard(g_failures_lock);
+        if (auto it = g_failures.find(state.site); it != g_failures.end()) {
+          return ffi::Error(it->second.code, it->second.message);
+        }
+      }
+      const bool known = status > 0 && status <= static_cast<int32_t>(ffi::ErrorCode::kUnauthenticated);
+      return error(known ? static_cast<ffi::ErrorCode>(status) : ffi::ErrorCode::kInternal, state.name,
+                   "an input failed the op's checks on a device of another process (an index or label out of "
+                   "range, say); that process has the op's message");
+    }
+    for (size_t j = 0; j < rets.size(); ++j) {  // (the results passed on: a copy only if XLA made one)
+      auto in = args.get<ffi::AnyBuffer>(j + 1);
+      auto out = rets.get<ffi::AnyBuffer>(j);
+      if (in.has_error() || out.has_error() || in->size_bytes() != (*out)->size_bytes()) {
+        return error(ffi::ErrorCode::kInvalidArgument, state.name, "a check's result differs from its operand");
+      }
+      if (in->size_bytes() == 0 || in->untyped_data() == (*out)->untyped_data()) continue;
+      if (device.type == opforge::DeviceType::CPU && on_device) device = opforge::locate_pointer(in->untyped_data());
+      if (device.type == opforge::DeviceType::CPU) {
+        std::memcpy((*out)->untyped_data(), in->untyped_data(), in->size_bytes());
+      } else {
+        opforge::StreamScope on_stream(state.name.c_str(), device, stream);
+        opforge::device_runtime(state.name.c_str(), device)
+            .copy(state.name.c_str(), (*out)->untyped_data(), device, in->untyped_data(), device, in->size_bytes());
+      }
+    }
+    return ffi::Error::Success();
+  } catch (const std::exception& e) {
+    return error(ffi::ErrorCode::kInternal, state.name, e.what());
+  } catch (...) {
+    return error(ffi::ErrorCode::kInternal, state.name, "an unknown exception");
+  }
+}
+
 // Runs the call on device (the host, or the device XLA's buffers are on, ordered on stream).
 ffi::Error run(const CallState* state, ffi::RemainingArgs args, ffi::RemainingRets rets, bool on_device,
                void* stream) noexcept {
+  if (state != nullptr && state->check) return check(*state, args, rets, on_device, stream);
   std::string name = "opforge";
+  // where the buffers are: the host, or the device a device call's first buffer is on
+  opforge::Device device;
+  if (on_device) {
+    for (size_t k = 0; k < args.size() && device.type == opforge::DeviceType::CPU; ++k) {
+      auto b = args.get<ffi::AnyBuffer>(k);
+      if (b.has_value() && b->size_bytes() > 0) device = opforge::locate_pointer(b->untyped_data());
+    }
+    for (size_t j = 0; j < rets.size() && device.type == opforge::DeviceType::CPU; ++j) {
+      auto r = rets.get<ffi::AnyBuffer>(j);
+      if (r.has_value() && (*r)->size_bytes() > 0) device = opforge::locate_pointer((*r)->untyped_data());
+    }
+  }
+  ffi::ErrorCode code = ffi::ErrorCode::kInternal;
+  std::string message;
   try {
     if (state == nullptr || state->entry == nullptr) {
       return ffi::Error::Internal("opforge: a call executed without its instantiated state");
@@ -269,21 +416,10 @@ ffi::Error run(const CallState* state, ffi::RemainingArgs args, ffi::RemainingRe
     const opforge::OpInfo& info = *entry->info;
     name = info.name;
     const size_t n_in = info.inputs.size(), n_out = info.outputs.size();
-    if (n_in + info.attrs.size() > kMaxParams || n_out > kMaxParams || n_out != rets.size()) {
+    if (n_in + info.attrs.size() > kMaxParams || n_out > kMaxParams || n_out + state->defer != rets.size()) {
       return error(ffi::ErrorCode::kInvalidArgument, name,
-                   "the call has " + std::to_string(rets.size()) + " results; the op has " + std::to_string(n_out));
-    }
-    // where the buffers are: the host, or the device a device call's first buffer is on
-    opforge::Device device;
-    if (on_device) {
-      for (size_t k = 0; k < args.size() && device.type == opforge::DeviceType::CPU; ++k) {
-        auto b = args.get<ffi::AnyBuffer>(k);
-        if (b.has_value() && b->size_bytes() > 0) device = opforge::locate_pointer(b->untyped_data());
-      }
-      for (size_t j = 0; j < rets.size() && device.type == opforge::DeviceType::CPU; ++j) {
-        auto r = rets.get<ffi::AnyBuffer>(j);
-        if (r.has_value() && (*r)->size_bytes() > 0) device = opforge::locate_pointer((*r)->untyped_data());
-      }
+                   "the call has " + std::to_string(rets.size()) + " results; the op has " + std::to_string(n_out) +
+                       (state->defer ? " and the status" : ""));
     }
     // (from here on the device's work, the widening copies included, is ordered on XLA's stream;
     // declared before the wrappers: a widened input is freed on that stream too)
@@ -351,18 +487,24 @@ ffi::Error run(const CallState* state, ffi::RemainingArgs args, ffi::RemainingRe
         if (got.numel() > 0 && got.raw_data() != want.raw_data()) opforge::copy_into(results[j], outputs[j]);
       }
     }
+    if (state->defer) set_status(name, rets, n_out, device, stream, 0);
     return ffi::Error::Success();
   } catch (const opforge::TypeError& e) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
+    code = ffi::ErrorCode::kInvalidArgument;
+    message = e.what();
   } catch (const opforge::ValueError& e) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
+    code = ffi::ErrorCode::kInvalidArgument;
+    message = e.what();
   } catch (const opforge::IndexError& e) {
-    return ffi::Error(ffi::ErrorCode::kOutOfRange, e.what());
+    code = ffi::ErrorCode::kOutOfRange;
+    message = e.what();
   } catch (const std::exception& e) {
-    return ffi::Error(ffi::ErrorCode::kInternal, e.what());
+    message = e.what();
   } catch (...) {
-    return error(ffi::ErrorCode::kInternal, name, "an unknown exception");
+    message = "[" + name + "] an unknown exception";
   }
+  if (state->defer) return defer(*state, name, rets, device, stream, code, message);
+  return ffi::Error(code, message);
 }
 
 ffi::Error call_host(CallState* state, ffi::RemainingArgs args, ffi::RemainingRets rets) {

@@ -205,11 +205,26 @@ mesh = jax.make_mesh((2,), ("rows",), devices=jax.devices("cpu"), axis_types=(Ax
 rows = NamedSharding(mesh, P("rows"))
 x = np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32)
 blob, out = sys.argv[2], sys.argv[3]
+i = np.random.default_rng(1).integers(0, 6, (8, 2)).astype(np.int32)
 if sys.argv[1] == "export":
     f = jax.jit(lambda x: oj.ops.softmax(oj.ops.mul(x, x), axis=-1), in_shardings=rows, out_shardings=rows)
     open(blob, "wb").write(oj.export(f)(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows)).serialize())
     np.save(out, np.asarray(f(x)))
+    # (an op that checks its indices: its calls' deferred errors travel too)
+    take = jax.jit(lambda x, i: oj.ops.take_along_axis(x, i, axis=1), in_shardings=(rows, rows))
+    open(blob + ".take", "wb").write(oj.export(take)(*(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rows)
+                                                       for a in (x, i))).serialize())
 else:
+    take = jax.jit(jax.export.deserialize(bytearray(open(blob + ".take", "rb").read())).call)
+    np.testing.assert_array_equal(np.asarray(take(*(jax.device_put(a, rows) for a in (x, i)))),
+                                  np.take_along_axis(x, i, axis=1))
+    bad = i.copy()
+    bad[7, 0] = 6
+    try:
+        np.asarray(take(*(jax.device_put(a, rows) for a in (x, bad))))
+        raise AssertionError("no error")
+    except jax.errors.JaxRuntimeError as e:
+        assert "OUT_OF_RANGE: [take_along_axis] index 6 is out of range" in str(e), e
     call = jax.jit(jax.export.deserialize(bytearray(open(blob, "rb").read())).call)
     xs = jax.device_put(x, rows)
     text = call.lower(xs).compile().as_text()
@@ -223,7 +238,8 @@ else:
 
 def test_a_sharded_program_exported_runs_split_in_another_process(tmp_path: Path) -> None:
     """The calls' batch dims and sharding rules travel in the serialized program: deserialized in
-    a fresh process, on two devices, each call still runs on its device's rows."""
+    a fresh process, on two devices, each call still runs on its device's rows; an index out of
+    range on one device raises there too."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     blob = tmp_path / "program.bin"
     for stage, out in (("export", tmp_path / "want.npy"), ("run", tmp_path / "got.npy")):
@@ -231,3 +247,78 @@ def test_a_sharded_program_exported_runs_split_in_another_process(tmp_path: Path
                            text=True, timeout=600, env=env)
         assert r.returncode == 0, r.stderr[-4000:]
     np.testing.assert_array_equal(np.load(tmp_path / "got.npy"), np.load(tmp_path / "want.npy"))
+
+
+ERRORS_CHILD = r'''
+import json, os
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+import opforge.jax as oj
+
+ops = oj.ops
+rng = np.random.default_rng(0)
+mesh = jax.make_mesh((2,), ("rows",), devices=jax.devices("cpu"), axis_types=(AxisType.Auto,))
+rows = NamedSharding(mesh, P("rows"))
+x = rng.standard_normal((8, 6)).astype(np.float32)
+idx = rng.integers(0, 6, (8, 2)).astype(np.int32)
+labels = rng.integers(0, 6, (8,)).astype(np.int32)
+table = rng.standard_normal((10, 3)).astype(np.float32)
+tokens = rng.integers(0, 10, (8, 4)).astype(np.int32)
+
+def loss(x, y):  # (a data-parallel step's loss: each device's rows, averaged over the devices)
+    return jax.lax.pmean(ops.cross_entropy(x, y, reduction="mean"), "rows")
+
+take = jax.jit(lambda x, i: ops.take_along_axis(x, i, axis=1))
+CASES = {  # name: (program, good arguments, the bad value's position (only the second device's rows))
+    "take_along_axis_split": (take, (jax.device_put(x, rows), jax.device_put(idx, rows)), (1, (6, 1), 99)),
+    "cross_entropy_shard_map_grad": (
+        jax.jit(jax.shard_map(jax.value_and_grad(loss), mesh=mesh, in_specs=(P("rows"), P("rows")),
+                              out_specs=(P(), P("rows")))), (x, labels), (1, (5,), 6)),
+    "embedding_shard_map": (
+        jax.jit(jax.shard_map(lambda t, w: ops.embedding(t, w), mesh=mesh, in_specs=(P("rows"), P()),
+                              out_specs=P("rows"))), (tokens, table), (0, (7, 3), 10)),
+}
+report = {}
+for name, (f, args, (at, where, value)) in CASES.items():
+    want = jax.tree_util.tree_map(np.asarray, f(*args))
+    bad = list(args)
+    b = np.array(args[at])
+    b[where] = value
+    bad[at] = jax.device_put(b, args[at].sharding) if isinstance(args[at], jax.Array) else b
+    try:
+        jax.block_until_ready(f(*bad))
+        error = None
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}".splitlines()[0]
+    again = jax.tree_util.tree_map(np.asarray, f(*args))  # (the program and process still work)
+    report[name] = {"error": error,
+                    "again": all(np.array_equal(g, w) for g, w in zip(jax.tree_util.tree_leaves(again),
+                                                                         jax.tree_util.tree_leaves(want)))}
+print("REPORT" + json.dumps(report))
+'''
+
+
+@pytest.fixture(scope="module")
+def errors() -> dict[str, Any]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(ERRORS_CHILD)], capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    line = next(line for line in r.stdout.splitlines() if line.startswith("REPORT"))
+    return json.loads(line[len("REPORT"):])
+
+
+@pytest.mark.parametrize("name, message", [
+    ("take_along_axis_split", "OUT_OF_RANGE: [take_along_axis] index 99 is out of range for axis 1 of size 6"),
+    ("cross_entropy_shard_map_grad", "OUT_OF_RANGE: [cross_entropy] label 6 is out of range for 6 classes"),
+    ("embedding_shard_map", "OUT_OF_RANGE: [embedding] index 10 is out of range"),
+])
+def test_a_bad_index_on_one_device_raises_on_every_device(errors: dict[str, Any], name: str, message: str) -> None:
+    """An index out of range in one device's rows fails the program with the op's error, at once,
+    and the next run with good indices works: each device's check waits for every device's status
+    (before, that device stopped alone while the other waited in its next collective, and XLA's
+    CPU client aborted the process after 40 s)."""
+    got = errors[name]  # (a device left waiting would have aborted the child: the fixture's return code)
+    assert got["error"] is not None and message in got["error"], got
+    assert got["again"], got
