@@ -41,14 +41,16 @@ def main() -> None:
     whole = NamedSharding(mesh, P())
 
     def compile_gathered(f: Callable[..., Any], *inputs: Any) -> Any:
-        """f compiled with opforge's calls left whole (batch dims 0: XLA gathers their operands)."""
-        keep = oj._Op.batch_dims
+        """f compiled with opforge's calls left whole (batch dims 0, no shard_map: XLA gathers their
+        operands)."""
+        keep = oj._Op.batch_dims, oj._Op.rows_split
         oj._Op.batch_dims = lambda self, *_: 0  # type: ignore[method-assign]
+        oj._Op.rows_split = lambda self, *_: None  # type: ignore[method-assign]
         jax.clear_caches()  # (each op's call is a jit of its own: traced and lowered again)
         try:
             return jax.jit(f).lower(*inputs).compile()
         finally:
-            oj._Op.batch_dims = keep  # type: ignore[method-assign]
+            oj._Op.batch_dims, oj._Op.rows_split = keep  # type: ignore[method-assign]
             jax.clear_caches()
 
     rng = np.random.default_rng(0)
@@ -64,18 +66,37 @@ def main() -> None:
     cases.append(("layer_norm (8192, 1024) float32, no weight", (x,), lambda x: oj.ops.layer_norm(x)[0],
                   lambda x: (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-5)))
 
+    # calls with a whole operand (a weight), under a mesh of explicit axes: run in shard_map
+    explicit = jax.make_mesh((args.devices,), ("rows",), devices=jax.devices("cpu"),
+                             axis_types=(AxisType.Explicit,))
+    xe = jax.device_put(np.asarray(x), NamedSharding(explicit, P("rows")))
+    w = jax.device_put(rng.standard_normal((1024, 1024)).astype(np.float32) / 32, NamedSharding(explicit, P()))
+    be = jax.device_put(np.asarray(b), NamedSharding(explicit, P()))
+    cases.append(("explicit axes: linear (8192, 1024) by (1024, 1024) float32, with bias", (xe, w, be),
+                  lambda x, w, b: oj.ops.linear(x, w, b), lambda x, w, b: x @ w.T + b))
+    cases.append(("explicit axes: layer_norm (8192, 1024) float32, weight and bias", (xe, be, be),
+                  lambda x, g, b: oj.ops.layer_norm(x, g, b)[0],
+                  lambda x, g, b: (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-5)
+                  * g + b))
+    cases.append(("explicit axes: linear's gradients (x, weight, bias), shapes as above", (xe, w, be),
+                  jax.grad(lambda x, w, b: oj.ops.sum(oj.ops.linear(x, w, b)), argnums=(0, 1, 2)),
+                  jax.grad(lambda x, w, b: jnp.sum(x @ w.T + b), argnums=(0, 1, 2))))
+
     lines = [f"# opforge.jax sharded over {args.devices} host devices", "",
              f"`python benchmarks/jax_sharding.py --devices {args.devices}`; {platform.processor() or platform.machine()},"
              f" {os.cpu_count()} cores; Python {platform.python_version()}, JAX {jax.__version__}. Medians of 15 "
-             "timings taken in turn; each program under jax.jit with its input split by rows over the devices.", "",
+             "timings taken in turn; each program under jax.jit with its input split by rows over the devices (automatic "
+             "axes; the last rows' mesh has explicit axes, where a call with a whole operand runs in shard_map).", "",
              "| call | opforge, split by rows | opforge, gathered | jax.numpy | split / gathered | split / jax.numpy |",
              "|---|---|---|---|---|---|"]
     for name, inputs, ours, builtin in cases:
         compiled = [jax.jit(ours).lower(*inputs).compile(), compile_gathered(ours, *inputs),
                     jax.jit(builtin).lower(*inputs).compile()]
-        outs = [np.asarray(c(*inputs)) for c in compiled]
-        np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=0)
-        np.testing.assert_allclose(outs[0], outs[2], rtol=2e-4, atol=2e-5)
+        outs = [[np.asarray(o) for o in jax.tree_util.tree_leaves(c(*inputs))] for c in compiled]
+        for got, gathered, want in zip(*outs):  # (a gradient's sums over rows: in another order)
+            scale = 2e-5 * max(1.0, float(np.abs(want).max()))
+            np.testing.assert_allclose(got, gathered, rtol=2e-4, atol=scale)
+            np.testing.assert_allclose(got, want, rtol=2e-4, atol=scale)
         gathers = [c.as_text().count(" all-gather(") for c in compiled]
         assert gathers[0] == 0 and gathers[1] > 0, gathers
         times: list[list[float]] = [[] for _ in compiled]

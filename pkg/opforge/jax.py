@@ -40,9 +40,11 @@
   named, batched matmul) says so to XLA (the ``num_batch_dims`` attribute of a target registered
   as batch partitionable, and Shardy's sharding rule), so XLA's partitioner runs it on each
   device's rows; an elementwise call with an operand broadcast along the rows (a bias) has that
-  operand broadcast first, in a program over several devices. Any other call (an operand without
-  rows: linear's weight, layer_norm's) runs on gathered operands, correct but not split. Under a
-  mesh of explicit axes the results' types carry the rows' sharding. Inside ``jax.shard_map``
+  operand broadcast first, in a program over several devices. Under a mesh of explicit axes the
+  results' types carry the rows' sharding, and a call with an operand without rows (linear's
+  weight, layer_norm's, embedding's table) runs in ``jax.shard_map`` on each device's rows, the
+  rows by vmap's rules (``_Op.rows_split``); under automatic axes such a call runs on gathered
+  operands, correct but not split. Inside ``jax.shard_map``
   every op runs on its shard, results varying over the manual axes their operands vary over (an
   invariant operand is cast to varying first, as JAX's own ops do): the way to split a
   data-parallel step through linear and the norms. An op that checks index values, where devices
@@ -530,6 +532,11 @@ class _Op:
             self.tangent_prim = t
 
         def call(*operands: Any, attrs: tuple[Any, ...], present: tuple[bool, ...]) -> Any:
+            split = self.rows_split(operands, attrs, present)
+            if split is not None:  # (each device's rows, the whole operands on every device)
+                mesh, in_specs, out_specs, axes = split
+                return jax.shard_map(lambda *xs: self.prim.bind(*_agree_varying(xs), attrs=attrs, present=present),
+                                     mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axes)(*operands)
             return self.prim.bind(*_agree_varying(operands), attrs=attrs, present=present)
 
         # (behind jax.jit: a repeated call reuses the compiled executable, ~10 us, as a jnp op's)
@@ -542,27 +549,14 @@ class _Op:
         inputs JAX gives as int32 where the op takes int64 (without 64-bit types JAX has no int64:
         the handler widens them)."""
         op = self.op
-        stand_ins: list[Any] = []
-        widen = 0
         # (symbolic dims, jax.export's shape polymorphism: the meta rule checks the call and gives
         # the dtypes on a stand-in value per dim variable; the shapes come from the spec's shape
         # rules on the symbolic dims, checked against the meta rule's at the stand-ins)
         envs = _stand_in_envs(op.name, [a.shape for a in avals if a is not None])
         env = envs[0] if envs else {}
-        dtypes: list[Optional[str]] = [None] * len(op.inputs)
-        for k, (inp, a) in enumerate(zip(op.inputs, _expand(present, avals))):
-            if a is None:
-                stand_ins.append(None)
-                continue
-            name = _NAMES.get(np.dtype(a.dtype))
-            if name is None:
-                raise TypeError(f"[{op.name}] input '{inp.name}' has dtype {a.dtype}, which opforge does not have; "
-                                f"supported dtypes: {', '.join(_DTYPES)}")
-            if name == "int32" and inp.dtype == "int64" and not getattr(jax.config, "jax_enable_x64"):
-                name = "int64"
-                widen |= 1 << k
-            stand_ins.append(_C._meta_tensor(_at(a.shape, env), name))
-            dtypes[k] = name
+        dtypes, widen = self._dtypes(avals, present)
+        stand_ins = [None if a is None else _C._meta_tensor(_at(a.shape, env), d)
+                     for a, d in zip(_expand(present, avals), dtypes)]
         try:
             metas = self.meta(*stand_ins, *(_meta_value(v) for v in attrs))  # raises what an eager call would
         except (TypeError, ValueError, IndexError) as e:
@@ -704,6 +698,100 @@ class _Op:
                 return 0
             k = min([k, *named])
         return k
+
+    def rows_split(self, operands: Sequence[Any], attrs: tuple[Any, ...],
+                   present: tuple[bool, ...]) -> Optional[tuple[Any, Any, Any, frozenset[Any]]]:
+        """Under a mesh of explicit axes, a call whose operands are split by rows where XLA's batch
+        partitioner cannot split it, an operand having no rows (linear's weight, the norms'
+        weights, embedding's table): (mesh, in_specs, out_specs, axes) to run it in jax.shard_map
+        on each device's rows, the other operands whole on every device; None for any other call.
+        The rows, by vmap's rules from the spec: the leading dims of the one split operand, an
+        input of ``batch_inputs`` (the call valid without them); or the dims before the first
+        axis named, of every input the axis attrs index (the other operands no longer than the
+        dims from there on: a weight broadcast along rows has rows)."""
+        op = self.op
+        avals = [jax.typeof(x) for x in operands]
+        mesh = next((a.sharding.mesh for a in avals if getattr(a, "sharding", None) is not None
+                     and not a.sharding.mesh.empty), None)
+        if mesh is None or not all(isinstance(d, (int, np.integer)) for a in avals for d in a.shape):
+            return None
+        kinds = dict(zip(mesh.axis_names, mesh.axis_types))
+
+        def spec(a: Any) -> tuple[Any, ...]:
+            given = tuple(a.sharding.spec) if getattr(a, "sharding", None) is not None else ()
+            return given + (None,) * (a.ndim - len(given))
+
+        def named(entry: Any) -> tuple[Any, ...]:
+            return () if entry is None else tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+        specs = _expand(present, [spec(a) for a in avals])
+        shapes = _expand(present, [tuple(a.shape) for a in avals])
+        split = [k for k, sp in enumerate(specs) if sp is not None and any(e is not None for e in sp)]
+        if not split or any(kinds.get(name) != jax.sharding.AxisType.Explicit
+                            for k in split for e in specs[k] for name in named(e)):
+            return None
+        metas, _ = self._metas(avals, attrs, present)
+        if self.batch_dims([a.shape for a in avals], [m[0] for m in metas], attrs, present):
+            return None  # (XLA's batch partitioner splits it)
+        m = 1 + max(d for k in split for d, e in enumerate(specs[k]) if e is not None)
+        names = [i.name for i in op.inputs]
+        if len(split) == 1 and names[split[0]] in op.batch_inputs:
+            rows = set(split)
+            try:  # (the leading dims are rows only if the call is valid without them, as under vmap)
+                self.meta(*(None if s is None else _C._meta_tensor(list(s[m:] if k in rows else s), d)
+                            for k, (s, d) in enumerate(zip(shapes, self._dtypes(avals, present)[0]))),
+                          *(_meta_value(v) for v in attrs))
+            except (TypeError, ValueError, IndexError):
+                return None
+        else:
+            axis_attrs = [j for j, a in enumerate(op.attrs) if a.axis_of]
+            indexed = op.axis_indexed()
+            if not axis_attrs or not self.axes_batch or not set(split) <= indexed:
+                return None
+            rows = {k for k in indexed if shapes[k] is not None}
+            rank = len(shapes[min(rows)])
+            if any(len(shapes[k]) != rank for k in rows):
+                return None
+            for j in axis_attrs:
+                first = axes_of(attrs[j], rank) if attrs[j] != () else list(range(rank))
+                if not first or min(first) < m or max(first) >= rank:
+                    return None
+            if any(s is not None and k not in rows and len(s) > rank - m for k, s in enumerate(shapes)):
+                return None
+        row = specs[min(rows)][:m]
+        for k, (s, sp) in enumerate(zip(shapes, specs)):
+            if s is None:
+                continue
+            if k in rows and (sp[:m] != row or s[:m] != shapes[min(rows)][:m]) or any(e is not None for e in sp[m:]):
+                return None
+            if k not in rows and any(e is not None for e in sp):
+                return None
+        lead = shapes[min(rows)][:m]
+        if any(len(shape) < m or tuple(shape[:m]) != lead for shape, _ in metas):
+            return None
+        if any(n % math.prod(mesh.shape[name] for name in named(e)) for n, e in zip(lead, row)):
+            return None
+        P = jax.sharding.PartitionSpec
+        in_specs = tuple(P(*row) if k in rows else P() for k, s in enumerate(shapes) if s is not None)
+        out_specs = [P(*row)] * self.n_out
+        return mesh, in_specs, out_specs, frozenset(name for e in row for name in named(e))
+
+    def _dtypes(self, avals: Sequence[Any], present: tuple[bool, ...]) -> tuple[list[Optional[str]], int]:
+        """The opforge dtype of each input slot (None where absent), and the mask of inputs JAX gives
+        as int32 where the op takes int64 (without 64-bit types JAX has no int64: the handler
+        widens them)."""
+        dtypes: list[Optional[str]] = []
+        widen = 0
+        for k, (inp, a) in enumerate(zip(self.op.inputs, _expand(present, avals))):
+            name = None if a is None else _NAMES.get(np.dtype(a.dtype))
+            if a is not None and name is None:
+                raise TypeError(f"[{self.op.name}] input '{inp.name}' has dtype {a.dtype}, which opforge does not "
+                                f"have; supported dtypes: {', '.join(_DTYPES)}")
+            if name == "int32" and inp.dtype == "int64" and not getattr(jax.config, "jax_enable_x64"):
+                name = "int64"
+                widen |= 1 << k
+            dtypes.append(name)
+        return dtypes, widen
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         inputs, attrs = _bind_args(self.op, args, kwargs)

@@ -134,6 +134,34 @@ with jax.set_mesh(explicit):
     report["explicit_grad"] = {"type": str(jax.typeof(got)),
                                "equal": bool(np.allclose(np.asarray(got), np.exp(x), rtol=1e-6))}
 
+    # calls with whole operands (a weight, a table): run in shard_map on each device's rows
+    b3 = rng.standard_normal(3).astype(np.float32)
+    ln_w = rng.standard_normal(6).astype(np.float32)
+    tokens = rng.integers(0, 3, (8, 4)).astype(np.int32)
+    t3 = rng.standard_normal((8, 3, 5)).astype(np.float32)
+    def step(x, w, b, g):  # (a layer: linear, layer_norm with its weight, both gradients)
+        return ops.sum(ops.layer_norm(ops.linear(x, w, b), g[:3], g[3:])[0])
+    EXPLICIT = {  # name: (function, its arguments, which are split by rows)
+        "linear": (lambda x, w, b: ops.linear(x, w, b), (x, w, b3), (True, False, False)),
+        "layer_norm_affine": (lambda x, g: ops.layer_norm(x, g, g)[0], (x, ln_w), (True, False)),
+        "embedding": (lambda t, w: ops.embedding(t, w), (tokens, w), (True, False)),
+        "transpose_rank3": (lambda t: ops.transpose(t), (t3,), (True,)),
+        "grad_step": (jax.grad(step, argnums=(0, 1, 2, 3)), (x, w, b3, ln_w), (True, False, False, False)),
+        # whole: dim 0 of a matrix's transpose is not a row; a weight with rows of its own
+        "transpose_rank2": (lambda t: ops.transpose(t), (x,), (True,)),
+        "layer_norm_row_weight": (lambda x, g: ops.layer_norm(x, g, None)[0], (x, x), (True, False)),
+    }
+    for name, (f, args, split) in EXPLICIT.items():
+        one = jax.jit(f)(*(jax.device_put(a, P()) for a in args))
+        put = [jax.device_put(a, P("rows") if s else P()) for a, s in zip(args, split)]
+        g = jax.jit(f)
+        shapes, gathers = calls(g.lower(*put).compile())
+        got = g(*put)
+        report["explicit_" + name] = {
+            "calls": shapes, "gathers": gathers, "types": [str(jax.typeof(o)) for o in jax.tree_util.tree_leaves(got)],
+            "close": all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+                         for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(one)))}
+
     # shard_map: a data-parallel training step, the weight the same on both devices (invariant)
     def loss(w, x):
         y = ops.linear(x, w)
@@ -186,6 +214,35 @@ def test_under_explicit_axes_the_results_type_is_split_by_rows(report: dict[str,
 
 def test_under_explicit_axes_gradients_have_their_primals_types(report: dict[str, Any]) -> None:
     assert report["explicit_grad"] == {"type": "float32[8@rows,6]", "equal": True}
+
+
+@pytest.mark.parametrize("name, types", [
+    ("linear", ["float32[8@rows,3]"]),
+    ("layer_norm_affine", ["float32[8@rows,6]"]),
+    ("embedding", ["float32[8@rows,4,6]"]),
+    ("transpose_rank3", ["float32[8@rows,5,3]"]),
+    # (the gradients of x split as x; of the weights, summed over the devices, whole)
+    ("grad_step", ["float32[8@rows,6]", "float32[3,6]", "float32[3]", "float32[6]"]),
+])
+def test_under_explicit_axes_a_call_with_whole_operands_runs_on_each_devices_rows(
+        report: dict[str, Any], name: str, types: list[str]) -> None:
+    """linear's weight, a norm's weight, embedding's table have no rows: XLA's batch partitioner
+    would split them too, so under explicit axes the call runs in jax.shard_map, on each device's
+    rows of the split operand (the rows by vmap's rules from the spec) and the whole weight."""
+    got = report["explicit_" + name]
+    assert got["close"], f"{name}: the split program's results differ from one device's"
+    assert got["types"] == types, got
+    assert got["gathers"] == 0, got
+    # (no call sees the 8 rows; the weights' gradients are each device's sums, then all-reduced)
+    assert any("[4," in shape for shape in got["calls"]) and not any("[8," in shape for shape in got["calls"]), got
+
+
+@pytest.mark.parametrize("name", ["transpose_rank2", "layer_norm_row_weight"])
+def test_under_explicit_axes_a_call_without_rows_runs_whole(report: dict[str, Any], name: str) -> None:
+    got = report["explicit_" + name]
+    assert got["close"], f"{name}: the sharded program's results differ from one device's"
+    assert not any("@" in t for t in got["types"]), got
+    assert not any(shape.split("[", 1)[1].startswith("4,") for shape in got["calls"]), got
 
 
 def test_a_data_parallel_step_in_shard_map_matches_one_device(report: dict[str, Any]) -> None:
