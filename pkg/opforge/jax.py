@@ -718,8 +718,8 @@ class _Op:
         kinds = dict(zip(mesh.axis_names, mesh.axis_types))
 
         def spec(a: Any) -> tuple[Any, ...]:
-            given = tuple(a.sharding.spec) if getattr(a, "sharding", None) is not None else ()
-            return given + (None,) * (a.ndim - len(given))
+            given: tuple[Any, ...] = tuple(a.sharding.spec) if getattr(a, "sharding", None) is not None else ()
+            return given + (None,) * (int(a.ndim) - len(given))
 
         def named(entry: Any) -> tuple[Any, ...]:
             return () if entry is None else tuple(entry) if isinstance(entry, tuple) else (entry,)
