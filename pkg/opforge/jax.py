@@ -47,9 +47,9 @@
   operands, correct but not split. Inside ``jax.shard_map``
   every op runs on its shard, results varying over the manual axes their operands vary over (an
   invariant operand is cast to varying first, as JAX's own ops do): the way to split a
-  data-parallel step through linear and the norms. An op that checks index values, where devices
-  may hold different rows (a split call, or inside shard_map), defers its error: every device
-  fails at the call's check, none is left waiting for another (see _lower_agreed).
+  data-parallel step through linear and the norms. An op that checks index values, split by XLA's
+  partitioner, defers its error: every device fails at the call's check, none is left waiting for
+  another (see _lower_agreed); inside shard_map a call's error stays its device's.
 - ``register_module(m)`` does the same for an op module (``opforge.load``'s result, a package's
   ``<pkg>._ops``).
 - ``export(jax.jit(f))(*args)`` is ``jax.export.export`` with the ``opforge`` target allowed
@@ -263,6 +263,20 @@ def _agree_varying(operands: Sequence[Any]) -> Sequence[Any]:
             for x, v in zip(operands, varying)]
 
 
+def _partitions(aval: Any) -> Optional[tuple[Any, ...]]:
+    """The mesh axes each dim of a value is split over under a mesh (None per whole dim); None
+    when the value has no mesh, or is typed reduced or unreduced over an axis (left whole: its
+    sharding is not a split of rows)."""
+    sharding = getattr(aval, "sharding", None)
+    if sharding is None or getattr(sharding.mesh, "empty", True):
+        return None
+    spec = sharding.spec
+    if getattr(spec, "reduced", None) or getattr(spec, "unreduced", None):
+        return None
+    given = tuple(getattr(spec, "partitions", spec))
+    return given + (None,) * (len(aval.shape) - len(given))
+
+
 def _batch_sharding(avals: Sequence[Any], k: int) -> Optional[Callable[[int], Any]]:
     """Under a mesh of explicit axes (sharding in types), the results' sharding of a call whose
     first k dims are batch dims: those dims as the operands shard them, the rest whole (a
@@ -271,11 +285,10 @@ def _batch_sharding(avals: Sequence[Any], k: int) -> Optional[Callable[[int], An
     specs = set()
     mesh = None
     for a in avals:
-        sharding = getattr(a, "sharding", None)
-        if sharding is None or getattr(sharding.mesh, "empty", True):
+        spec = _partitions(a)
+        if spec is None:
             return None
-        mesh = sharding.mesh
-        spec = tuple(sharding.spec) + (None,) * (len(a.shape) - len(sharding.spec))
+        mesh = a.sharding.mesh
         specs.add(spec[:k])
     if len(specs) != 1 or mesh is None:
         return None
@@ -288,7 +301,7 @@ def _batch_sharding(avals: Sequence[Any], k: int) -> Optional[Callable[[int], An
 def _lower_partitioned(ctx: Any, k: int, *args: Any, _aliases: Optional[dict[int, int]] = None,
                        **params: Any) -> Any:
     """The call, its first k dims (on every operand and result) its batch dims (operand i the
-    same buffer as result _aliases[i])."""
+    same buffer as result _aliases[i], where XLA keeps that)."""
     extra: dict[str, Any] = {"mhlo.frontend_attributes": mlir.ir_attribute({"num_batch_dims": str(k)})}
     if jax.config.jax_use_shardy_partitioner:
         batch = [f"b{d}" for d in range(k)]
@@ -306,45 +319,37 @@ def _lower_partitioned(ctx: Any, k: int, *args: Any, _aliases: Optional[dict[int
     return jax.ffi.ffi_lowering(TARGET, extra_attributes=extra, operand_output_aliases=_aliases)(ctx, *args, **params)
 
 
-def _lower_agreed(ctx: Any, k: int, axes: tuple[Any, ...], *args: Any, **params: Any) -> Any:
-    """The call of an op that checks its inputs' values (indices, labels) in a program over several
-    devices, where one device's rows may fail its checks and the others' not: with its error
-    deferred, so that every device fails at one place, not one device alone while the others wait
-    for it in their next collective (XLA's CPU client aborts the process after 40 s).
+def _lower_agreed(ctx: Any, k: int, *args: Any, **params: Any) -> Any:
+    """The call of an op that checks its inputs' values (indices, labels), split by XLA's batch
+    partitioner over several devices, where one device's rows may fail its checks and the others'
+    not: with its error deferred, so that every device fails at one place, not one device alone
+    while the others wait for it in their next collective (XLA's CPU client aborts the process
+    after 40 s).
 
     The call gives one more result, its status (int32, of its k batch dims' shape: 0, or an error
-    code, the error kept by the handler under the call's site). The status is reduced over every
-    device: over its rows (XLA's partitioner all-reduces a reduction of split rows) and over the
-    manual axes the results vary over (inside shard_map). A check of the site then passes the
-    results on, on every device, or fails with the kept error (see jax_native.cpp); what uses the
-    results runs after it."""
+    code, the error kept by the handler under the call's site and the run). Reduced over the rows,
+    the status is all-reduced over the devices that split them (XLA's partitioner); a check of the
+    site then passes the results on, on each of them, or fails with the kept error if it is not 0
+    (see jax_native.cpp): what uses the results runs after it. (XLA's partitioner drops the check's
+    aliasing of its results to its operands: the check copies them. Only where the partitioner
+    splits the call: its devices then run the same program, whatever control flow encloses it.
+    Inside shard_map, control flow may differ between devices, and a collective the program does
+    not have could leave some waiting: there a call's error stays its device's.)"""
     site = (_PROCESS + next(_SITES)) % 2**63
     int32 = np.dtype(np.int32)
     scalar = jax.core.ShapedArray((), int32)
     status = jax.core.ShapedArray(ctx.avals_out[0].shape[:k], int32)
-    call = ctx.replace(avals_out=[*ctx.avals_out, status])
-    lower = functools.partial(_lower_partitioned, call, k) if k else functools.partial(_lower, call)
-    *outs, flag = lower(*args, **params, **{"opforge.defer": 1, "opforge.site": site})
-    if k:
-        t = mlir.aval_to_ir_type(ctx.module_context, scalar)
-        reduce = hlo.ReduceOp([t], [flag], [mlir.ir_constant(np.int32(0))], mlir.dense_int_array(list(range(k))))
-        body = reduce.body.blocks.append(t, t)
-        with ir.InsertionPoint(body):
-            hlo.return_([hlo.maximum(*body.arguments)])
-        flag = reduce.result
-    if axes:
-        whole = jax.sharding.NamedSharding(ctx.avals_out[0].sharding.mesh, jax.sharding.PartitionSpec())
-        varying = jax.core.ShapedArray((), int32, sharding=whole, **_varying_kw(frozenset(axes)))
-        (flag,) = mlir.lower_fun(lambda s: jax.lax.pmax(s, axes), multiple_results=False)(
-            ctx.replace(primitive=None, avals_in=[varying], avals_out=[scalar.update(sharding=whole)]), flag)
-    if k:  # (as the results' rows: the check is split as the call is)
-        flag = _mlir_impl.broadcast_in_dim(ctx, flag, status, broadcast_dimensions=())
+    *outs, flag = _lower_partitioned(ctx.replace(avals_out=[*ctx.avals_out, status]), k, *args, **params,
+                                     **{"opforge.defer": 1, "opforge.site": site})
+    t = mlir.aval_to_ir_type(ctx.module_context, scalar)
+    reduce = hlo.ReduceOp([t], [flag], [mlir.ir_constant(np.int32(0))], mlir.dense_int_array(list(range(k))))
+    body = reduce.body.blocks.append(t, t)
+    with ir.InsertionPoint(body):
+        hlo.return_([hlo.maximum(*body.arguments)])
+    flag = _mlir_impl.broadcast_in_dim(ctx, reduce.result, status, broadcast_dimensions=())
     check = ctx.replace(primitive=None, avals_in=[status, *ctx.avals_out])
-    attrs = {"opforge.check": 1, "opforge.name": params["opforge.name"], "opforge.site": site}
-    aliases = {1 + j: j for j in range(len(outs))}
-    if k:
-        return _lower_partitioned(check, k, flag, *outs, _aliases=aliases, **attrs)
-    return jax.ffi.ffi_lowering(TARGET, operand_output_aliases=aliases)(check, flag, *outs, **attrs)
+    return _lower_partitioned(check, k, flag, *outs, _aliases={1 + j: j for j in range(len(outs))},
+                              **{"opforge.check": 1, "opforge.name": params["opforge.name"], "opforge.site": site})
 
 
 # ---------------------------------------------------------------------------- helpers of formulas
@@ -640,16 +645,13 @@ class _Op:
                                      ctx, x, b, broadcast_dimensions=range(len(shape) - len(a.shape), len(shape)))
                                  for x, a, b in zip(args, ctx.avals_in, avals))
                     ctx = ctx.replace(avals_in=avals)
-        if self.checks_values:
+        if self.checks_values and k:
             axis_context = ctx.module_context.axis_context
-            manual = frozenset(getattr(axis_context, "manual_axes", ()))
-            # (the manual axes its results vary over, inside shard_map, in the mesh's order)
-            axes = tuple(a for a in getattr(getattr(axis_context, "mesh", None), "axis_names", ())
-                         if a in manual and a in _varying(ctx.avals_out[0]))
-            auto = devices if not manual else axis_context.mesh.size // math.prod(
-                axis_context.mesh.shape[a] for a in manual)
-            if axes or (k and auto > 1):  # (devices may hold different rows: their checks must agree)
-                return _lower_agreed(ctx, k, axes, *args, **params)
+            manual: frozenset[Any] = getattr(axis_context, "manual_axes", frozenset())
+            split = devices if not manual else axis_context.mesh.size // math.prod(
+                axis_context.mesh.shape[a] for a in manual)  # (the devices of the automatic axes)
+            if split > 1:  # (devices hold different rows: their checks must agree)
+                return _lower_agreed(ctx, k, *args, **params)
         if k:
             return _lower_partitioned(ctx, k, *args, **params)
         return _lower(ctx, *args, **params)
@@ -715,16 +717,18 @@ class _Op:
                      and not a.sharding.mesh.empty), None)
         if mesh is None or not all(isinstance(d, (int, np.integer)) for a in avals for d in a.shape):
             return None
+        if self.checks_values:  # (in shard_map its checks would fail on one device alone: see _lower_agreed)
+            return None
         kinds = dict(zip(mesh.axis_names, mesh.axis_types))
-
-        def spec(a: Any) -> tuple[Any, ...]:
-            given: tuple[Any, ...] = tuple(a.sharding.spec) if getattr(a, "sharding", None) is not None else ()
-            return given + (None,) * (int(a.ndim) - len(given))
 
         def named(entry: Any) -> tuple[Any, ...]:
             return () if entry is None else tuple(entry) if isinstance(entry, tuple) else (entry,)
 
-        specs = _expand(present, [spec(a) for a in avals])
+        given = [_partitions(a) if getattr(a, "sharding", None) is not None and not a.sharding.mesh.empty
+                 else (None,) * a.ndim for a in avals]
+        if any(g is None for g in given):  # (typed reduced or unreduced: left as it was)
+            return None
+        specs = _expand(present, given)
         shapes = _expand(present, [tuple(a.shape) for a in avals])
         split = [k for k, sp in enumerate(specs) if sp is not None and any(e is not None for e in sp)]
         if not split or any(kinds.get(name) != jax.sharding.AxisType.Explicit
@@ -757,6 +761,21 @@ class _Op:
                 if not first or min(first) < m or max(first) >= rank:
                     return None
             if any(s is not None and k not in rows and len(s) > rank - m for k, s in enumerate(shapes)):
+                return None
+            # (the call on one row, its axes moved down by m, valid and giving the outputs' rest:
+            # a spec that checks its other operands against rows keeps the call whole)
+            moved = list(attrs)
+            for j in axis_attrs:
+                value = attrs[j]
+                named_axes = axes_of(value, rank) if value != () else list(range(rank))
+                moved[j] = named_axes[0] - m if isinstance(value, int) else tuple(a - m for a in named_axes)
+            try:
+                one = self.meta(*(None if s is None else _C._meta_tensor(list(s[m:] if k in rows else s), d)
+                                  for k, (s, d) in enumerate(zip(shapes, self._dtypes(avals, present)[0]))),
+                                *(_meta_value(v) for v in moved))
+            except (TypeError, ValueError, IndexError):
+                return None
+            if [tuple(shape) for shape, _ in one] != [tuple(shape[m:]) for shape, _ in metas]:
                 return None
         row = specs[min(rows)][:m]
         for k, (s, sp) in enumerate(zip(shapes, specs)):

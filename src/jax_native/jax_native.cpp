@@ -30,17 +30,17 @@
 // opforge's exceptions become FFI errors carrying the op's message (JAX raises them as
 // JaxRuntimeError: INVALID_ARGUMENT / OUT_OF_RANGE / INTERNAL). Nothing may escape the handler.
 //
-// Errors every device must agree on. In a program over several devices, an op that checks its
-// inputs' values (indices, labels) may fail on one device's rows alone; that device's program
+// Errors every device must agree on. In a program split over several devices, an op that checks
+// its inputs' values (indices, labels) may fail on one device's rows alone; that device's program
 // would stop there while the others wait for it in their next collective (XLA's CPU client
-// aborts the process after 40 s; NCCL waits on). opforge.jax lowers such a call with
-// "opforge.defer" and "opforge.site" (a number for the call): the call then has one more result,
-// an int32 status (0, or the error's code; of the call's batch dims' shape), its error is kept
-// here under the site instead of returned, and the call's results hold what the op wrote. The
-// program then reduces the status over every device (XLA's partitioner and shard_map's all-reduce)
-// and calls this target again with "opforge.check": every device reads the same status and, if
-// it is not 0, fails there with the error kept under the site (or, if another process kept it,
-// an error naming the op).
+// aborts the process after 40 s; NCCL waits on). opforge.jax lowers such a call, where XLA's
+// partitioner splits it, with "opforge.defer" and "opforge.site" (a number for the call): the call
+// then has one more result, an int32 status (0, or the error's code; of the call's batch dims'
+// shape), its error is kept here under the site and the run instead of returned, and the call's
+// results hold what the op wrote. The program reduces the status over every device (XLA's
+// partitioner all-reduces it) and calls this target again with "opforge.check" on it: every device
+// reads the same status and, if it is not 0, fails there with the error kept under the site and
+// the run (or, if another process kept it, an error naming the op).
 //
 // With OPFORGE_JAX_CUDA (the cu130 wheel), a second handler takes XLA's CUDA stream and runs the
 // op on the device its buffers are on, ordered on that stream (registered for platform CUDA).
@@ -51,6 +51,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -130,14 +131,16 @@ const opforge::binding::OpEntry* op_of_call(bool ours, int64_t number, std::stri
   return r->entry;
 }
 
-// The errors of deferred calls, by site: written by the device that failed, read by every device's
-// check of that site (entries are replaced, never removed: one per site that ever failed).
+// The errors of deferred calls, by site and run: written by the device that failed, read by every
+// device's check of that site in that run (the table is emptied when it grows past kMaxFailures:
+// a check then finds nothing and says so).
 struct Failure {
   ffi::ErrorCode code;
   std::string message;
 };
+constexpr size_t kMaxFailures = 1024;
 std::mutex g_failures_lock;
-std::unordered_map<int64_t, Failure> g_failures;
+std::map<std::pair<int64_t, int64_t>, Failure> g_failures;
 
 bool to_opforge_dtype(ffi::DataType t, DType* out) {
   switch (t) {
@@ -318,12 +321,13 @@ void set_status(const std::string& name, ffi::RemainingRets rets, size_t j, opfo
 
 // A deferred call's error (see the top): kept under its site, its status set to the error's code;
 // the error itself when the status cannot be written.
-ffi::Error defer(const CallState& state, const std::string& name, ffi::RemainingRets rets, opforge::Device device,
-                 void* stream, ffi::ErrorCode code, const std::string& message) noexcept {
+ffi::Error defer(const CallState& state, int64_t run, const std::string& name, ffi::RemainingRets rets,
+                 opforge::Device device, void* stream, ffi::ErrorCode code, const std::string& message) noexcept {
   try {
     {
       std::lock_guard<std::mutex> guard(g_failures_lock);
-      g_failures[state.site] = Failure{code, message};
+      if (g_failures.size() >= kMaxFailures) g_failures.clear();
+      g_failures[{state.site, run}] = Failure{code, message};
     }
     set_status(name, rets, rets.size() - 1, device, stream, static_cast<int32_t>(code));
     return ffi::Error::Success();
@@ -334,9 +338,10 @@ ffi::Error defer(const CallState& state, const std::string& name, ffi::Remaining
 
 // A deferred call's check: operand 0 the call's status reduced over every device (each element
 // the same), the call's results after it, passed on as the check's results (the same buffers
-// unless XLA copied). Fails with the error kept under the site when the status is not 0.
-ffi::Error check(const CallState& state, ffi::RemainingArgs args, ffi::RemainingRets rets, bool on_device,
-                 void* stream) noexcept {
+// where XLA keeps the aliasing, else copied). Fails with the error kept under the site and run
+// when the status is not 0.
+ffi::Error check(const CallState& state, int64_t run, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                 bool on_device, void* stream) noexcept {
   try {
     auto b = args.get<ffi::AnyBuffer>(0);
     if (args.size() != rets.size() + 1 || b.has_error() || b->element_type() != ffi::DataType::S32) {
@@ -352,35 +357,35 @@ ffi::Error check(const CallState& state, ffi::RemainingArgs args, ffi::Remaining
       opforge::device_runtime(state.name.c_str(), device)
           .copy(state.name.c_str(), &status, opforge::Device{}, b->untyped_data(), device, sizeof status);
     }
-    if (status != 0) {
-      {
-        std::lock_guard<std::mutex> guard(g_failures_lock);
-        if (auto it = g_failures.find(state.site); it != g_failures.end()) {
-          return ffi::Error(it->second.code, it->second.message);
+    if (status == 0) {
+      for (size_t j = 0; j < rets.size(); ++j) {  // (the results passed on: a copy where XLA made one)
+        auto in = args.get<ffi::AnyBuffer>(j + 1);
+        auto out = rets.get<ffi::AnyBuffer>(j);
+        if (in.has_error() || out.has_error() || in->size_bytes() != (*out)->size_bytes()) {
+          return error(ffi::ErrorCode::kInvalidArgument, state.name, "a check's result differs from its operand");
+        }
+        if (in->size_bytes() == 0 || in->untyped_data() == (*out)->untyped_data()) continue;
+        if (device.type == opforge::DeviceType::CPU && on_device) device = opforge::locate_pointer(in->untyped_data());
+        if (device.type == opforge::DeviceType::CPU) {
+          std::memcpy((*out)->untyped_data(), in->untyped_data(), in->size_bytes());
+        } else {
+          opforge::StreamScope on_stream(state.name.c_str(), device, stream);
+          opforge::device_runtime(state.name.c_str(), device)
+              .copy(state.name.c_str(), (*out)->untyped_data(), device, in->untyped_data(), device, in->size_bytes());
         }
       }
-      const bool known = status > 0 && status <= static_cast<int32_t>(ffi::ErrorCode::kUnauthenticated);
-      return error(known ? static_cast<ffi::ErrorCode>(status) : ffi::ErrorCode::kInternal, state.name,
-                   "an input failed the op's checks on a device of another process (an index or label out of "
-                   "range, say); that process has the op's message");
     }
-    for (size_t j = 0; j < rets.size(); ++j) {  // (the results passed on: a copy only if XLA made one)
-      auto in = args.get<ffi::AnyBuffer>(j + 1);
-      auto out = rets.get<ffi::AnyBuffer>(j);
-      if (in.has_error() || out.has_error() || in->size_bytes() != (*out)->size_bytes()) {
-        return error(ffi::ErrorCode::kInvalidArgument, state.name, "a check's result differs from its operand");
-      }
-      if (in->size_bytes() == 0 || in->untyped_data() == (*out)->untyped_data()) continue;
-      if (device.type == opforge::DeviceType::CPU && on_device) device = opforge::locate_pointer(in->untyped_data());
-      if (device.type == opforge::DeviceType::CPU) {
-        std::memcpy((*out)->untyped_data(), in->untyped_data(), in->size_bytes());
-      } else {
-        opforge::StreamScope on_stream(state.name.c_str(), device, stream);
-        opforge::device_runtime(state.name.c_str(), device)
-            .copy(state.name.c_str(), (*out)->untyped_data(), device, in->untyped_data(), device, in->size_bytes());
+    if (status == 0) return ffi::Error::Success();
+    {
+      std::lock_guard<std::mutex> guard(g_failures_lock);
+      if (auto it = g_failures.find({state.site, run}); it != g_failures.end()) {
+        return ffi::Error(it->second.code, it->second.message);
       }
     }
-    return ffi::Error::Success();
+    const bool known = status > 0 && status <= static_cast<int32_t>(ffi::ErrorCode::kUnauthenticated);
+    return error(known ? static_cast<ffi::ErrorCode>(status) : ffi::ErrorCode::kInternal, state.name,
+                 "an input failed the op's checks on a device of another process (an index or label out of "
+                 "range, say); that process has the op's message");
   } catch (const std::exception& e) {
     return error(ffi::ErrorCode::kInternal, state.name, e.what());
   } catch (...) {
@@ -389,9 +394,9 @@ ffi::Error check(const CallState& state, ffi::RemainingArgs args, ffi::Remaining
 }
 
 // Runs the call on device (the host, or the device XLA's buffers are on, ordered on stream).
-ffi::Error run(const CallState* state, ffi::RemainingArgs args, ffi::RemainingRets rets, bool on_device,
-               void* stream) noexcept {
-  if (state != nullptr && state->check) return check(*state, args, rets, on_device, stream);
+ffi::Error run(const CallState* state, int64_t run_id, ffi::RemainingArgs args, ffi::RemainingRets rets,
+               bool on_device, void* stream) noexcept {
+  if (state != nullptr && state->check) return check(*state, run_id, args, rets, on_device, stream);
   std::string name = "opforge";
   // where the buffers are: the host, or the device a device call's first buffer is on
   opforge::Device device;
@@ -503,33 +508,40 @@ ffi::Error run(const CallState* state, ffi::RemainingArgs args, ffi::RemainingRe
   } catch (...) {
     message = "[" + name + "] an unknown exception";
   }
-  if (state->defer) return defer(*state, name, rets, device, stream, code, message);
+  if (state->defer) return defer(*state, run_id, name, rets, device, stream, code, message);
   return ffi::Error(code, message);
 }
 
-ffi::Error call_host(CallState* state, ffi::RemainingArgs args, ffi::RemainingRets rets) {
-  return run(state, args, rets, false, nullptr);
+ffi::Error call_host(ffi::RunId id, CallState* state, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  return run(state, id.run_id, args, rets, false, nullptr);
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OpforgeXlaInstantiate, instantiate, ffi::Ffi::BindInstantiate().Attrs());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    OpforgeXlaCall, call_host, ffi::Ffi::Bind().Ctx<ffi::State<CallState>>().RemainingArgs().RemainingRets());
+    OpforgeXlaCall, call_host,
+    ffi::Ffi::Bind().Ctx<ffi::RunId>().Ctx<ffi::State<CallState>>().RemainingArgs().RemainingRets());
 
 #ifdef OPFORGE_JAX_CUDA
 struct CUstream_st;  // (CUDA's stream type, declared as cuda_runtime.h does: no CUDA headers needed)
 using cudaStream_t = CUstream_st*;
 namespace {
 
-ffi::Error call_cuda(cudaStream_t stream, CallState* state, ffi::RemainingArgs args, ffi::RemainingRets rets) {
-  return run(state, args, rets, true, stream);
+ffi::Error call_cuda(cudaStream_t stream, ffi::RunId id, CallState* state, ffi::RemainingArgs args,
+                     ffi::RemainingRets rets) {
+  return run(state, id.run_id, args, rets, true, stream);
 }
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     OpforgeXlaCallCuda, call_cuda,
-    ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::State<CallState>>().RemainingArgs().RemainingRets());
+    ffi::Ffi::Bind()
+        .Ctx<ffi::PlatformStream<cudaStream_t>>()
+        .Ctx<ffi::RunId>()
+        .Ctx<ffi::State<CallState>>()
+        .RemainingArgs()
+        .RemainingRets());
 #endif
 
 // ---------------------------------------------------------------------------- the Python module
