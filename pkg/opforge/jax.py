@@ -298,6 +298,36 @@ def _batch_sharding(avals: Sequence[Any], k: int) -> Optional[Callable[[int], An
     return lambda rank: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*batch, *(None,) * (rank - k)))
 
 
+def _broadcast_sharding(avals: Sequence[Any], shape: Sequence[Any]) -> Optional[Callable[[int], Any]]:
+    """Under a mesh of explicit axes, the sharding of an elementwise call's results (of the
+    operands' broadcast shape): each dim split as the operands that have it whole-sized split it
+    (aligned from the right; an operand broadcast along a dim says nothing of it), as jax.numpy's
+    elementwise ops type theirs; None when nothing is split or two operands disagree (the results
+    are then whole). The lowering partitions such a call by rows, an operand broadcast along them
+    (a bias) broadcast first (see _Op.lowering)."""
+    mesh = next((a.sharding.mesh for a in avals if getattr(a, "sharding", None) is not None
+                 and not a.sharding.mesh.empty), None)
+    if mesh is None:
+        return None
+    entries: list[Any] = [None] * len(shape)
+    for a in avals:
+        spec = _partitions(a) if getattr(a, "sharding", None) is not None and not a.sharding.mesh.empty \
+            else (None,) * len(a.shape)
+        if spec is None:
+            return None
+        lead = len(shape) - len(a.shape)
+        for d, (entry, n) in enumerate(zip(spec, a.shape)):
+            if entry is None or n != shape[lead + d]:
+                continue
+            if entries[lead + d] not in (None, entry):
+                return None
+            entries[lead + d] = entry
+    used = [name for e in entries if e is not None for name in (e if isinstance(e, tuple) else (e,))]
+    if not used or len(used) != len(set(used)):
+        return None
+    return lambda rank: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*entries))
+
+
 def _lower_partitioned(ctx: Any, k: int, *args: Any, _aliases: Optional[dict[int, int]] = None,
                        **params: Any) -> Any:
     """The call, its first k dims (on every operand and result) its batch dims (operand i the
@@ -600,6 +630,8 @@ class _Op:
         metas, _ = self._metas(avals, attrs, present)
         k = self.batch_dims([a.shape for a in avals], [shape for shape, _ in metas], attrs, present)
         batch = _batch_sharding(avals, k) if k else None
+        if batch is None and self.op.impl == "expr" and len({tuple(shape) for shape, _ in metas}) == 1:
+            batch = _broadcast_sharding(avals, metas[0][0])
         # (inside shard_map: the results vary over the manual axes the operands vary over; call()
         # made the operands agree)
         varying = _core.standard_vma_rule(self.op.name, *avals)

@@ -147,6 +147,9 @@ with jax.set_mesh(explicit):
         "embedding": (lambda t, w: ops.embedding(t, w), (tokens, w), (True, False)),
         "transpose_rank3": (lambda t: ops.transpose(t), (t3,), (True,)),
         "grad_step": (jax.grad(step, argnums=(0, 1, 2, 3)), (x, w, b3, ln_w), (True, False, False, False)),
+        # elementwise with an operand broadcast along rows (a bias, a number): typed split too
+        "add_bias": (lambda x, g: ops.gelu(ops.add(x, g)), (x, ln_w), (True, False)),
+        "mul_number": (lambda x: ops.mul(x, 2.0), (x,), (True,)),
         # whole: dim 0 of a matrix's transpose is not a row; a weight with rows of its own
         "transpose_rank2": (lambda t: ops.transpose(t), (x,), (True,)),
         "layer_norm_row_weight": (lambda x, g: ops.layer_norm(x, g, None)[0], (x, x), (True, False)),
@@ -222,12 +225,16 @@ def test_under_explicit_axes_gradients_have_their_primals_types(report: dict[str
     ("transpose_rank3", ["float32[8@rows,5,3]"]),
     # (the gradients of x split as x; of the weights, summed over the devices, whole)
     ("grad_step", ["float32[8@rows,6]", "float32[3,6]", "float32[3]", "float32[6]"]),
+    ("add_bias", ["float32[8@rows,6]"]),
+    ("mul_number", ["float32[8@rows,6]"]),
 ])
 def test_under_explicit_axes_a_call_with_whole_operands_runs_on_each_devices_rows(
         report: dict[str, Any], name: str, types: list[str]) -> None:
-    """linear's weight, a norm's weight, embedding's table have no rows: XLA's batch partitioner
-    would split them too, so under explicit axes the call runs in jax.shard_map, on each device's
-    rows of the split operand (the rows by vmap's rules from the spec) and the whole weight."""
+    """linear's weight, a norm's weight have no rows: XLA's batch partitioner would split them too,
+    so under explicit axes the call runs in jax.shard_map, on each device's rows of the split
+    operand (the rows by vmap's rules from the spec) and the whole weight. An elementwise call's
+    operand broadcast along rows is broadcast to them (the lowering) and the result typed split
+    (before, typed whole: an all-gather after each such call)."""
     got = report["explicit_" + name]
     assert got["close"], f"{name}: the split program's results differ from one device's"
     assert got["types"] == types, got
