@@ -43,14 +43,15 @@ def main() -> None:
     def compile_gathered(f: Callable[..., Any], *inputs: Any) -> Any:
         """f compiled with opforge's calls left whole (batch dims 0, no shard_map: XLA gathers their
         operands)."""
-        keep = oj._Op.batch_dims, oj._Op.rows_split
+        keep = oj._Op.batch_dims, oj._Op.rows_split, oj._broadcast_sharding
         oj._Op.batch_dims = lambda self, *_: 0  # type: ignore[method-assign]
         oj._Op.rows_split = lambda self, *_: None  # type: ignore[method-assign]
+        oj._broadcast_sharding = lambda *_: None
         jax.clear_caches()  # (each op's call is a jit of its own: traced and lowered again)
         try:
             return jax.jit(f).lower(*inputs).compile()
         finally:
-            oj._Op.batch_dims, oj._Op.rows_split = keep  # type: ignore[method-assign]
+            oj._Op.batch_dims, oj._Op.rows_split, oj._broadcast_sharding = keep  # type: ignore[method-assign]
             jax.clear_caches()
 
     rng = np.random.default_rng(0)
@@ -74,6 +75,8 @@ def main() -> None:
     be = jax.device_put(np.asarray(b), NamedSharding(explicit, P()))
     cases.append(("explicit axes: linear (8192, 1024) by (1024, 1024) float32, with bias", (xe, w, be),
                   lambda x, w, b: oj.ops.linear(x, w, b), lambda x, w, b: x @ w.T + b))
+    cases.append(("explicit axes: gelu(x + bias), (8192, 1024) float32, bias (1024,)", (xe, be),
+                  lambda x, b: oj.ops.gelu(oj.ops.add(x, b)), lambda x, b: jax.nn.gelu(x + b, approximate=False)))
     cases.append(("explicit axes: layer_norm (8192, 1024) float32, weight and bias", (xe, be, be),
                   lambda x, g, b: oj.ops.layer_norm(x, g, b)[0],
                   lambda x, g, b: (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-5)
