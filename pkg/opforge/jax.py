@@ -629,9 +629,10 @@ class _Op:
     def abstract(self, *avals: Any, attrs: tuple[Any, ...], present: tuple[bool, ...]) -> list[Any]:
         metas, _ = self._metas(avals, attrs, present)
         k = self.batch_dims([a.shape for a in avals], [shape for shape, _ in metas], attrs, present)
-        batch = _batch_sharding(avals, k) if k else None
-        if batch is None and self.op.impl == "expr" and len({tuple(shape) for shape, _ in metas}) == 1:
-            batch = _broadcast_sharding(avals, metas[0][0])
+        if self.op.impl == "expr" and len({tuple(shape) for shape, _ in metas}) == 1:
+            batch = _broadcast_sharding(avals, metas[0][0])  # (every dim, as jax.numpy's)
+        else:
+            batch = _batch_sharding(avals, k) if k else None
         # (inside shard_map: the results vary over the manual axes the operands vary over; call()
         # made the operands agree)
         varying = _core.standard_vma_rule(self.op.name, *avals)
@@ -670,7 +671,9 @@ class _Op:
             # the call is partitioned by rows; each device writes only its rows of it)
             shape = ctx.avals_out[0].shape
             if all(a.shape == shape for a in ctx.avals_out):
-                avals = [a.update(shape=shape) for a in ctx.avals_in]
+                # (the broadcast operands typed as the results: a split of theirs counted from the
+                # left would land on another dim)
+                avals = [a.update(shape=shape, sharding=ctx.avals_out[0].sharding) for a in ctx.avals_in]
                 k = self.batch_dims([shape] * len(avals), [shape] * len(ctx.avals_out), attrs, present)
                 if k:
                     args = tuple(x if a.shape == shape else _mlir_impl.broadcast_in_dim(

@@ -150,6 +150,8 @@ with jax.set_mesh(explicit):
         # elementwise with an operand broadcast along rows (a bias, a number): typed split too
         "add_bias": (lambda x, g: ops.gelu(ops.add(x, g)), (x, ln_w), (True, False)),
         "mul_number": (lambda x: ops.mul(x, 2.0), (x,), (True,)),
+        # (the operand of lower rank split, by columns: 3 rows do not split over 2 devices)
+        "add_split_bias": (lambda x, g: ops.add(x, g), (x[:3], ln_w), (False, True)),
         # whole: dim 0 of a matrix's transpose is not a row; a weight with rows of its own
         "transpose_rank2": (lambda t: ops.transpose(t), (x,), (True,)),
         "layer_norm_row_weight": (lambda x, g: ops.layer_norm(x, g, None)[0], (x, x), (True, False)),
@@ -250,6 +252,13 @@ def test_under_explicit_axes_a_call_without_rows_runs_whole(report: dict[str, An
     assert got["close"], f"{name}: the sharded program's results differ from one device's"
     assert not any("@" in t for t in got["types"]), got
     assert not any(shape.split("[", 1)[1].startswith("4,") for shape in got["calls"]), got
+
+
+def test_under_explicit_axes_an_elementwise_result_is_split_as_its_operands(report: dict[str, Any]) -> None:
+    """(3, 6) + (6,) split over the devices: typed (3, 6) split by columns, as jax.numpy's; the
+    lowering had typed the stretched bias split by rows, which 3 rows refused (ValueError)."""
+    got = report["explicit_add_split_bias"]
+    assert got["close"] and got["types"] == ["float32[3,6@rows]"], got
 
 
 def test_a_data_parallel_step_in_shard_map_matches_one_device(report: dict[str, Any]) -> None:
