@@ -41,9 +41,10 @@
   as batch partitionable, and Shardy's sharding rule), so XLA's partitioner runs it on each
   device's rows; an elementwise call with an operand broadcast along the rows (a bias) has that
   operand broadcast first, in a program over several devices. Under a mesh of explicit axes the
-  results' types carry the rows' sharding, and a call with an operand without rows (linear's
-  weight, layer_norm's, embedding's table) runs in ``jax.shard_map`` on each device's rows, the
-  rows by vmap's rules (``_Op.rows_split``); under automatic axes such a call runs on gathered
+  results' types carry the rows' sharding (an elementwise call's as jax.numpy's, on every dim),
+  and a call with an operand without rows (linear's weight, layer_norm's) runs in
+  ``jax.shard_map`` on each device's rows, the rows by vmap's rules (``_Op.rows_split``; not an op
+  that checks index values, such as embedding); under automatic axes such a call runs on gathered
   operands, correct but not split. Inside ``jax.shard_map``
   every op runs on its shard, results varying over the manual axes their operands vary over (an
   invariant operand is cast to varying first, as JAX's own ops do): the way to split a
