@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
 import math
 import operator
 import re
@@ -155,7 +154,6 @@ if "cuda" in _formulas.BUILT_TARGETS:  # (the cu130 wheel: XLA's CUDA buffers an
     _xla_bridge.register_plugin_callbacks(_register_cuda)
     _PLATFORMS.append("cuda")
 _lower = jax.ffi.ffi_lowering(TARGET)
-_SITES = itertools.count(1)
 # (a call whose leading dims are independent rows says how many (the "num_batch_dims" frontend
 # attribute, and Shardy's sharding rule): XLA's SPMD partitioner then runs it on each device's
 # rows instead of gathering its operands; see _Op.batch_dims)
@@ -264,13 +262,19 @@ def _agree_varying(operands: Sequence[Any]) -> Sequence[Any]:
             for x, v in zip(operands, varying)]
 
 
+def _mesh(avals: Sequence[Any]) -> Any:
+    """The mesh the values are typed on (the first that is not empty), or None."""
+    return next((a.sharding.mesh for a in avals if getattr(a, "sharding", None) is not None
+                 and not a.sharding.mesh.empty), None)
+
+
 def _partitions(aval: Any) -> Optional[tuple[Any, ...]]:
-    """The mesh axes each dim of a value is split over under a mesh (None per whole dim); None
-    when the value has no mesh, or is typed reduced or unreduced over an axis (left whole: its
+    """The mesh axes each dim of a value is split over (None per whole dim; every dim whole
+    without a mesh); None when it is typed reduced or unreduced over an axis (left whole: its
     sharding is not a split of rows)."""
     sharding = getattr(aval, "sharding", None)
     if sharding is None or getattr(sharding.mesh, "empty", True):
-        return None
+        return (None,) * len(aval.shape)
     spec = sharding.spec
     if getattr(spec, "reduced", None) or getattr(spec, "unreduced", None):
         return None
@@ -283,15 +287,10 @@ def _batch_sharding(avals: Sequence[Any], k: int) -> Optional[Callable[[int], An
     first k dims are batch dims: those dims as the operands shard them, the rest whole (a
     function of a result's rank); None when nothing is sharded or the operands disagree (the
     results are then whole, as for any other call: XLA gathers the operands)."""
-    specs = set()
-    mesh = None
-    for a in avals:
-        spec = _partitions(a)
-        if spec is None:
-            return None
-        mesh = a.sharding.mesh
-        specs.add(spec[:k])
-    if len(specs) != 1 or mesh is None:
+    mesh = _mesh(avals)
+    given = [_partitions(a) for a in avals]
+    specs = {spec[:k] for spec in given if spec is not None}
+    if len(specs) != 1 or mesh is None or None in given:
         return None
     (batch,) = specs
     if all(s is None for s in batch):
@@ -306,14 +305,12 @@ def _broadcast_sharding(avals: Sequence[Any], shape: Sequence[Any]) -> Optional[
     elementwise ops type theirs; None when nothing is split or two operands disagree (the results
     are then whole). The lowering partitions such a call by rows, an operand broadcast along them
     (a bias) broadcast first (see _Op.lowering)."""
-    mesh = next((a.sharding.mesh for a in avals if getattr(a, "sharding", None) is not None
-                 and not a.sharding.mesh.empty), None)
+    mesh = _mesh(avals)
     if mesh is None:
         return None
     entries: list[Any] = [None] * len(shape)
     for a in avals:
-        spec = _partitions(a) if getattr(a, "sharding", None) is not None and not a.sharding.mesh.empty \
-            else (None,) * len(a.shape)
+        spec = _partitions(a)
         if spec is None:
             return None
         lead = len(shape) - len(a.shape)
@@ -357,21 +354,20 @@ def _lower_agreed(ctx: Any, k: int, *args: Any, **params: Any) -> Any:
     while the others wait for it in their next collective (XLA's CPU client aborts the process
     after 40 s).
 
-    The call gives one more result, its status (int32, of its k batch dims' shape: 0, or an error
-    code, the error kept by the handler under the call's site and the run). Reduced over the rows,
+    The call gives one more result, its status (int32, of its k batch dims' shape: 0, or a number
+    for the failure, under which the handler keeps the error). Reduced over the rows,
     the status is all-reduced over the devices that split them (XLA's partitioner); a check of the
-    site then passes the results on, on each of them, or fails with the kept error if it is not 0
+    status then passes the results on, on each of them, or fails with the kept error if it is not 0
     (see jax_native.cpp): what uses the results runs after it. (XLA's partitioner drops the check's
     aliasing of its results to its operands: the check copies them. Only where the partitioner
     splits the call: its devices then run the same program, whatever control flow encloses it.
     Inside shard_map, control flow may differ between devices, and a collective the program does
     not have could leave some waiting: there a call's error stays its device's.)"""
-    site = (_PROCESS + next(_SITES)) % 2**63
     int32 = np.dtype(np.int32)
     scalar = jax.core.ShapedArray((), int32)
     status = jax.core.ShapedArray(ctx.avals_out[0].shape[:k], int32)
-    *outs, flag = _lower_partitioned(ctx.replace(avals_out=[*ctx.avals_out, status]), k, *args, **params,
-                                     **{"opforge.defer": 1, "opforge.site": site})
+    deferred: dict[str, Any] = {**params, "opforge.defer": 1}
+    *outs, flag = _lower_partitioned(ctx.replace(avals_out=[*ctx.avals_out, status]), k, *args, **deferred)
     t = mlir.aval_to_ir_type(ctx.module_context, scalar)
     reduce = hlo.ReduceOp([t], [flag], [mlir.ir_constant(np.int32(0))], mlir.dense_int_array(list(range(k))))
     body = reduce.body.blocks.append(t, t)
@@ -380,7 +376,7 @@ def _lower_agreed(ctx: Any, k: int, *args: Any, **params: Any) -> Any:
     flag = _mlir_impl.broadcast_in_dim(ctx, reduce.result, status, broadcast_dimensions=())
     check = ctx.replace(primitive=None, avals_in=[status, *ctx.avals_out])
     return _lower_partitioned(check, k, flag, *outs, _aliases={1 + j: j for j in range(len(outs))},
-                              **{"opforge.check": 1, "opforge.name": params["opforge.name"], "opforge.site": site})
+                              **{"opforge.check": 1, "opforge.name": params["opforge.name"]})
 
 
 # ---------------------------------------------------------------------------- helpers of formulas
@@ -749,8 +745,7 @@ class _Op:
         dims from there on: a weight broadcast along rows has rows)."""
         op = self.op
         avals = [jax.typeof(x) for x in operands]
-        mesh = next((a.sharding.mesh for a in avals if getattr(a, "sharding", None) is not None
-                     and not a.sharding.mesh.empty), None)
+        mesh = _mesh(avals)
         if mesh is None or not all(isinstance(d, (int, np.integer)) for a in avals for d in a.shape):
             return None
         if self.checks_values:  # (in shard_map its checks would fail on one device alone: see _lower_agreed)
@@ -760,8 +755,7 @@ class _Op:
         def named(entry: Any) -> tuple[Any, ...]:
             return () if entry is None else tuple(entry) if isinstance(entry, tuple) else (entry,)
 
-        given = [_partitions(a) if getattr(a, "sharding", None) is not None and not a.sharding.mesh.empty
-                 else (None,) * a.ndim for a in avals]
+        given = [_partitions(a) for a in avals]
         if any(g is None for g in given):  # (typed reduced or unreduced: left as it was)
             return None
         specs = _expand(present, given)

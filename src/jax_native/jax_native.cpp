@@ -34,13 +34,13 @@
 // its inputs' values (indices, labels) may fail on one device's rows alone; that device's program
 // would stop there while the others wait for it in their next collective (XLA's CPU client
 // aborts the process after 40 s; NCCL waits on). opforge.jax lowers such a call, where XLA's
-// partitioner splits it, with "opforge.defer" and "opforge.site" (a number for the call): the call
-// then has one more result, an int32 status (0, or the error's code; of the call's batch dims'
-// shape), its error is kept here under the site and the run instead of returned, and the call's
-// results hold what the op wrote. The program reduces the status over every device (XLA's
-// partitioner all-reduces it) and calls this target again with "opforge.check" on it: every device
-// reads the same status and, if it is not 0, fails there with the error kept under the site and
-// the run (or, if another process kept it, an error naming the op).
+// partitioner splits it, with "opforge.defer": the call then has one more result, an int32 status
+// (of the call's batch dims' shape): 0, or a number for the failure (random bits and the error's
+// code) under which its error is kept here instead of returned; the call's results hold what the
+// op wrote. The program reduces the status over every device (XLA's partitioner all-reduces it)
+// and calls this target again with "opforge.check" on it: every device reads the same status and,
+// if it is not 0, fails there with the error kept under it (or, if another process kept it, an
+// error naming the op, with the code). Nothing of this runs per call of a call that is not deferred.
 //
 // With OPFORGE_JAX_CUDA (the cu130 wheel), a second handler takes XLA's CUDA stream and runs the
 // op on the device its buffers are on, ordered on that stream (registered for platform CUDA).
@@ -51,7 +51,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
-#include <map>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -131,16 +131,16 @@ const opforge::binding::OpEntry* op_of_call(bool ours, int64_t number, std::stri
   return r->entry;
 }
 
-// The errors of deferred calls, by site and run: written by the device that failed, read by every
-// device's check of that site in that run (the table is emptied when it grows past kMaxFailures:
-// a check then finds nothing and says so).
+// The errors of deferred calls, by the status their failure wrote: read by every device's check
+// (the table is emptied when it grows past kMaxFailures: a check then finds nothing and says so).
 struct Failure {
   ffi::ErrorCode code;
   std::string message;
 };
 constexpr size_t kMaxFailures = 1024;
 std::mutex g_failures_lock;
-std::map<std::pair<int64_t, int64_t>, Failure> g_failures;
+std::unordered_map<int32_t, Failure> g_failures;
+std::atomic<uint32_t> g_failure_count{0};
 
 bool to_opforge_dtype(ffi::DataType t, DType* out) {
   switch (t) {
@@ -236,10 +236,9 @@ struct CallState {
   const opforge::binding::OpEntry* entry = nullptr;
   int64_t mask = 0, widen = 0, narrow = 0;
   AttrValue values[kMaxParams];
-  bool defer = false;  // its error kept under site, its last result the status (see the top)
-  bool check = false;  // the check of a site's status: no op runs
-  int64_t site = 0;
-  std::string name;  // (a check's op, for its message)
+  bool defer = false;  // its error kept, its last result the status (see the top)
+  bool check = false;  // the check of a deferred call's status: no op runs
+  std::string name;    // (a check's op, for its message)
 };
 ffi::TypeId CallState::id = {};
 XLA_FFI_TypeInfo call_state_info = ffi::MakeTypeInfo<CallState>();
@@ -251,19 +250,14 @@ ffi::ErrorOr<std::unique_ptr<CallState>> instantiate(ffi::Dictionary attrs) noex
     int64_t number = -1, abi = 0, flag = 0;
     std::string_view op_name;
     if (get(attrs, "opforge.check", &flag) && flag != 0) {
-      if (!get(attrs, "opforge.name", &op_name) || !get(attrs, "opforge.site", &state->site)) {
-        return Failed(ffi::Error::InvalidArgument("opforge: a check without its opforge.name and opforge.site"));
+      if (!get(attrs, "opforge.name", &op_name)) {
+        return Failed(ffi::Error::InvalidArgument("opforge: a check without its opforge.name"));
       }
       state->check = true;
       state->name = std::string(op_name);
       return state;
     }
-    if (get(attrs, "opforge.defer", &flag) && flag != 0) {
-      if (!get(attrs, "opforge.site", &state->site)) {
-        return Failed(ffi::Error::InvalidArgument("opforge: a deferred call without its opforge.site"));
-      }
-      state->defer = true;
-    }
+    state->defer = get(attrs, "opforge.defer", &flag) && flag != 0;
     if (!get(attrs, "opforge.name", &op_name) || !get(attrs, "opforge.abi", &abi) ||
         !get(attrs, "opforge.op", &number) || !get(attrs, "opforge.inputs", &state->mask) ||
         !get(attrs, "opforge.widen", &state->widen) || !get(attrs, "opforge.narrow", &state->narrow)) {
@@ -319,17 +313,21 @@ void set_status(const std::string& name, ffi::RemainingRets rets, size_t j, opfo
   opforge::device_runtime(name.c_str(), device).fill(name.c_str(), device.index, p, n, sizeof value, &value);
 }
 
-// A deferred call's error (see the top): kept under its site, its status set to the error's code;
-// the error itself when the status cannot be written.
-ffi::Error defer(const CallState& state, int64_t run, const std::string& name, ffi::RemainingRets rets,
-                 opforge::Device device, void* stream, ffi::ErrorCode code, const std::string& message) noexcept {
+// A deferred call's error (see the top): kept under a number of its own (26 bits from this
+// process's token and a count, then the error's code in 5), which its status is set to; the error
+// itself when the status cannot be written.
+ffi::Error defer(const std::string& name, ffi::RemainingRets rets, opforge::Device device, void* stream,
+                 ffi::ErrorCode code, const std::string& message) noexcept {
   try {
+    uint32_t id = (static_cast<uint32_t>(g_process) ^ ++g_failure_count) & 0x3ffffffu;
+    if (id == 0) id = 1;
+    const auto status = static_cast<int32_t>(id << 5 | (static_cast<uint32_t>(code) & 31u));
     {
       std::lock_guard<std::mutex> guard(g_failures_lock);
       if (g_failures.size() >= kMaxFailures) g_failures.clear();
-      g_failures[{state.site, run}] = Failure{code, message};
+      g_failures[status] = Failure{code, message};
     }
-    set_status(name, rets, rets.size() - 1, device, stream, static_cast<int32_t>(code));
+    set_status(name, rets, rets.size() - 1, device, stream, status);
     return ffi::Error::Success();
   } catch (...) {
     return ffi::Error(code, message);
@@ -338,10 +336,10 @@ ffi::Error defer(const CallState& state, int64_t run, const std::string& name, f
 
 // A deferred call's check: operand 0 the call's status reduced over every device (each element
 // the same), the call's results after it, passed on as the check's results (the same buffers
-// where XLA keeps the aliasing, else copied). Fails with the error kept under the site and run
-// when the status is not 0.
-ffi::Error check(const CallState& state, int64_t run, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                 bool on_device, void* stream) noexcept {
+// where XLA keeps the aliasing, else copied). Fails with the error kept under the status when it
+// is not 0.
+ffi::Error check(const CallState& state, ffi::RemainingArgs args, ffi::RemainingRets rets, bool on_device,
+                 void* stream) noexcept {
   try {
     auto b = args.get<ffi::AnyBuffer>(0);
     if (args.size() != rets.size() + 1 || b.has_error() || b->element_type() != ffi::DataType::S32) {
@@ -357,8 +355,8 @@ ffi::Error check(const CallState& state, int64_t run, ffi::RemainingArgs args, f
       opforge::device_runtime(state.name.c_str(), device)
           .copy(state.name.c_str(), &status, opforge::Device{}, b->untyped_data(), device, sizeof status);
     }
-    if (status == 0) {
-      for (size_t j = 0; j < rets.size(); ++j) {  // (the results passed on: a copy where XLA made one)
+    if (status == 0) {  // (the results passed on: a copy where XLA made one)
+      for (size_t j = 0; j < rets.size(); ++j) {
         auto in = args.get<ffi::AnyBuffer>(j + 1);
         auto out = rets.get<ffi::AnyBuffer>(j);
         if (in.has_error() || out.has_error() || in->size_bytes() != (*out)->size_bytes()) {
@@ -374,16 +372,17 @@ ffi::Error check(const CallState& state, int64_t run, ffi::RemainingArgs args, f
               .copy(state.name.c_str(), (*out)->untyped_data(), device, in->untyped_data(), device, in->size_bytes());
         }
       }
+      return ffi::Error::Success();
     }
-    if (status == 0) return ffi::Error::Success();
     {
       std::lock_guard<std::mutex> guard(g_failures_lock);
-      if (auto it = g_failures.find({state.site, run}); it != g_failures.end()) {
+      if (auto it = g_failures.find(status); it != g_failures.end()) {
         return ffi::Error(it->second.code, it->second.message);
       }
     }
-    const bool known = status > 0 && status <= static_cast<int32_t>(ffi::ErrorCode::kUnauthenticated);
-    return error(known ? static_cast<ffi::ErrorCode>(status) : ffi::ErrorCode::kInternal, state.name,
+    const int32_t code = status & 31;
+    const bool known = code > 0 && code <= static_cast<int32_t>(ffi::ErrorCode::kUnauthenticated);
+    return error(known ? static_cast<ffi::ErrorCode>(code) : ffi::ErrorCode::kInternal, state.name,
                  "an input failed the op's checks on a device of another process (an index or label out of "
                  "range, say); that process has the op's message");
   } catch (const std::exception& e) {
@@ -394,9 +393,9 @@ ffi::Error check(const CallState& state, int64_t run, ffi::RemainingArgs args, f
 }
 
 // Runs the call on device (the host, or the device XLA's buffers are on, ordered on stream).
-ffi::Error run(const CallState* state, int64_t run_id, ffi::RemainingArgs args, ffi::RemainingRets rets,
-               bool on_device, void* stream) noexcept {
-  if (state != nullptr && state->check) return check(*state, run_id, args, rets, on_device, stream);
+ffi::Error run(const CallState* state, ffi::RemainingArgs args, ffi::RemainingRets rets, bool on_device,
+               void* stream) noexcept {
+  if (state != nullptr && state->check) return check(*state, args, rets, on_device, stream);
   std::string name = "opforge";
   // where the buffers are: the host, or the device a device call's first buffer is on
   opforge::Device device;
@@ -508,12 +507,12 @@ ffi::Error run(const CallState* state, int64_t run_id, ffi::RemainingArgs args, 
   } catch (...) {
     message = "[" + name + "] an unknown exception";
   }
-  if (state->defer) return defer(*state, run_id, name, rets, device, stream, code, message);
+  if (state->defer) return defer(name, rets, device, stream, code, message);
   return ffi::Error(code, message);
 }
 
-ffi::Error call_host(ffi::RunId id, CallState* state, ffi::RemainingArgs args, ffi::RemainingRets rets) {
-  return run(state, id.run_id, args, rets, false, nullptr);
+ffi::Error call_host(CallState* state, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  return run(state, args, rets, false, nullptr);
 }
 
 }  // namespace
@@ -521,27 +520,21 @@ ffi::Error call_host(ffi::RunId id, CallState* state, ffi::RemainingArgs args, f
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OpforgeXlaInstantiate, instantiate, ffi::Ffi::BindInstantiate().Attrs());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     OpforgeXlaCall, call_host,
-    ffi::Ffi::Bind().Ctx<ffi::RunId>().Ctx<ffi::State<CallState>>().RemainingArgs().RemainingRets());
+    ffi::Ffi::Bind().Ctx<ffi::State<CallState>>().RemainingArgs().RemainingRets());
 
 #ifdef OPFORGE_JAX_CUDA
 struct CUstream_st;  // (CUDA's stream type, declared as cuda_runtime.h does: no CUDA headers needed)
 using cudaStream_t = CUstream_st*;
 namespace {
 
-ffi::Error call_cuda(cudaStream_t stream, ffi::RunId id, CallState* state, ffi::RemainingArgs args,
-                     ffi::RemainingRets rets) {
-  return run(state, id.run_id, args, rets, true, stream);
+ffi::Error call_cuda(cudaStream_t stream, CallState* state, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  return run(state, args, rets, true, stream);
 }
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     OpforgeXlaCallCuda, call_cuda,
-    ffi::Ffi::Bind()
-        .Ctx<ffi::PlatformStream<cudaStream_t>>()
-        .Ctx<ffi::RunId>()
-        .Ctx<ffi::State<CallState>>()
-        .RemainingArgs()
-        .RemainingRets());
+    ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::State<CallState>>().RemainingArgs().RemainingRets());
 #endif
 
 // ---------------------------------------------------------------------------- the Python module
