@@ -152,13 +152,16 @@ with jax.set_mesh(explicit):
         "mul_number": (lambda x: ops.mul(x, 2.0), (x,), (True,)),
         # (the operand of lower rank split, by columns: 3 rows do not split over 2 devices)
         "add_split_bias": (lambda x, g: ops.add(x, g), (x[:3], ln_w), (False, True)),
+        # (a weight typed reduced over the rows' axis, JAX's data-parallel form: left whole)
+        "linear_reduced_weight": (lambda x, w: ops.linear(x, w), (x, w), (True, "reduced")),
         # whole: dim 0 of a matrix's transpose is not a row; a weight with rows of its own
         "transpose_rank2": (lambda t: ops.transpose(t), (x,), (True,)),
         "layer_norm_row_weight": (lambda x, g: ops.layer_norm(x, g, None)[0], (x, x), (True, False)),
     }
     for name, (f, args, split) in EXPLICIT.items():
         one = jax.jit(f)(*(jax.device_put(a, P()) for a in args))
-        put = [jax.device_put(a, P("rows") if s else P()) for a, s in zip(args, split)]
+        put = [jax.device_put(a, P(*(None,) * a.ndim, reduced={"rows"}) if s == "reduced" else P("rows") if s
+                              else P()) for a, s in zip(args, split)]
         g = jax.jit(f)
         shapes, gathers = calls(g.lower(*put).compile())
         got = g(*put)
@@ -259,6 +262,12 @@ def test_under_explicit_axes_an_elementwise_result_is_split_as_its_operands(repo
     lowering had typed the stretched bias split by rows, which 3 rows refused (ValueError)."""
     got = report["explicit_add_split_bias"]
     assert got["close"] and got["types"] == ["float32[3,6@rows]"], got
+
+
+def test_under_explicit_axes_a_weight_typed_reduced_is_left_whole(report: dict[str, Any]) -> None:
+    """(it raised ValueError: the spec read as a tuple, which JAX refuses for reduced specs)"""
+    got = report["explicit_linear_reduced_weight"]
+    assert got["close"] and got["types"] == ["float32[8,3]"], got
 
 
 def test_a_data_parallel_step_in_shard_map_matches_one_device(report: dict[str, Any]) -> None:
