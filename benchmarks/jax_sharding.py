@@ -41,17 +41,19 @@ def main() -> None:
     whole = NamedSharding(mesh, P())
 
     def compile_gathered(f: Callable[..., Any], *inputs: Any) -> Any:
-        """f compiled with opforge's calls left whole (batch dims 0, no shard_map: XLA gathers their
-        operands)."""
-        keep = oj._Op.batch_dims, oj._Op.rows_split, oj._broadcast_sharding
+        """f compiled with opforge's calls left whole (batch dims 0, no shard_map, elementwise
+        calls not partitioned: XLA gathers their operands)."""
+        keep = oj._Op.batch_dims, oj._Op.rows_split, oj._Op._lower_elementwise, oj._broadcast_sharding
         oj._Op.batch_dims = lambda self, *_: 0  # type: ignore[method-assign]
         oj._Op.rows_split = lambda self, *_: None  # type: ignore[method-assign]
+        oj._Op._lower_elementwise = lambda self, *_: None  # type: ignore[method-assign]
         oj._broadcast_sharding = lambda *_: None
         jax.clear_caches()  # (each op's call is a jit of its own: traced and lowered again)
         try:
             return jax.jit(f).lower(*inputs).compile()
         finally:
-            oj._Op.batch_dims, oj._Op.rows_split, oj._broadcast_sharding = keep  # type: ignore[method-assign]
+            (oj._Op.batch_dims, oj._Op.rows_split, oj._Op._lower_elementwise,  # type: ignore[method-assign]
+             oj._broadcast_sharding) = keep
             jax.clear_caches()
 
     rng = np.random.default_rng(0)
@@ -63,6 +65,11 @@ def main() -> None:
     x = jax.device_put(rng.standard_normal((8192, 1024)).astype(np.float32), rows)
     b = jax.device_put(rng.standard_normal(1024).astype(np.float32), whole)
     cases.append(("gelu(x + bias), (8192, 1024) float32, bias (1024,)", (x, b),
+                  lambda x, b: oj.ops.gelu(oj.ops.add(x, b)), lambda x, b: jax.nn.gelu(x + b, approximate=False)))
+    # (split along the last dim: an elementwise call is partitioned over every dim of its results)
+    columns = NamedSharding(mesh, P(None, "rows"))
+    xc, bc = jax.device_put(np.asarray(x), columns), jax.device_put(np.asarray(b), rows)
+    cases.append(("gelu(x + bias), x split by columns, bias split", (xc, bc),
                   lambda x, b: oj.ops.gelu(oj.ops.add(x, b)), lambda x, b: jax.nn.gelu(x + b, approximate=False)))
     cases.append(("layer_norm (8192, 1024) float32, no weight", (x,), lambda x: oj.ops.layer_norm(x)[0],
                   lambda x: (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-5)))
@@ -81,6 +88,10 @@ def main() -> None:
                   lambda x, g, b: oj.ops.layer_norm(x, g, b)[0],
                   lambda x, g, b: (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-5)
                   * g + b))
+    xce, bce = (jax.device_put(np.asarray(a), NamedSharding(explicit, s)) for a, s in ((x, P(None, "rows")), (b, P("rows"))))
+    cases.append(("explicit axes: gradients of sum(gelu(x + bias)), x split by columns, bias split", (xce, bce),
+                  jax.grad(lambda x, b: oj.ops.sum(oj.ops.gelu(oj.ops.add(x, b))), argnums=(0, 1)),
+                  jax.grad(lambda x, b: jnp.sum(jax.nn.gelu(x + b, approximate=False)), argnums=(0, 1))))
     cases.append(("explicit axes: linear's gradients (x, weight, bias), shapes as above", (xe, w, be),
                   jax.grad(lambda x, w, b: oj.ops.sum(oj.ops.linear(x, w, b)), argnums=(0, 1, 2)),
                   jax.grad(lambda x, w, b: jnp.sum(x @ w.T + b), argnums=(0, 1, 2))))
@@ -88,8 +99,9 @@ def main() -> None:
     lines = [f"# opforge.jax sharded over {args.devices} host devices", "",
              f"`python benchmarks/jax_sharding.py --devices {args.devices}`; {platform.processor() or platform.machine()},"
              f" {os.cpu_count()} cores; Python {platform.python_version()}, JAX {jax.__version__}. Medians of 15 "
-             "timings taken in turn; each program under jax.jit with its input split by rows over the devices (automatic "
-             "axes; the last rows' mesh has explicit axes, where a call with a whole operand runs in shard_map).", "",
+             "timings taken in turn; each program under jax.jit with its input split by rows over the devices (or by "
+             "columns where named; automatic axes; the rows named so have a mesh of explicit axes, where a call with a "
+             "whole operand runs in shard_map).", "",
              "| call | opforge, split by rows | opforge, gathered | jax.numpy | split / gathered | split / jax.numpy |",
              "|---|---|---|---|---|---|"]
     for name, inputs, ours, builtin in cases:

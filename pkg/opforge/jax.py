@@ -39,8 +39,10 @@
   spec: elementwise ops, ops whose axis attrs index every present input, before the first axis
   named, batched matmul) says so to XLA (the ``num_batch_dims`` attribute of a target registered
   as batch partitionable, and Shardy's sharding rule), so XLA's partitioner runs it on each
-  device's rows; an elementwise call with an operand broadcast along the rows (a bias) has that
-  operand broadcast first, in a program over several devices. Under a mesh of explicit axes the
+  device's rows; an elementwise call, in a program over several devices, runs on each device's
+  block of its results, whichever dims are split (lowered with a trailing unit dim, every dim of
+  the results a batch dim; an operand broadcast along dims, a bias, broadcast first: see
+  _Op._lower_elementwise). Under a mesh of explicit axes the
   results' types carry the rows' sharding (an elementwise call's as jax.numpy's, on every dim),
   and a call with an operand without rows (linear's weight, layer_norm's) runs in
   ``jax.shard_map`` on each device's rows, the rows by vmap's rules (``_Op.rows_split``; not an op
@@ -662,21 +664,10 @@ class _Op:
             # kernel checks its inputs' values (indices) would fail on the pad; such a call is
             # split only into whole rows)
             k = 0
-        if not k and self.op.impl == "expr" and devices > 1:
-            # (an elementwise call in a program partitioned over devices, an operand broadcast
-            # along rows (a bias, a scale): that operand broadcast to the result's shape here, so
-            # the call is partitioned by rows; each device writes only its rows of it)
-            shape = ctx.avals_out[0].shape
-            if all(a.shape == shape for a in ctx.avals_out):
-                # (the broadcast operands typed as the results: a split of theirs counted from the
-                # left would land on another dim)
-                avals = [a.update(shape=shape, sharding=ctx.avals_out[0].sharding) for a in ctx.avals_in]
-                k = self.batch_dims([shape] * len(avals), [shape] * len(ctx.avals_out), attrs, present)
-                if k:
-                    args = tuple(x if a.shape == shape else _mlir_impl.broadcast_in_dim(
-                                     ctx, x, b, broadcast_dimensions=range(len(shape) - len(a.shape), len(shape)))
-                                 for x, a, b in zip(args, ctx.avals_in, avals))
-                    ctx = ctx.replace(avals_in=avals)
+        if self.op.impl == "expr" and devices > 1:
+            split = self._lower_elementwise(ctx, args, params)
+            if split is not None:
+                return split
         if self.checks_values and k:
             axis_context = ctx.module_context.axis_context
             manual: frozenset[Any] = getattr(axis_context, "manual_axes", frozenset())
@@ -687,6 +678,37 @@ class _Op:
         if k:
             return _lower_partitioned(ctx, k, *args, **params)
         return _lower(ctx, *args, **params)
+
+    def _lower_elementwise(self, ctx: Any, args: Sequence[Any], params: dict[str, Any]) -> Optional[list[Any]]:
+        """An elementwise call in a program partitioned over devices, partitioned over every dim
+        of its results: each device computes the block of them it holds, whichever dims are split
+        (the last included). XLA's batch partitioner keeps one dim of a call out of its batch dims,
+        so the call is lowered with a trailing unit dim on every array, its batch dims all the
+        results' dims; an operand broadcast along some of them (a bias, a scale) is broadcast to
+        the results' shape first. None where the results' shapes differ or a result is typed
+        reduced or unreduced (the call is then lowered as any other)."""
+        out = ctx.avals_out[0]
+        shape = tuple(out.shape)
+        if not shape or any(tuple(a.shape) != shape for a in ctx.avals_out) or self.checks_values:
+            return None
+        spec = _partitions(out)
+        if spec is None or not all(isinstance(d, (int, np.integer)) for d in shape):
+            return None
+        sharding = out.sharding
+        if not getattr(sharding.mesh, "empty", True):
+            sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec, None))
+        unit = (*shape, 1)
+        # (the operands typed as the results: a split of theirs counted from the left would land
+        # on another dim)
+        avals_in = [a.update(shape=unit, sharding=sharding) for a in ctx.avals_in]
+        avals_out = [a.update(shape=unit, sharding=sharding) for a in ctx.avals_out]
+        inner = ctx.replace(avals_in=avals_in, avals_out=avals_out)
+        ins = [_mlir_impl.lower_with_sharding_in_types(inner, _mlir_impl.broadcast_in_dim(
+                   inner, x, b, broadcast_dimensions=range(len(shape) - len(a.shape), len(shape))), b)
+               for x, a, b in zip(args, ctx.avals_in, avals_in)]
+        results = _lower_partitioned(inner, len(shape), *ins, **params)
+        return [_mlir_impl.lower_with_sharding_in_types(ctx, _mlir_impl.reshape(ctx, r, a), a)
+                for r, a in zip(results, ctx.avals_out)]
 
     # ---- sharding
 
