@@ -665,9 +665,9 @@ class _Op:
             # split only into whole rows)
             k = 0
         if self.op.impl == "expr" and devices > 1:
-            split = self._lower_elementwise(ctx, args, params)
-            if split is not None:
-                return split
+            blocks = self._lower_elementwise(ctx, args, params)
+            if blocks is not None:
+                return blocks
         if self.checks_values and k:
             axis_context = ctx.module_context.axis_context
             manual: frozenset[Any] = getattr(axis_context, "manual_axes", frozenset())
