@@ -44,7 +44,7 @@
   the results a batch dim; an operand broadcast along dims, a bias, broadcast first: see
   _Op._lower_elementwise). Under a mesh of explicit axes the
   results' types carry the rows' sharding (an elementwise call's as jax.numpy's, on every dim),
-  and a call with an operand without rows (linear's weight, layer_norm's) runs in
+  and a call with an operand without rows (linear's weight, layer_norm's, matmul's b) runs in
   ``jax.shard_map`` on each device's rows, the rows by vmap's rules (``_Op.rows_split``; not an op
   that checks index values, such as embedding); under automatic axes such a call runs on gathered
   operands, correct but not split. Inside ``jax.shard_map``
@@ -762,7 +762,8 @@ class _Op:
         weights, embedding's table): (mesh, in_specs, out_specs, axes) to run it in jax.shard_map
         on each device's rows, the other operands whole on every device; None for any other call.
         The rows, by vmap's rules from the spec: the leading dims of the one split operand, an
-        input of ``batch_inputs`` (the call valid without them); or the dims before the first
+        input of ``batch_inputs`` (the call valid without them) or matmul's a (its dims before the
+        last, b of at most 2 dims); or the dims before the first
         axis named, of every input the axis attrs index (the other operands no longer than the
         dims from there on: a weight broadcast along rows has rows)."""
         op = self.op
@@ -791,7 +792,12 @@ class _Op:
             return None  # (XLA's batch partitioner splits it)
         m = 1 + max(d for k in split for d, e in enumerate(specs[k]) if e is not None)
         names = [i.name for i in op.inputs]
-        if len(split) == 1 and names[split[0]] in op.batch_inputs:
+        # (a matmul's rows: a's dims before its last, against a b of at most 2 dims, which has no
+        # batch dims to broadcast a's against: not a batch input of the spec, whose vmap rule would
+        # take a's added dims for batch dims beside a b of 3)
+        matmul_rows = (self.n_out == 1 and op.outputs[0].shape == "matmul" and split == [0]
+                       and shapes[1] is not None and len(shapes[1]) <= 2 and m < len(shapes[0]))
+        if len(split) == 1 and (names[split[0]] in op.batch_inputs or matmul_rows):
             rows = set(split)
             try:  # (the leading dims are rows only if the call is valid without them, as under vmap)
                 self.meta(*(None if s is None else _C._meta_tensor(list(s[m:] if k in rows else s), d)

@@ -153,6 +153,13 @@ with jax.set_mesh(explicit):
         "layer_norm_affine": (lambda x, g: ops.layer_norm(x, g, g)[0], (x, ln_w), (True, False)),
         "embedding": (lambda t, w: ops.embedding(t, w), (tokens, w), (True, False)),
         "transpose_rank3": (lambda t: ops.transpose(t), (t3,), (True,)),
+        # (matmul by a matrix: a's dims before its last are rows)
+        "matmul": (lambda x, w: ops.matmul(x, w), (x, w.T.copy()), (True, False)),
+        "grad_matmul": (jax.grad(lambda x, w: ops.sum(ops.matmul(x, w)), argnums=(0, 1)), (x, w.T.copy()),
+                        (True, False)),
+        # (a b of 3 dims broadcasts a's rows into dim 1 of the result: left whole)
+        "matmul_rank3_b": (lambda x, b: ops.matmul(x, b), (x, rng.standard_normal((2, 6, 3)).astype(np.float32)),
+                           (True, False)),
         "grad_step": (jax.grad(step, argnums=(0, 1, 2, 3)), (x, w, b3, ln_w), (True, False, False, False)),
         # elementwise with an operand broadcast along rows (a bias, a number): typed split too
         "add_bias": (lambda x, g: ops.gelu(ops.add(x, g)), (x, ln_w), (True, False)),
@@ -238,6 +245,8 @@ def test_under_explicit_axes_gradients_have_their_primals_types(report: dict[str
     ("linear", ["float32[8@rows,3]"]),
     ("layer_norm_affine", ["float32[8@rows,6]"]),
     ("transpose_rank3", ["float32[8@rows,5,3]"]),
+    ("matmul", ["float32[8@rows,3]"]),
+    ("grad_matmul", ["float32[8@rows,6]", "float32[6,3]"]),
     # (the gradients of x split as x; of the weights, summed over the devices, whole)
     ("grad_step", ["float32[8@rows,6]", "float32[3,6]", "float32[3]", "float32[6]"]),
     ("add_bias", ["float32[8@rows,6]"]),
@@ -259,7 +268,7 @@ def test_under_explicit_axes_a_call_with_whole_operands_runs_on_each_devices_row
 
 
 # (embedding checks its indices: split in shard_map, a bad one would fail on one device alone)
-@pytest.mark.parametrize("name", ["transpose_rank2", "layer_norm_row_weight", "embedding"])
+@pytest.mark.parametrize("name", ["transpose_rank2", "layer_norm_row_weight", "embedding", "matmul_rank3_b"])
 def test_under_explicit_axes_a_call_without_rows_runs_whole(report: dict[str, Any], name: str) -> None:
     got = report["explicit_" + name]
     assert got["close"], f"{name}: the sharded program's results differ from one device's"
