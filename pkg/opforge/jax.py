@@ -957,8 +957,10 @@ class _Op:
         return self._bind(new_ins, tuple(new_attrs))
 
     def _bind(self, ins: Sequence[Any], attrs: tuple[Any, ...]) -> list[Any]:
+        """The batched call, as a call of the op's own (under explicit axes split by rows where
+        rows_split finds them, as outside vmap)."""
         present = tuple(x is not None for x in ins)
-        return list(self.prim.bind(*_agree_varying([x for x in ins if x is not None]), attrs=attrs, present=present))
+        return list(self.call(*(x for x in ins if x is not None), attrs=attrs, present=present))
 
     # ---- autodiff
 

@@ -161,6 +161,9 @@ with jax.set_mesh(explicit):
         "matmul_rank3_b": (lambda x, b: ops.matmul(x, b), (x, rng.standard_normal((2, 6, 3)).astype(np.float32)),
                            (True, False)),
         "grad_step": (jax.grad(step, argnums=(0, 1, 2, 3)), (x, w, b3, ln_w), (True, False, False, False)),
+        # (vmap over the split axis: the batched call is one of the op's own, split alike)
+        "vmap_linear": (jax.vmap(lambda r, w, b: ops.linear(r, w, b), in_axes=(0, None, None)), (x, w, b3),
+                        (True, False, False)),
         # elementwise with an operand broadcast along rows (a bias, a number): typed split too
         "add_bias": (lambda x, g: ops.gelu(ops.add(x, g)), (x, ln_w), (True, False)),
         "mul_number": (lambda x: ops.mul(x, 2.0), (x,), (True,)),
@@ -249,6 +252,7 @@ def test_under_explicit_axes_gradients_have_their_primals_types(report: dict[str
     ("grad_matmul", ["float32[8@rows,6]", "float32[6,3]"]),
     # (the gradients of x split as x; of the weights, summed over the devices, whole)
     ("grad_step", ["float32[8@rows,6]", "float32[3,6]", "float32[3]", "float32[6]"]),
+    ("vmap_linear", ["float32[8@rows,3]"]),
     ("add_bias", ["float32[8@rows,6]"]),
     ("mul_number", ["float32[8@rows,6]"]),
 ])
