@@ -47,6 +47,7 @@ NHWC views, and its outputs of their shape come back channels_last.
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence
 
@@ -136,10 +137,36 @@ def _scalar_kernel(op: OpDef, k: int, j: int, default: Any) -> Callable[..., Any
         if isinstance(value, complex):
             raise TypeError(f"[{op.name}] input '{op.inputs[k].name}': complex numbers are not supported "
                             "(opforge has no complex dtypes)")
-        full[k] = torch.scalar_tensor(value, dtype=like.dtype, device=like.device)
+        full[k] = _scalar(op, k, j, value, like)
         return default(*full)
 
     return kernel
+
+
+def _scalar(op: OpDef, k: int, j: int, value: Any, like: Any) -> Any:
+    """Input k's number as a 0-d tensor of input j's dtype and device, checked as opforge's own API
+    checks a number: a float for an integer or bool input is a TypeError, an int out of the dtype's
+    range a ValueError (both naming the op); a float beyond a floating dtype's range is inf, as
+    NumPy converts it. (Symbolic numbers, under torch.compile, are converted as they are.)"""
+    dtype = like.dtype
+    where = f"[{op.name}] input '{op.inputs[k].name}'"
+    by = f" (bound by input '{op.inputs[j].name}')"
+    if isinstance(value, float) and not dtype.is_floating_point:
+        raise TypeError(f"{where}: a Python float cannot be {TORCH_DTYPES.get(dtype, dtype)}{by}; pass a tensor of the "
+                        "intended dtype")
+    if isinstance(value, int) and not isinstance(value, bool) and not dtype.is_floating_point:
+        low, high = (0, 1) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
+        if not low <= value <= high:
+            raise ValueError(f"{where}: the Python int {value} is out of range for {TORCH_DTYPES.get(dtype, dtype)}{by}")
+    if isinstance(value, (int, float)) and dtype.is_floating_point:
+        try:
+            value = float(value)
+        except OverflowError:
+            raise ValueError(f"{where}: the Python int is out of range for {TORCH_DTYPES.get(dtype, dtype)}{by}") from None
+        if dtype != torch.float64 and math.isfinite(value) and abs(value) > torch.finfo(dtype).max:
+            # (rounded as NumPy converts it, to inf past the dtype's range; torch's conversion raises)
+            return torch.scalar_tensor(value, dtype=torch.float64, device=like.device).to(dtype)
+    return torch.scalar_tensor(value, dtype=dtype, device=like.device)
 
 
 def _full_args(op: OpDef, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -221,7 +248,20 @@ def _nhwc_call(op: OpDef, fmt: Optional[int], args: tuple[Any, ...]) -> Optional
     return [_nhwc(t) if t is not None and t.dim() == 4 else t for t in tensors], attrs, back
 
 
+def _out_of_memory_as_torch(run: Callable[..., Any]) -> Callable[..., Any]:
+    """run, its MemoryError raised as torch.OutOfMemoryError (what torch's allocators raise, and the
+    native kernels: the op's message kept)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return run(*args, **kwargs)
+        except MemoryError as e:
+            raise torch.OutOfMemoryError(str(e)) from None
+
+    return call
+
+
 def _cpu_kernel(op: OpDef, run: Callable[..., Any]) -> Callable[..., Any]:
+    run = _out_of_memory_as_torch(run)
     n_in = len(op.inputs)
     single = len(op.outputs) == 1
     elementwise = op.impl == "expr"
@@ -270,6 +310,7 @@ def _device_kernel(op: OpDef, run: Callable[..., Any], meta: Callable[..., Any],
     torch's work before and after is ordered with opforge's without synchronizing (the op's own
     temporaries come from opforge's stream-ordered allocator on that stream: captured, they are
     allocation and free nodes of the graph)."""
+    run = _out_of_memory_as_torch(run)
     n_in = len(op.inputs)
     single = len(op.outputs) == 1
     streams = torch.get_device_module(device_type)
@@ -307,13 +348,32 @@ def _is_symbolic(shape: Sequence[Any]) -> bool:
 
 
 def _hint(s: Any) -> int:
-    """A size's value without adding a guard (validation only)."""
-    if isinstance(s, torch.SymInt):
-        hint = s.node.hint
-        if hint is None:
-            raise RuntimeError("data-dependent sizes are not supported")  # unbacked SymInt
+    """A size's value without adding a guard (validation and dtypes only: the shapes come from the
+    spec's rules on the symbolic sizes). A data-dependent size (an unbacked SymInt, as of
+    ``x[x > 0]``) has no value: a stand-in, large and distinct per symbol, within its range, as
+    torch reasons about such sizes (not 0 or 1, equal to no constant); a call valid only for some
+    values of it (broadcast against a fixed size) is refused, as torch's own ops refuse it."""
+    if not isinstance(s, torch.SymInt):
+        return int(s)
+    hint = s.node.hint
+    if hint is not None:
         return int(hint)
-    return int(s)
+    env, expr = s.node.shape_env, s.node.expr
+    backed = getattr(env, "backed_var_to_val", None)
+    backed = env.var_to_val if backed is None else backed
+    values = {}
+    for sym in expr.free_symbols:
+        known = backed.get(sym)
+        if known is None:
+            digits = "".join(c for c in str(sym) if c.isdigit())
+            known = 1009 + 4 * int(digits or 0)
+            bounds = env.var_to_range.get(sym)
+            if bounds is not None:
+                low, high = bounds.lower, bounds.upper
+                known = max(int(low), known) if low.is_finite else known
+                known = min(int(high), known) if high.is_finite else known
+        values[sym] = known
+    return int(expr.xreplace(values))
 
 
 def _stand_ins(op: OpDef, tensors: Sequence[Any], size: Callable[[Any], int]) -> list[Any]:
@@ -341,12 +401,24 @@ def _fake_kernel(op: OpDef, meta: Callable[..., Any]) -> Callable[..., Any]:
         tensors = args[:n_in]
         attrs = dict(zip((a.name for a in op.attrs), args[n_in:]))
         present = [t for t in tensors if t is not None]
+        like = present[0]
+        # (this is the Meta kernel too: a cpu tensor beside a meta one must not get an uninitialized
+        # cpu result; the real kernels refuse inputs on different devices alike)
+        for t in present[1:]:
+            if t.device != like.device:
+                first = names[next(k for k, x in enumerate(tensors) if x is like)]
+                other = names[next(k for k, x in enumerate(tensors) if x is t)]
+                raise RuntimeError(f"[{op.name}] inputs are on different devices: '{first}' on {like.device}, "
+                                   f"'{other}' on {t.device}")
         symbolic = any(_is_symbolic(t.shape) for t in present)
         infer = any(o.shape == "infer" for o in op.outputs)
         # infer() rules are C++: their inputs' sizes are specialized (guarded) to their values
         size = int if (symbolic and infer) else _hint
+        if size is int and any(s.node.hint is None for t in present for s in t.shape if isinstance(s, torch.SymInt)):
+            raise NotImplementedError(f"[{op.name}] has a shape rule of C++ only (infer()), which cannot take "
+                                      "data-dependent sizes (as of x[x > 0]) under torch.compile; call it outside "
+                                      "the compiled region or give its spec a shape expression")
         metas = meta(*_stand_ins(op, tensors, size), *args[n_in:])  # raises what a real call would
-        like = present[0]
         # the spec's checks and shape expressions on the symbolic sizes: constraints, not guards
         # on their values (so dynamic dims stay dynamic)
         exprs = (op.shapes(H, *(None if t is None else tuple(t.shape) for t in tensors), *args[n_in:])
@@ -596,7 +668,8 @@ def _autocast_kernel(op: OpDef, overload: Any, device_type: str) -> Callable[...
     """The op under ``torch.autocast(device_type)``, by its spec's policy: ``lower`` casts its
     floating inputs of a type variable to the autocast dtype, ``float32`` to float32, ``promote``
     to the widest of them (float16 with bfloat16: float32, as torch promotes); then the op runs
-    with autocast off for it. Inputs of a concrete dtype (labels, indices) are left alone."""
+    with autocast off for it. Inputs of a concrete dtype (labels, indices) are left alone, and so
+    is float64 but under ``promote``, as torch's autocast leaves it."""
     key = getattr(torch._C.DispatchKey, "Autocast" + torch._C._dispatch_key_for_device(device_type))
     excluded = torch._C.DispatchKeySet(key)
     castable = [k for k, i in enumerate(op.inputs) if i.dtype in op.typevars]
@@ -612,15 +685,18 @@ def _autocast_kernel(op: OpDef, overload: Any, device_type: str) -> Callable[...
             return torch.float32
         return max(dtypes, key=lambda d: _FLOAT_ORDER[d]) if dtypes else None
 
+    # (as torch's autocast: float64 is cast by promote alone, never lowered)
+    eligible = _FLOAT_ORDER if op.autocast == "promote" else {d for d in _FLOAT_ORDER if d != torch.float64}
+
     def kernel(*args: Any) -> Any:
         args = _full_args(op, args)
-        floats = [args[k] for k in castable if isinstance(args[k], torch.Tensor) and args[k].dtype in _FLOAT_ORDER
+        floats = [args[k] for k in castable if isinstance(args[k], torch.Tensor) and args[k].dtype in eligible
                   and args[k].device.type == device_type]
         dtype = target(floats)
         cast = list(args)
         for k in castable:
             t = cast[k]
-            if dtype is not None and isinstance(t, torch.Tensor) and t.dtype in _FLOAT_ORDER and t.dtype != dtype:
+            if dtype is not None and isinstance(t, torch.Tensor) and t.dtype in eligible and t.dtype != dtype:
                 cast[k] = t.to(dtype)
         with torch._C._ExcludeDispatchKeyGuard(excluded):
             return overload(*cast[:n_in], *cast[n_in:])
@@ -673,6 +749,13 @@ def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: s
     ``kernels``/``metas`` hold the package's runtime entry points (``_C.ops``, ``_C._meta``);
     formulas may also call the ``extern`` operators (opforge's, for an op module).
     Returns the library (keep it alive: dropping it unregisters the ops)."""
+    # (torch.ops.<namespace>.<op> finds the op only where the namespace object has no attribute
+    # of that name: refused before anything is registered)
+    taken = set(vars(torch._ops._OpNamespace(namespace))) | set(dir(torch._ops._OpNamespace))
+    for name in table:
+        if name in taken:
+            raise ValueError(f"[{name}] cannot be registered with torch: torch.ops.{namespace}.{name} is an attribute "
+                             "of torch's op namespaces, not an op; rename the op")
     lib = torch.library.Library(namespace, "DEF")
     for op in table.values():
         lib.define(schema(op))
@@ -683,8 +766,11 @@ def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: s
     for op in table.values():
         overload = getattr(F, op.name)
         for k, j in scalar_slots(op):
-            lib.impl(f"{op.name}.scalar_{op.inputs[k].name}", _scalar_kernel(op, k, j, overload),
-                     "CompositeImplicitAutograd")
+            scalar = _scalar_kernel(op, k, j, overload)
+            lib.impl(f"{op.name}.scalar_{op.inputs[k].name}", scalar, "CompositeImplicitAutograd")
+            # (under torch.func too: the number made a tensor where functorch's dispatch starts, so
+            # its transforms see the op itself (jvp, vmap without the fallback))
+            lib.impl(f"{op.name}.scalar_{op.inputs[k].name}", scalar, "FuncTorchDynamicLayerFrontMode")
         if op.composite is not None and op.bprop is None:
             composite = op.composite
 

@@ -502,6 +502,9 @@ ffi::Error run(const CallState* state, ffi::RemainingArgs args, ffi::RemainingRe
   } catch (const opforge::IndexError& e) {
     code = ffi::ErrorCode::kOutOfRange;
     message = e.what();
+  } catch (const opforge::MemoryError& e) {
+    code = ffi::ErrorCode::kResourceExhausted;
+    message = e.what();
   } catch (const std::exception& e) {
     message = e.what();
   } catch (...) {

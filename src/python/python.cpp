@@ -496,6 +496,13 @@ TensorPtr from_capsule(py::handle capsule, const char* op, const char* arg) {
 // Asks a producer for a versioned capsule (DLPack 1.x, which can say "read-only"), and for the
 // unversioned one when its __dlpack__ takes no max_version (producers from before DLPack 1.0).
 TensorPtr from_dlpack_obj(py::handle obj, const char* op, const char* arg) {
+  // A torch tensor with its negative bit set (a lazy negation, as of x.conj().imag) exports its
+  // memory without the negation: its values resolved first
+  py::object resolved;
+  if (py::hasattr(obj, "is_neg") && py::hasattr(obj, "resolve_neg") && obj.attr("is_neg")().cast<bool>()) {
+    resolved = obj.attr("resolve_neg")();
+    obj = resolved;
+  }
   py::object dlpack = obj.attr("__dlpack__");
   // a CUDA producer orders its work before our current stream's (the stream argument)
   py::object stream = py::none();
@@ -854,12 +861,14 @@ std::string signature(const OpInfo& info) {
 
 }  // namespace
 
-// The Python exception for an opforge error: TypeError, ValueError, IndexError or RuntimeError.
+// The Python exception for an opforge error: TypeError, ValueError, IndexError, MemoryError or
+// RuntimeError.
 void set_error(const Error& e) {
-  PyObject* type = dynamic_cast<const TypeError*>(&e)    ? PyExc_TypeError
-                   : dynamic_cast<const ValueError*>(&e) ? PyExc_ValueError
-                   : dynamic_cast<const IndexError*>(&e) ? PyExc_IndexError
-                                                         : PyExc_RuntimeError;
+  PyObject* type = dynamic_cast<const TypeError*>(&e)     ? PyExc_TypeError
+                   : dynamic_cast<const ValueError*>(&e)  ? PyExc_ValueError
+                   : dynamic_cast<const IndexError*>(&e)  ? PyExc_IndexError
+                   : dynamic_cast<const MemoryError*>(&e) ? PyExc_MemoryError
+                                                          : PyExc_RuntimeError;
   PyErr_SetString(type, e.what());
 }
 

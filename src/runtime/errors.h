@@ -15,6 +15,7 @@ struct TypeError : Error { using Error::Error; };     // -> Python TypeError
 struct ValueError : Error { using Error::Error; };    // -> Python ValueError
 struct IndexError : Error { using Error::Error; };    // -> Python IndexError
 struct RuntimeError : Error { using Error::Error; };  // -> Python RuntimeError
+struct MemoryError : Error { using Error::Error; };   // -> Python MemoryError (an allocation failed)
 
 // Builds "[op] part1part2..." from streamable parts.
 template <typename... Parts>

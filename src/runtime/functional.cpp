@@ -117,6 +117,13 @@ Shape matmul_shape(const char* op, const Shape& a, const Shape& b) {
   }
   if (a.size() > 1) batch.push_back(a2[a2.size() - 2]);
   if (b.size() > 1) batch.push_back(b2[b2.size() - 1]);
+  // (a product of big operands may have more elements than any tensor: checked as a broadcast's
+  // result is, on the dimensions known)
+  Shape known;
+  for (int64_t d : batch) {
+    if (d != kUnknownDim) known.push_back(d);
+  }
+  checked_numel(op, known, DType::Float64);
   return batch;
 }
 

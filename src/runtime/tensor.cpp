@@ -247,7 +247,7 @@ void* allocate(size_t capacity) {
   // tiny blocks: plain malloc (16-byte aligned) is much cheaper than an aligned allocation
   void* p = capacity <= 256 ? std::malloc(capacity)
                             : std::aligned_alloc(capacity >= kCacheMinBytes ? (size_t(1) << 21) : 64, capacity);
-  if (!p) throw RuntimeError("out of memory allocating " + std::to_string(capacity) + " bytes");
+  if (!p) fail<MemoryError>(current_op(), "out of memory allocating ", capacity, " bytes");
 #ifdef MADV_HUGEPAGE
   if (capacity >= kCacheMinBytes) madvise(p, capacity, MADV_HUGEPAGE);
 #endif

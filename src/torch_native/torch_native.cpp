@@ -23,7 +23,8 @@
 //   work). Calls that need more than this (an input with a forward-mode tangent, a tensor subclass
 //   or symbolic sizes, as under torch.compile's tracing) go to the Python autograd.Function.
 //
-// opforge's exceptions become torch's (TypeError, ValueError, IndexError; others RuntimeError),
+// opforge's exceptions become torch's (TypeError, ValueError, IndexError, MemoryError as
+// torch.OutOfMemoryError; others RuntimeError),
 // with the op's message.
 #include <Python.h>
 
@@ -94,6 +95,8 @@ struct OpData {
     throw c10::ValueError(here, e.what());
   } catch (const opforge::IndexError& e) {
     throw c10::IndexError(here, e.what());
+  } catch (const opforge::MemoryError& e) {  // (torch.OutOfMemoryError, as torch's allocators raise)
+    throw c10::OutOfMemoryError(here, e.what());
   } catch (const opforge::Error& e) {
     throw c10::Error(here, e.what());
   }

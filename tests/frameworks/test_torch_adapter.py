@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,6 +57,122 @@ def test_python_numbers_as_operands_like_torchs_scalar_overloads() -> None:
     torch.testing.assert_close(f(x), (x + 1.0) * 0.5)
     with pytest.raises(TypeError, match=r"\[add\] input 'y': complex numbers are not supported"):
         ops.add(torch.ones(2), 1j)
+
+
+def test_python_numbers_are_checked_as_opforges_own_api_checks_them() -> None:
+    """(a float for an integer tensor was truncated (1.5 -> 1), an int out of range raised torch's
+    RuntimeError without the op, a float past float32's range too, where NumPy gives inf)"""
+    ints = torch.tensor([1, 2])
+    for bad in (1.5, float("nan")):
+        with pytest.raises(TypeError, match=r"\[add\] input 'y': a Python float cannot be int64 \(bound by input "
+                                            r"'x'\); pass a tensor of the intended dtype"):
+            ops.add(ints, bad)
+    with pytest.raises(TypeError, match=r"\[where\] input 'y': a Python float cannot be int64"):
+        ops.where(torch.tensor([True, False]), ints, 2.7)
+    with pytest.raises(ValueError, match=r"\[add\] input 'y': the Python int 1000 is out of range for int8"):
+        ops.add(ints.to(torch.int8), 1000)
+    with pytest.raises(ValueError, match=r"\[add\] input 'y': the Python int 2 is out of range for bool"):
+        ops.add(torch.tensor([True]), 2)
+    for array in (np.ones(2, np.float32), np.array([1, 2])):  # (opforge's own API, the same messages)
+        for number in (1.5, 1000):
+            try:
+                want: object = opforge.ops.add(array.astype(np.int8) if number == 1000 else array, number).numpy()
+            except (TypeError, ValueError) as e:
+                want = (type(e), str(e).replace("an array", "a tensor"))
+            try:
+                got: object = ops.add(torch.from_numpy(array.astype(np.int8) if number == 1000 else array),
+                                      number).numpy()
+            except (TypeError, ValueError) as e:
+                got = (type(e), str(e))
+            if isinstance(want, tuple):
+                assert got == want
+            else:
+                np.testing.assert_array_equal(got, want)
+    big = ops.add(torch.ones(2), 1e300)  # (past float32's range: inf, as opforge's own API and NumPy give)
+    assert big.dtype == torch.float32 and torch.isinf(big).all()
+    np.testing.assert_array_equal(big.numpy(), opforge.ops.add(np.ones(2, np.float32), 1e300).numpy())
+    assert ops.add(ints, True).tolist() == [2, 3] and ops.mul(torch.ones(2, dtype=torch.float16), 3).tolist() == [3, 3]
+
+
+def test_python_numbers_under_torch_func_transforms() -> None:
+    """(jvp and jacfwd of a call with a number raised NotImplementedError from functorch; vmap ran
+    the batched fallback, with its warning)"""
+    from torch.func import jacfwd, jvp, vmap
+    x = torch.tensor([0.5, 2.0, 3.0], dtype=torch.float64)
+    _, tangent = jvp(lambda a: ops.add(a, 1.0), (x,), (torch.ones_like(x),))
+    torch.testing.assert_close(tangent, torch.ones_like(x))
+    torch.testing.assert_close(jacfwd(lambda a: ops.pow(a, 2.0))(x), torch.diag(2 * x))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(vmap(lambda a: ops.mul(a, 2.0))(x[None]), 2 * x[None])
+
+
+def test_inputs_on_different_devices_are_refused_by_the_meta_kernel_too() -> None:
+    """The fake kernel is the Meta kernel too: a cpu tensor beside a meta one got an uninitialized
+    cpu result (torch refuses the call, as opforge's real kernels do)."""
+    cpu, meta = torch.ones(3), torch.empty(3, device="meta")
+    for call in (lambda: ops.add(cpu, meta), lambda: ops.add(meta, cpu),
+                 lambda: ops.matmul(torch.ones(2, 3), torch.empty(3, 2, device="meta")),
+                 lambda: ops.layer_norm(torch.ones(2, 3), torch.empty(3, device="meta"))):
+        with pytest.raises(RuntimeError, match=r"\[(add|matmul|layer_norm)\] inputs are on different devices: "
+                                               r"'\w+' on (cpu|meta), '\w+' on (cpu|meta)"):
+            call()
+    assert ops.add(meta, meta).device.type == "meta"
+
+
+def test_an_out_of_memory_names_the_op() -> None:
+    """(it raised a RuntimeError without the op; now torch.OutOfMemoryError, as torch's allocators
+    raise, and MemoryError from opforge's own API, both naming the op)"""
+    with pytest.raises(torch.OutOfMemoryError, match=r"\[relu\] out of memory allocating \d+ bytes"):
+        ops.relu(torch.zeros(1).expand(2**45))
+    with pytest.raises(MemoryError, match=r"\[relu\] out of memory allocating \d+ bytes"):
+        opforge.ops.relu(np.broadcast_to(np.zeros(1, np.float32), (2**45,)))
+
+
+def test_a_product_of_too_many_elements_is_refused_by_its_shape_rule() -> None:
+    meta = lambda *shape: torch.empty(*shape, device="meta")  # noqa: E731
+    with pytest.raises(ValueError, match=r"\[matmul\] shape \(1099511627776, 1099511627776\) has too many"):
+        ops.matmul(meta(2**40, 2), meta(2, 2**40))
+    with pytest.raises(ValueError, match=r"\[matmul\] shape .* has too many elements"):
+        ops.matmul(meta(2**31, 1, 2, 2), meta(1, 2**31, 2, 2))
+
+
+def test_data_dependent_sizes_under_compile() -> None:
+    """x[x > 0] has a size known only when it runs (an unbacked SymInt): its checks take a stand-in
+    (it raised 'data-dependent sizes are not supported', which eager does not)."""
+    torch._dynamo.reset()
+    torch._dynamo.config.capture_dynamic_output_shape_ops = True
+    try:
+        f = torch.compile(lambda x: ops.mul(ops.exp(x[x > 0]), 2.0), backend="aot_eager", fullgraph=True)
+        x = torch.randn(10)
+        torch.testing.assert_close(f(x), x[x > 0].exp() * 2)
+        g = torch.compile(lambda x: ops.sum(ops.softmax(x[x > 0].reshape(-1, 1), axis=0)), backend="aot_eager",
+                          fullgraph=True)
+        torch.testing.assert_close(g(x), torch.tensor(1.0))
+    finally:
+        torch._dynamo.config.capture_dynamic_output_shape_ops = False
+        torch._dynamo.reset()
+
+
+def test_an_op_named_as_an_attribute_of_torchs_namespaces_is_refused(tmp_path: Path) -> None:
+    """torch.ops.<ns>.name is the namespace's name: an op named so could not be found (AttributeError
+    from inside torch, the module's other ops left unregistered)"""
+    (tmp_path / "name.yaml").write_text(
+        "name:\n  doc: x plus one.\n  inputs:\n    x: T\n  outputs:\n    out: {dtype: T, shape: same(x)}\n"
+        "  dtypes:\n    T: [float32]\n  impl:\n    expr: x + 1\n  tests:\n    reference: x + 1\n")
+    m = opforge.load("tnamens", specs=[str(tmp_path / "name.yaml")], sources=[], build_dir=str(tmp_path / "build"))
+    with pytest.raises(ValueError, match=r"\[name\] cannot be registered with torch: torch.ops.tnamens.name is an "
+                                         r"attribute of torch's op namespaces, not an op; rename the op"):
+        ot.register_module(m)
+
+
+def test_a_negative_view_through_dlpack_keeps_its_sign() -> None:
+    """torch exports a tensor with its negative bit set without the negation: opforge.ops read
+    [1, 2, 3] for -[1, 2, 3]"""
+    n = torch._neg_view(torch.tensor([1.0, 2.0, 3.0]))
+    np.testing.assert_array_equal(opforge.ops.relu(n).numpy(), [0, 0, 0])
+    np.testing.assert_array_equal(opforge.ops.neg(n).numpy(), [1, 2, 3])
 
 
 def test_attrs_take_spec_defaults_and_keywords() -> None:
@@ -170,6 +287,13 @@ def test_autocast_follows_each_ops_policy() -> None:
     assert g.dtype == torch.bfloat16
     with torch.autocast("cpu", dtype=torch.float16):
         assert ops.matmul(x, w.t()).dtype == torch.float16
+    # float64 is left alone but by promote, as torch's autocast leaves it (it was lowered)
+    d = torch.full((1000,), 4000.000006, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert ops.sum(d).dtype == torch.float64 and ops.sum(d).item() == pytest.approx(4000000.006, abs=1e-6)
+        assert ops.matmul(x.double(), w.t().double()).dtype == torch.float64
+        assert ops.softmax(d).dtype == torch.float64
+        assert ops.add(d, x[0, 0].to(torch.bfloat16)).dtype == torch.float64
 
 
 def test_autocast_training_step_and_compile() -> None:

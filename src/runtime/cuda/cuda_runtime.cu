@@ -171,7 +171,7 @@ class CudaRuntime final : public DeviceRuntime {
         cudaGetLastError();
         size_t free_bytes = 0, total = 0;
         cudaMemGetInfo(&free_bytes, &total);
-        fail<RuntimeError>(op, "CUDA out of memory: tried to allocate ", nbytes, " bytes on cuda:", index, " (",
+        fail<MemoryError>(op, "CUDA out of memory: tried to allocate ", nbytes, " bytes on cuda:", index, " (",
                            free_bytes, " of ", total, " bytes free; ", allocated_[index].load(),
                            " allocated by opforge)");
       }
