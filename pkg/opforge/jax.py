@@ -9,9 +9,12 @@
     y = oj.ops.leaky_relu(oj.ops.mul(x, x), alpha=0.2)         # jax.Array in, jax.Array out
     g = jax.jit(jax.grad(lambda x: oj.ops.sum(oj.ops.tanh(x))))(x)
 
-- ``ops.<name>(*inputs, **attrs)`` is the op on ``jax.Array``s (NumPy arrays and Python scalars
-  are taken as JAX takes them). Inputs are positional or by name, attrs by name or after the
-  inputs; attrs are static (a new value compiles the call again, a repeated one does not).
+- ``ops.<name>(*inputs, **attrs)`` is the op on ``jax.Array``s (NumPy arrays as JAX takes them;
+  a Python number weakly typed, as JAX takes it: of the dtype of an array input of its type
+  variable, ``mul(x, 2.0)`` keeping x's bfloat16, checked as opforge's own API checks numbers;
+  anything else is a TypeError naming the op). Inputs are positional or by name, attrs by name or
+  after the inputs; attrs are static (a new value compiles the call again, a repeated one does
+  not; floats by their bits, so -0.0 is not 0.0).
 - Each op is a JAX primitive whose lowering is a custom call of the XLA FFI target ``opforge``
   (one handler for every op, ``include/jax_native/jax_native.cpp``): XLA hands it its buffers and
   the handler runs the op's opforge kernel on them, the results written straight into XLA's
@@ -80,6 +83,7 @@ import hashlib
 import math
 import operator
 import re
+import struct
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence
 
@@ -443,19 +447,57 @@ def _canonical(op: OpDef, attr: AttrDef, value: Any) -> Any:
     if t == "int" and _is_int(value):
         return int(value)
     if t == "float" and (_is_int(value) or isinstance(value, (float, np.floating))):
-        return float(value)
+        return _float(op, attr, value)
     if t == "str" and isinstance(value, str):
         return value
     if t == "list[int]" and _is_int(value):  # (one int for a list of ints, as opforge's functions take it)
         return (int(value),)
+    if t.startswith("list[") and isinstance(value, np.ndarray) and value.ndim == 0:  # (one number)
+        return _canonical(op, attr, value.item())
     if t.startswith("list[") and isinstance(value, (list, tuple, np.ndarray)):
         items = list(np.asarray(value).tolist()) if isinstance(value, np.ndarray) else list(value)
         if t == "list[int]" and all(_is_int(v) for v in items):
             return tuple(int(v) for v in items)
         if t == "list[float]" and all(_is_int(v) or isinstance(v, (float, np.floating)) for v in items):
-            return tuple(float(v) for v in items)
+            return tuple(_float(op, attr, v) for v in items)
     raise TypeError(f"[{op.name}] attr '{attr.name}' must be {'an' if t == 'int' else 'a'} {t}"
                     f"{' or None' if not attr.required and attr.default is None else ''}, got {type(value).__name__}")
+
+
+class _Float(float):
+    """A float attr as the static argument of an op's jitted call, which JAX caches by equality:
+    equal to another float only with the same bits, so that -0.0 and 0.0 (equal as floats, and
+    giving different results: leaky_relu's alpha, clamp's bounds) compile apart, and a NaN finds its
+    own compilation again. Against any other number, a float."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, float):
+            return struct.pack("<d", self) == struct.pack("<d", other)
+        return float.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(struct.pack("<d", self))
+
+
+def _float(op: OpDef, attr: AttrDef, value: Any) -> _Float:
+    try:
+        return _Float(value)
+    except OverflowError:  # (an int past float64's range)
+        raise ValueError(f"[{op.name}] attr '{attr.name}' is out of range for float") from None
+
+
+def _dtype_name(op: OpDef, input_name: str, dtype: Any) -> str:
+    """opforge's name of an input's dtype; TypeError naming the op for one opforge does not have."""
+    name = _NAMES.get(np.dtype(dtype))
+    if name is None:
+        raise TypeError(f"[{op.name}] input '{input_name}' has dtype {dtype}, which opforge does not have; "
+                        f"supported dtypes: {', '.join(_DTYPES)}")
+    return name
 
 
 def _ffi_attr(attr: AttrDef, value: Any) -> Any:
@@ -465,7 +507,7 @@ def _ffi_attr(attr: AttrDef, value: Any) -> Any:
         return np.asarray(value, np.int64)
     if attr.type == "list[float]":
         return np.asarray(value, np.float64)
-    return value
+    return float(value) if isinstance(value, _Float) else value
 
 
 def _meta_value(value: Any) -> Any:
@@ -473,6 +515,61 @@ def _meta_value(value: Any) -> Any:
 
 
 _UNSET = object()
+_NUMBERS = (bool, int, float)
+
+
+def _inputs(op: OpDef, inputs: list[Any]) -> list[Any]:
+    """A call's inputs as the op takes them: arrays (JAX's, NumPy's) as they are; a Python number
+    weakly typed, as JAX takes it: of the dtype of an array input of its type variable (``x * 2.0``
+    keeps x's bfloat16), checked as opforge's own API checks it (a float for an integer input is a
+    TypeError, an int out of the dtype's range a ValueError); without one, JAX's default dtype of
+    the widest number of the type variable. Anything else: TypeError naming the op."""
+    numbers = []
+    for k, x in enumerate(inputs):
+        if x is None or isinstance(x, (jax.Array, np.ndarray, np.generic)) or hasattr(x, "__jax_array__"):
+            continue
+        if isinstance(x, _NUMBERS):
+            numbers.append(k)
+            continue
+        what = "complex numbers are not supported (opforge has no complex dtypes)" if isinstance(x, complex) else \
+            f"must be a JAX or NumPy array or a Python number, got {type(x).__module__}.{type(x).__qualname__}"
+        raise TypeError(f"[{op.name}] input '{op.inputs[k].name}' {what}")
+    if not numbers:
+        return inputs
+    out = list(inputs)
+    for k in numbers:
+        value, inp = inputs[k], op.inputs[k]
+        typevar = inp.dtype if inp.dtype in op.typevars else None
+        partner = next((j for j, x in enumerate(inputs) if j not in numbers and x is not None and typevar is not None
+                        and op.inputs[j].dtype == typevar), None)
+        if partner is not None:
+            dtype = np.dtype(inputs[partner].dtype)
+            by = f" (bound by input '{op.inputs[partner].name}')"
+        else:
+            if typevar is None:
+                name = inp.dtype
+            else:  # (the widest number of the type variable: float, int, bool)
+                kinds = {type(inputs[j]) for j in numbers if op.inputs[j].dtype == typevar}
+                name = "float64" if float in kinds else "int64" if int in kinds else "bool"
+            dtype = np.dtype(jax.dtypes.canonicalize_dtype(_DTYPES.get(name, np.dtype(np.float64))))
+            by = "" if jax.config.jax_enable_x64 or dtype.itemsize == 8 or dtype == np.bool_ else \
+                " (JAX without 64-bit types)"
+        where = f"[{op.name}] input '{inp.name}'"
+        if isinstance(value, float) and dtype.kind in "biu":
+            raise TypeError(f"{where}: a Python float cannot be {_NAMES.get(dtype, dtype)}{by}; pass an array of the "
+                            "intended dtype")
+        if isinstance(value, int) and not isinstance(value, bool):
+            low, high = (0, 1) if dtype == np.bool_ else (np.iinfo(dtype).min, np.iinfo(dtype).max) \
+                if dtype.kind in "iu" else (-math.inf, math.inf)
+            if not low <= value <= high:
+                raise ValueError(f"{where}: the Python int {value} is out of range for {_NAMES.get(dtype, dtype)}{by}")
+        with np.errstate(over="ignore"):  # (a float past the dtype's range: inf, as NumPy converts it)
+            try:
+                out[k] = np.asarray(value, dtype)
+            except OverflowError:
+                raise ValueError(f"{where}: the Python int is out of range for {_NAMES.get(dtype, dtype)}{by}") \
+                    from None
+    return out
 
 
 def _bind_args(op: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], tuple[Any, ...]]:
@@ -860,10 +957,7 @@ class _Op:
         dtypes: list[Optional[str]] = []
         widen = 0
         for k, (inp, a) in enumerate(zip(self.op.inputs, _expand(present, avals))):
-            name = None if a is None else _NAMES.get(np.dtype(a.dtype))
-            if a is not None and name is None:
-                raise TypeError(f"[{self.op.name}] input '{inp.name}' has dtype {a.dtype}, which opforge does not "
-                                f"have; supported dtypes: {', '.join(_DTYPES)}")
+            name = None if a is None else _dtype_name(self.op, inp.name, a.dtype)
             if name == "int32" and inp.dtype == "int64" and not getattr(jax.config, "jax_enable_x64"):
                 name = "int64"
                 widen |= 1 << k
@@ -872,7 +966,7 @@ class _Op:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         inputs, attrs = _bind_args(self.op, args, kwargs)
-        return self.apply(inputs, attrs)
+        return self.apply(_inputs(self.op, inputs), attrs)
 
     def apply(self, inputs: Sequence[Any], attrs: tuple[Any, ...]) -> Any:
         present = tuple(x is not None for x in inputs)
@@ -1072,7 +1166,7 @@ class OpSet:
         self._ops: dict[str, _Op] = {}
         for op in table.values():
             if op.composite is not None and op.bprop is None:  # (a formula over the other ops)
-                fns[op.name] = _composite(op, self.F)
+                fns[op.name] = _composite(op, self.F, getattr(metas, op.name))
             else:
                 name = op.name if library is None else f"{library}.{op.name}"
                 o = _Op(op, getattr(kernels, op.name), getattr(metas, op.name), prefix, name, self.F)
@@ -1092,12 +1186,19 @@ def _public(o: _Op) -> Callable[..., Any]:
     return fn
 
 
-def _composite(op: OpDef, F: Any) -> Callable[..., Any]:
+def _composite(op: OpDef, F: Any, meta: Any) -> Callable[..., Any]:
     formula = op.composite
     assert formula is not None
 
     def fn(*args: Any, **kwargs: Any) -> Any:
         inputs, attrs = _bind_args(op, args, kwargs)
+        inputs = _inputs(op, inputs)
+        # (the op's own checks first, as an eager call's: its dtypes and shapes, named after it,
+        # not after the ops of its formula)
+        avals = [None if x is None else jax.typeof(x) for x in inputs]
+        if all(isinstance(d, (int, np.integer)) for a in avals if a is not None for d in a.shape):
+            meta(*(None if a is None else _C._meta_tensor(list(a.shape), _dtype_name(op, inp.name, a.dtype))
+                   for inp, a in zip(op.inputs, avals)), *(_meta_value(v) for v in attrs))
         return formula(F, H, *inputs, *(_meta_value(v) for v in attrs))
 
     fn.__name__ = fn.__qualname__ = op.name

@@ -240,6 +240,64 @@ def test_jit_compiles_once_per_shape_and_attrs() -> None:
         oj._OWN._ops["leaky_relu"].meta = real
 
 
+def test_an_attr_of_minus_zero_compiles_apart_from_zero() -> None:
+    """-0.0 == 0.0 as floats, and the jitted call's cache took one for the other: leaky_relu(-1,
+    alpha=-0.0) gave -0.0 after a call with alpha=0.0 (eager gives +0.0), clamp likewise."""
+    x = jnp.array([-1.0, 2.0], jnp.float32)
+    for first, second in ((0.0, -0.0), (-0.0, 0.0)):
+        for alpha in (first, second):
+            got = np.asarray(oj.ops.leaky_relu(x, alpha=alpha))
+            want = opforge.ops.leaky_relu(np.asarray(x), alpha=alpha).numpy()
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    both = jax.jit(lambda x: (oj.ops.clamp(x, min=0.0), oj.ops.clamp(x, min=-0.0)))(jnp.array([-1.0]))
+    assert [bool(np.signbit(np.asarray(b))[0]) for b in both] == [False, True]
+    nan = float("nan")  # (a NaN finds its own compilation again: equal to itself by its bits)
+    assert oj._Float(nan) == oj._Float(nan) and oj._Float(0.0) != oj._Float(-0.0) and oj._Float(0.0) == 0
+
+
+def test_python_numbers_take_the_dtype_of_their_partner_as_jax_takes_them() -> None:
+    """x * 2.0 keeps x's dtype (bfloat16, float16, float32 with 64-bit types on), as jnp.multiply and
+    opforge's own API do; before, the number was a float64 (float32) array and the call refused
+    the mix. Numbers are checked as opforge's own API checks them."""
+    for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
+        x = jnp.ones(3, dtype)
+        assert oj.ops.mul(x, 2.0).dtype == jnp.multiply(x, 2.0).dtype == dtype
+        assert oj.ops.mul(2, x).dtype == dtype and oj.ops.pow(x, 2).dtype == dtype
+        assert jax.jit(lambda x: oj.ops.add(x, 1.5))(x).dtype == dtype
+    assert oj.ops.mul(jnp.ones(3, jnp.int32), 3).dtype == jnp.int32
+    assert oj.ops.mul(2, 1.5).dtype == jnp.float64  # (no array: JAX's default of the widest number)
+    with pytest.raises(TypeError, match=r"\[add\] input 'y': a Python float cannot be int32 \(bound by input 'x'\)"):
+        oj.ops.add(jnp.ones(3, jnp.int32), 1.5)
+    with pytest.raises(ValueError, match=r"\[add\] input 'y': the Python int 1000 is out of range for int8"):
+        oj.ops.add(jnp.ones(3, jnp.int8), 1000)
+    with pytest.raises(ValueError, match=r"\[mul\] input 'x': the Python int 1267650600228229401496703205376 is "
+                                         r"out of range for int64"):
+        oj.ops.mul(2**100, 1)
+    assert np.isinf(np.asarray(oj.ops.add(jnp.ones(2, jnp.float16), 1e300))).all()
+    with jax.enable_x64(False):
+        with pytest.raises(ValueError, match=r"\[mul\] input 'x': the Python int 1099511627776 is out of range for "
+                                             r"int32 \(JAX without 64-bit types\)"):
+            oj.ops.mul(2**40, 1)
+
+
+def test_inputs_that_are_not_arrays_or_numbers_raise_naming_the_op() -> None:
+    x = jnp.ones(3)
+    for bad in ("a", [1.0, 2.0, 3.0], {"x": 1}, opforge.tensor(np.ones(3, np.float32))):
+        with pytest.raises(TypeError, match=r"\[mul\] input 'x' must be a JAX or NumPy array or a Python number, "
+                                            r"got "):
+            oj.ops.mul(bad, x)
+    with pytest.raises(TypeError, match=r"\[mul\] input 'y' complex numbers are not supported"):
+        oj.ops.mul(x, 1j)
+    with pytest.raises(ValueError, match=r"\[leaky_relu\] attr 'alpha' is out of range for float"):
+        oj.ops.leaky_relu(x, alpha=2**1024)
+    np.testing.assert_array_equal(oj.ops.sum(jnp.ones((2, 3)), axis=np.array(0)), [2, 2, 2])  # (a 0-d array: one axis)
+    # a composite op's own checks first (square over mul: its errors were named [mul])
+    with pytest.raises(TypeError, match=r"\[square\] dtype bool is not supported on target cpu"):
+        oj.ops.square(jnp.ones(3, bool))
+    with pytest.raises(TypeError, match=r"\[square\] input 'x' has dtype complex64"):
+        oj.ops.square(jnp.ones(3, jnp.complex64))
+
+
 # ---------------------------------------------------------------------------- the seeds
 
 
