@@ -3,7 +3,7 @@ formulas lowered to them: what the dest modules place."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Protocol, Sequence, Union
 
 from . import escape
@@ -12,7 +12,7 @@ from .formula.expr import LoweredExpr, lower_expr
 from .formula.graph import GraphScope, OpSignature, lower_graph, lower_outputs, peel_guards
 from .formula.kinds import NUMBER, TENSOR, VType, attr_vtype
 from .formula.lang import CPP, CppLang
-from .formula.syntax import Formula, names_in
+from .formula.syntax import Binary, Call, Formula, Unary, names_in
 from .model import AotImpl, Attr, AttrType, CompositeImpl, CppImpl, DType, ExprImpl, Format, OpSpec, expr_scope
 from .targets import HOST, Backend, Build
 
@@ -333,6 +333,11 @@ class LoweredJvp:
     tangents: tuple[tuple[int, str, str], ...]   # (input index, tangent name, how the tangent is bound)
     lets: tuple[tuple[str, str, str, tuple[str, ...]], ...]  # (name, code, C++ type, tests of the inputs it needs)
     outputs: tuple[tuple[int, str], ...]         # (output index, code of its tangent)
+    # (output index, its tangent's terms: (sign, code, the inputs whose tangents the term reads)),
+    # for a tangent that is a sum of terms reading different tangents: a term is evaluated only
+    # where one of its tangents was given (a tangent not given is zero, and zero times an
+    # infinite factor, pow's log(x) at x < 0, is NaN where the term is zero)
+    terms: tuple[tuple[int, tuple[tuple[int, str, tuple[int, ...]], ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -461,7 +466,12 @@ def _lower_jvp(op: OpSpec, sigs: Mapping[str, OpSignature], lang: CppLang, prefi
                 tensors[name] = f"v_{name}"
         used |= scope.used_ops
     index = {o.name: k for k, o in enumerate(op.outputs)}
-    outputs = []
+    # the inputs whose tangents each name reads (a tangent its own; a let those of its formula)
+    reads: dict[str, frozenset[int]] = {t: frozenset({k}) for k, t, _ in tangents}
+    for names, f in op.jvp.lets:
+        for name in names:
+            reads[name] = frozenset().union(*(reads.get(n, frozenset()) for n in names_in(f.ast)))
+    outputs, split = [], []
     for name, f in op.jvp.tangents:
         scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, companions=companions, guards=guards)
         code, kind = lower_graph(f, scope, lang)
@@ -469,7 +479,35 @@ def _lower_jvp(op: OpSpec, sigs: Mapping[str, OpSignature], lang: CppLang, prefi
             raise f.error(0, f"a tangent must be a tensor, got {kind}")
         used |= scope.used_ops
         outputs.append((index[name], code))
-    return LoweredJvp(tuple(tangents), tuple(lets), tuple(outputs))
+        terms = _additive_terms(f.ast, 1)
+        needs = [frozenset().union(*(reads.get(n, frozenset()) for n in names_in(node))) for _, node in terms]
+        if len(set(needs)) < 2 or not all(needs) or not {"add", "sub", "neg"} <= set(sigs):
+            continue  # (one term, or every term reads the same tangents: nothing to leave out)
+        lowered = []
+        for (sign, node), need in zip(terms, needs):
+            scope = GraphScope(dict(tensors), set(optional), dict(scalars), sigs, companions=companions,
+                               guards=guards)
+            term, term_kind = lower_graph(replace(f, ast=node), scope, lang)
+            if not term_kind.is_tensor:
+                break
+            used |= scope.used_ops | {"add", "sub", "neg"}
+            lowered.append((sign, term, tuple(sorted(need))))
+        else:
+            split.append((index[name], tuple(lowered)))
+    return LoweredJvp(tuple(tangents), tuple(lets), tuple(outputs), tuple(split))
+
+
+def _additive_terms(node: Any, sign: int) -> list[tuple[int, Any]]:
+    """A formula as a sum of signed terms: its top-level ``+``, ``-`` (binary and unary) and
+    ``add``/``sub`` calls taken apart."""
+    if isinstance(node, Binary) and node.op in ("+", "-"):
+        return _additive_terms(node.left, sign) + _additive_terms(node.right, sign if node.op == "+" else -sign)
+    if isinstance(node, Call) and node.func in ("add", "sub") and len(node.args) == 2 and not node.kwargs:
+        return (_additive_terms(node.args[0], sign)
+                + _additive_terms(node.args[1], sign if node.func == "add" else -sign))
+    if isinstance(node, Unary) and node.op == "-":
+        return _additive_terms(node.operand, -sign)
+    return [(sign, node)]
 
 
 def dim_scope(op: OpSpec) -> dims.DimScope:

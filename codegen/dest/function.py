@@ -311,7 +311,26 @@ def _jvp(op: OpSpec, lj: api.LoweredJvp) -> list[str]:
             code = f"({' && '.join(given)}) ? {code} : {ctype}{{}}"
         lines.append(f"[[maybe_unused]] const {ctype} v_{n} = {code};")
     lines.append(f"TensorList out({len(op.outputs)});")
-    lines += [f"out[{k}] = {code};" for k, code in lj.outputs]
+    split = dict(lj.terms)
+    for k, code in lj.outputs:
+        if k not in split:
+            lines.append(f"out[{k}] = {code};")
+            continue
+        # (a sum of terms reading different tangents: those whose tangents were all not given left
+        # out, not multiplied by zeros; then broadcast to the output's shape, as the sum was)
+        out = f"v_{op.outputs[k].name}"
+        lines.append("{")
+        lines.append("  TensorPtr acc;")
+        for sign, term, needs in split[k]:
+            test = " || ".join(f"tangents[{j}]" for j in needs)
+            first = "term" if sign > 0 else "ops::neg(term)"
+            lines.append(f"  if ({test}) {{")
+            lines.append(f"    TensorPtr term = {term};")
+            lines.append(f"    acc = acc ? ops::{'add' if sign > 0 else 'sub'}(acc, term) : {first};")
+            lines.append("  }")
+        lines.append(f"  out[{k}] = !acc ? zeros_like({out}) : acc->shape() == {out}->shape() ? acc "
+                     f": ops::add(acc, zeros_like({out}));")
+        lines.append("}")
     lines.append("return out;")
     return lines
 

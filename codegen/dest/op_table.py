@@ -46,6 +46,21 @@ def _jvp(op: OpSpec, lj: api.LoweredJvp) -> list[str]:
     lines += [f"v_{n} = {code} if {' and '.join(given)} else None" if given else f"v_{n} = {code}"
               for n, code, _, given in lj.lets]
     codes = dict(lj.outputs)
+    for k, terms in lj.terms:
+        # (a sum of terms reading different tangents: those whose tangents were all not given left
+        # out, not multiplied by zeros; then broadcast to the output's shape, as the sum was)
+        acc, out = f"s{k}_", f"v_{op.outputs[k].name}"
+        lines.append(f"{acc} = None")
+        for sign, code, needs in terms:
+            test = " or ".join(f"t[{j}] is not None" for j in needs)
+            add = "F.add" if sign > 0 else "F.sub"
+            first = "term_" if sign > 0 else "F.neg(term_)"
+            lines.append(f"if {test}:")
+            lines.append(f"    term_ = {code}")
+            lines.append(f"    {acc} = {first} if {acc} is None else {add}({acc}, term_)")
+        lines.append(f"{acc} = H.zeros_like({out}) if {acc} is None else {acc} if tuple({acc}.shape) == "
+                     f"tuple({out}.shape) else F.add({acc}, H.zeros_like({out}))")
+        codes[k] = acc
     lines.append("return (" + "".join(f"{codes.get(k, 'None')}, " for k in range(len(op.outputs))).rstrip() + ")")
     return lines
 

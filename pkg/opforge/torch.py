@@ -513,6 +513,11 @@ def _autograd_function(op: OpDef, overload: Any, F: Any) -> Any:
         ctx.attrs = inputs[n_in:n_in + n_attrs]
         if non_diff:
             ctx.mark_non_differentiable(*(outs[k] for k in non_diff))
+        # (an input without a tangent reaches jvp as None, not zeros: the jvp formula leaves out its
+        # terms, where zeros times an infinite factor, pow's log(x) at x < 0, would be NaN; backward
+        # makes its absent gradients zeros itself)
+        ctx.set_materialize_grads(False)
+        ctx.outs_like = [(outs[k].shape, outs[k].dtype, outs[k].device) for k in diff_out]
         if jvp_formula is not None and _forward_ad_active():
             ctx.present = [t is not None for t in values]
             ctx.save_for_forward(*(t for t in values if t is not None))
@@ -522,7 +527,8 @@ def _autograd_function(op: OpDef, overload: Any, F: Any) -> Any:
         for (s, _), t in zip(saved, ctx.saved_tensors):
             values[s] = t
         need = ctx.needs_input_grad[:n_in]
-        douts = [grads[k] for k in diff_out]
+        douts = [grads[k] if grads[k] is not None else torch.zeros(shape, dtype=dtype, device=device)
+                 for k, (shape, dtype, device) in zip(diff_out, ctx.outs_like)]
         result = bprop(F, H, need, ctx.metas, *values, *douts, *ctx.attrs)
         return (*result, *([None] * n_attrs))
 

@@ -240,6 +240,16 @@ def test_jit_compiles_once_per_shape_and_attrs() -> None:
         oj._OWN._ops["leaky_relu"].meta = real
 
 
+def test_forward_mode_leaves_out_the_terms_of_inputs_without_tangents() -> None:
+    """(pow's jvp read log(x) times a zero tangent of the exponent: NaN at x < 0; see
+    tests/ops/test_forward_mode.py)"""
+    x = jnp.array([-1.0, 2.0, -3.0])
+    np.testing.assert_allclose(jax.jacfwd(lambda a: oj.ops.pow(a, 2.0))(x), np.diag(2 * np.asarray(x)))
+    np.testing.assert_allclose(jax.hessian(lambda a: oj.ops.sum(oj.ops.pow(a, 3.0)))(x), np.diag(6 * np.asarray(x)))
+    np.testing.assert_allclose(jax.jvp(lambda a: oj.ops.add(a, jnp.ones((2, 3))), (x,), (jnp.ones(3),))[1],
+                               np.ones((2, 3)))
+
+
 def test_an_attr_of_minus_zero_compiles_apart_from_zero() -> None:
     """-0.0 == 0.0 as floats, and the jitted call's cache took one for the other: leaky_relu(-1,
     alpha=-0.0) gave -0.0 after a call with alpha=0.0 (eager gives +0.0), clamp likewise."""

@@ -98,7 +98,7 @@ def test_python_numbers_under_torch_func_transforms() -> None:
     """(jvp and jacfwd of a call with a number raised NotImplementedError from functorch; vmap ran
     the batched fallback, with its warning)"""
     from torch.func import jacfwd, jvp, vmap
-    x = torch.tensor([0.5, 2.0, 3.0], dtype=torch.float64)
+    x = torch.tensor([-0.5, 2.0, -3.0], dtype=torch.float64)  # (pow at x < 0: see test_forward_mode.py)
     _, tangent = jvp(lambda a: ops.add(a, 1.0), (x,), (torch.ones_like(x),))
     torch.testing.assert_close(tangent, torch.ones_like(x))
     torch.testing.assert_close(jacfwd(lambda a: ops.pow(a, 2.0))(x), torch.diag(2 * x))
@@ -106,6 +106,12 @@ def test_python_numbers_under_torch_func_transforms() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         torch.testing.assert_close(vmap(lambda a: ops.mul(a, 2.0))(x[None]), 2 * x[None])
+    from torch.func import hessian  # (forward over reverse: the backward's formulas under jvp)
+    torch.testing.assert_close(hessian(lambda a: ops.sum(ops.pow(a, 3.0)))(x), torch.diag(6 * x))
+    import torch.autograd.forward_ad as fwAD  # (torch's own forward AD, no functorch)
+    with fwAD.dual_level():
+        out = ops.pow(fwAD.make_dual(x, torch.ones_like(x)), torch.tensor(2.0, dtype=torch.float64))
+        torch.testing.assert_close(fwAD.unpack_dual(out).tangent, 2 * x)
 
 
 def test_inputs_on_different_devices_are_refused_by_the_meta_kernel_too() -> None:

@@ -101,6 +101,22 @@ def test_tanh_tangent_is_not_zero() -> None:
     np.testing.assert_allclose(out.numpy(), np.tanh(x))
 
 
+def test_a_term_of_an_input_without_a_tangent_is_left_out_not_multiplied_by_zero() -> None:
+    """d/dx x**2 at x < 0 is 2x; the jvp formula's term of the exponent's tangent reads log(x),
+    NaN there, and a missing tangent taken as zeros made the tangent NaN (0 * NaN) in every face
+    (opforge's own, torch.func, JAX). A term is left out when none of the tangents it reads was
+    given, and the sum broadcast to the output's shape as it was."""
+    x = np.array([-1.0, 2.0, -3.0])
+    _, t = opforge.jvp(lambda a: ops.pow(a, np.float64(2.0)), (x,), (np.ones(3),))
+    np.testing.assert_allclose(t.numpy(), 2 * x)
+    _, t = opforge.jvp(lambda a: ops.div(np.float64(1.0), a), (x,), (np.ones(3),))
+    np.testing.assert_allclose(t.numpy(), -1 / x**2)
+    _, t = opforge.jvp(lambda a: ops.add(a, np.ones((2, 3))), (x,), (np.ones(3),))  # (broadcast by the other)
+    np.testing.assert_array_equal(t.numpy(), np.ones((2, 3)))
+    _, t = opforge.jvp(lambda b: ops.sub(np.ones((2, 3)), b), (x,), (np.ones(3),))  # (a negated term alone)
+    np.testing.assert_array_equal(t.numpy(), -np.ones((2, 3)))
+
+
 def test_jvp_of_a_composition_and_partial_tangents() -> None:
     x, y = np.array([1.0, 2.0]), np.array([3.0, -1.0])
     out, t = opforge.jvp(lambda a, b: ops.sum(ops.mul(ops.exp(a), b)), (x, y), (np.array([1.0, 0.0]), np.zeros(2)))
