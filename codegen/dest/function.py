@@ -77,6 +77,20 @@ def _check_lines(op: OpSpec) -> list[str]:
             if code:
                 args.append(code)
         lines.append(f"if (!{test}) fail<ValueError>(kName, {', '.join(args)});")
+    # axis attrs in range of the inputs they index (the kernel's check, in the meta rule too: a
+    # call whose outputs are empty runs no kernel in XLA, and fake tensors run none)
+    optional = {i.name for i in op.inputs if i.optional}
+    for a in op.attrs:
+        if not a.axis_of:
+            continue
+        if a.type == AttrType.INT:
+            axes = (f"(attrs.{a.name} ? Axes(std::vector<int64_t>{{*attrs.{a.name}}}) : Axes())" if a.optional_value
+                    else f"Axes(std::vector<int64_t>{{attrs.{a.name}}})")
+        else:
+            axes = f"Axes(attrs.{a.name})"
+        for n in a.axis_of:
+            check = f"(void)normalize_axes(kName, {axes}, int64_t(v_{n}->dim()));"
+            lines.append(f"if (v_{n}) {check}" if n in optional else check)
     return lines
 
 

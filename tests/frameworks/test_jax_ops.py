@@ -420,6 +420,18 @@ def test_bad_calls_raise_naming_the_op_at_trace_time() -> None:
         oj.ops.mul(x, x, z=1)
     with pytest.raises(TypeError, match=r"\[mul\] missing input 'y'"):
         oj.ops.mul(x)
+    # checks that only the kernels made: at trace time too (an empty result runs no kernel in XLA,
+    # so these calls returned results)
+    S = jax.ShapeDtypeStruct
+    with pytest.raises(IndexError, match=r"\[softmax\] axis 7 is out of range for a tensor of rank 2"):
+        jax.eval_shape(lambda x: oj.ops.softmax(x, axis=7), S((2, 3), jnp.float32))
+    with pytest.raises(IndexError, match=r"\[softmax\] axis 7 is out of range for a tensor of rank 3"):
+        oj.ops.softmax(jnp.zeros((1, 0, 3)), axis=7)
+    with pytest.raises(ValueError, match=r"\[softmax_backward\] dout of shape \(0,\) and y of shape \(1, 0\) must "
+                                         r"have the same shape"):
+        oj.ops.softmax_backward(jnp.zeros((0,)), jnp.zeros((1, 0)))
+    with pytest.raises(ValueError, match=r"\[cross_entropy_grad_scale\] logits must have shape \(N, C\)"):
+        oj.ops.cross_entropy_grad_scale(jnp.zeros(()), jnp.zeros((0,)))
 
 
 def test_indices_out_of_range_raise_naming_the_op_without_reading_out_of_bounds() -> None:
