@@ -149,11 +149,12 @@ def _attr_check(a: Attr) -> list[str]:
         cond = " || ".join(f"{val} == {api.cpp_literal(a.type, c)}" for c in a.choices)
         shown = _cpp_str(f"attr '{a.name}' must be one of: " + ", ".join(str(c) for c in a.choices) + "; got ")
         lines.append(f"if ({guard}!({cond})) fail<ValueError>(kName, {shown}, {val});")
+    # (negated, so that a NaN, which compares false with anything, is refused too)
     if a.min is not None:
-        lines.append(f"if ({guard}{val} < {a.min!r}) fail<ValueError>(kName, \"attr '{a.name}' must be >= "
+        lines.append(f"if ({guard}!({val} >= {a.min!r})) fail<ValueError>(kName, \"attr '{a.name}' must be >= "
                      f"{a.min}, got \", {val});")
     if a.max is not None:
-        lines.append(f"if ({guard}{val} > {a.max!r}) fail<ValueError>(kName, \"attr '{a.name}' must be <= "
+        lines.append(f"if ({guard}!({val} <= {a.max!r})) fail<ValueError>(kName, \"attr '{a.name}' must be <= "
                      f"{a.max}, got \", {val});")
     return lines
 

@@ -1442,8 +1442,18 @@ double attr_float(const char* op, const char* name, py::handle v) {
 }
 
 std::string attr_str(const char* op, const char* name, py::handle v) {
-  if (py::isinstance<py::str>(v)) return v.cast<std::string>();
-  fail<TypeError>(op, "attr '", name, "' must be a str, got ", type_name(v));
+  if (!py::isinstance<py::str>(v)) fail<TypeError>(op, "attr '", name, "' must be a str, got ", type_name(v));
+  Py_ssize_t n = 0;
+  const char* s = PyUnicode_AsUTF8AndSize(v.ptr(), &n);
+  if (!s) {  // (a lone surrogate: no UTF-8 for it)
+    PyErr_Clear();
+    fail<ValueError>(op, "attr '", name, "' must be a str of Unicode characters (it has a lone surrogate)");
+  }
+  std::string out(s, static_cast<size_t>(n));
+  if (out.find('\0') != std::string::npos) {  // (messages and C APIs would cut it there)
+    fail<ValueError>(op, "attr '", name, "' must not contain a NUL character");
+  }
+  return out;
 }
 
 std::vector<int64_t> attr_int_list(const char* op, const char* name, py::handle v) {

@@ -43,6 +43,17 @@ def test_wrong_attr_type() -> None:
 def test_attr_constraint() -> None:
     with pytest.raises(ValueError, match=re.escape("[layer_norm] attr 'eps' must be >= 0, got -1")):
         ops.layer_norm(F32, eps=-1.0)
+    # (a NaN compares false with anything: it passed `eps < 0` and gave NaN results)
+    with pytest.raises(ValueError, match=re.escape("[layer_norm] attr 'eps' must be >= 0, got nan")):
+        ops.layer_norm(F32, eps=float("nan"))
+
+
+def test_str_attrs_that_c_strings_cannot_carry() -> None:
+    """(a lone surrogate raised pybind11's RuntimeError without the op; a NUL cut the message)"""
+    with pytest.raises(ValueError, match=re.escape("[gelu] attr 'approximate' must be a str of Unicode characters")):
+        ops.gelu(F32, approximate="\ud800")
+    with pytest.raises(ValueError, match=re.escape("[gelu] attr 'approximate' must not contain a NUL character")):
+        ops.gelu(F32, approximate="none\x00x")
 
 
 def test_missing_required_input_or_attr_and_unknown_keyword() -> None:
