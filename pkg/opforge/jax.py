@@ -128,9 +128,6 @@ _DTYPES["bfloat16"] = np.dtype(jnp.bfloat16)
 _NAMES = {d: name for name, d in _DTYPES.items()}
 
 _handler = _jax_native.load()
-#: This process's token: calls lowered here carry it beside their op numbers, which are this
-#: process's (a program run in another process goes by the ops' names).
-_PROCESS = _handler.process()
 
 
 def _register(platform: str, xla_platform: str) -> None:
@@ -634,6 +631,9 @@ class _Op:
         self.name = name  # (what an exported program's calls name it by: "mul", "<module>.<op>")
         self.abi = _abi(op)
         self.number = _handler.register(kernel, name, self.abi)
+        # (the digest of the registrations up to this op: a call's number is trusted where it is the
+        # same; equal in processes that registered the same ops in order, so their programs' HLO is)
+        self.history = _handler.history(self.number)
         self.n_in, self.n_out = len(op.inputs), len(op.outputs)
         self.diff_out = [k for k, o in enumerate(op.outputs) if o.differentiable]
         self.axes_batch = op.outputs_follow_axes()  # (whether vmap's axes rule may apply)
@@ -749,7 +749,7 @@ class _Op:
         narrow = sum(1 << j for j, ((_, dtype), a) in enumerate(zip(metas, ctx.avals_out))
                      if _DTYPES[dtype] != np.dtype(a.dtype))
         params: dict[str, Any] = {"opforge.name": self.name, "opforge.abi": self.abi, "opforge.op": self.number,
-                                  "opforge.process": _PROCESS, "opforge.inputs": sum(1 << k for k, p in enumerate(present) if p),
+                                  "opforge.process": self.history, "opforge.inputs": sum(1 << k for k, p in enumerate(present) if p),
                                   "opforge.widen": widen, "opforge.narrow": narrow}
         for attr, v in zip(self.op.attrs, attrs):
             if v is not None:

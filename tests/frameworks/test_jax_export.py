@@ -247,3 +247,26 @@ def test_an_op_modules_ops_are_found_by_name_in_another_process(tmp_path: Path) 
     got = outputs(tmp_path)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
+
+
+CACHED_CHILD = """
+import os, sys, numpy as np, jax
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+import opforge.jax as oj
+f = jax.jit(jax.value_and_grad(lambda x: oj.ops.sum(oj.ops.softmax(oj.ops.tanh(x), axis=-1) * x)))
+value, grad = f(np.arange(12.0, dtype=np.float32).reshape(3, 4))
+print(float(value), np.asarray(grad).tolist(), sorted(n for n in os.listdir(sys.argv[1]) if "lambda" in n))
+"""
+
+
+def test_programs_of_opforge_ops_hit_jaxs_persistent_compilation_cache(tmp_path: Path) -> None:
+    """A program's HLO is the same in every process that registered the same ops in the same order
+    (a call's opforge.process is a digest of the registrations up to its op, no longer a random
+    token per process), so JAX's persistent compilation cache finds it there, and it runs."""
+    runs = [subprocess.run([sys.executable, "-c", CACHED_CHILD, str(tmp_path)], capture_output=True, text=True,
+                           timeout=600) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr[-3000:]
+    first, second = (r.stdout.strip().splitlines()[-1] for r in runs)
+    assert first == second and "jit__lambda" in first, (first, second)  # (the entry the first run wrote, reused)
