@@ -817,12 +817,19 @@ def register_ops(table: dict[str, OpDef], kernels: Any, metas: Any, namespace: s
     return lib
 
 
-_LIB = register_ops(_formulas.OPS, _C.ops, _C._meta, NAMESPACE)
+# (kept on the extension module, which a second import of this one finds: torch takes one
+# registration of a namespace per process, so importlib.reload or an import after removing this
+# module from sys.modules reuses the first import's ops rather than fail to register them again)
+_STATE: dict[str, Any] = getattr(_C, "_torch_state", None) or {}
+if not _STATE:
+    _STATE.update(lib=register_ops(_formulas.OPS, _C.ops, _C._meta, NAMESPACE), modules={})
+    _C._torch_state = _STATE
+_LIB = _STATE["lib"]
 
 #: The ops as torch operators: ``ops.<name>`` is ``torch.ops.opforge.<name>``.
 ops = getattr(torch.ops, NAMESPACE)
 
-_MODULES: dict[str, tuple[Any, Any]] = {}  # namespace -> (op module, its torch library)
+_MODULES: dict[str, tuple[Any, Any]] = _STATE["modules"]  # namespace -> (op module, its torch library)
 
 
 def register_module(module: Any, namespace: Optional[str] = None) -> Any:

@@ -173,6 +173,21 @@ def test_an_op_named_as_an_attribute_of_torchs_namespaces_is_refused(tmp_path: P
         ot.register_module(m)
 
 
+def test_importing_opforge_torch_again_reuses_its_ops() -> None:
+    """(importlib.reload, or an import after removing the module from sys.modules, raised torch's
+    'Only a single TORCH_LIBRARY can be used to register the namespace opforge')"""
+    code = ("import sys, importlib, torch, opforge.torch as a\n"
+            "b = importlib.reload(a)\n"
+            "del sys.modules['opforge.torch']\n"
+            "import opforge.torch as c\n"
+            "x = torch.tensor([1.0, -2.0], requires_grad=True)\n"
+            "c.ops.sum(c.ops.mul(x, x)).backward()\n"
+            "assert b.ops.relu(x).tolist() == [1.0, 0.0] and x.grad.tolist() == [2.0, -4.0]\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
 def test_a_negative_view_through_dlpack_keeps_its_sign() -> None:
     """torch exports a tensor with its negative bit set without the negation: opforge.ops read
     [1, 2, 3] for -[1, 2, 3]"""
