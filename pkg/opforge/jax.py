@@ -513,6 +513,8 @@ def _meta_value(value: Any) -> Any:
 
 _UNSET = object()
 _NUMBERS = (bool, int, float)
+_ARRAYS: set[type] = set()  # (types seen to be arrays: jax.Array's isinstance check is slow, ~1 us)
+_FLOAT_MAX: dict[Any, float] = {}
 
 
 def _inputs(op: OpDef, inputs: list[Any]) -> list[Any]:
@@ -523,7 +525,10 @@ def _inputs(op: OpDef, inputs: list[Any]) -> list[Any]:
     the widest number of the type variable. Anything else: TypeError naming the op."""
     numbers = []
     for k, x in enumerate(inputs):
-        if x is None or isinstance(x, (jax.Array, np.ndarray, np.generic)) or hasattr(x, "__jax_array__"):
+        if x is None or type(x) in _ARRAYS:
+            continue
+        if isinstance(x, (jax.Array, np.ndarray, np.generic)) or hasattr(x, "__jax_array__"):
+            _ARRAYS.add(type(x))
             continue
         if isinstance(x, _NUMBERS):
             numbers.append(k)
@@ -537,11 +542,14 @@ def _inputs(op: OpDef, inputs: list[Any]) -> list[Any]:
     for k in numbers:
         value, inp = inputs[k], op.inputs[k]
         typevar = inp.dtype if inp.dtype in op.typevars else None
-        partner = next((j for j, x in enumerate(inputs) if j not in numbers and x is not None and typevar is not None
-                        and op.inputs[j].dtype == typevar), None)
+        partner = None
+        if typevar is not None:
+            for j, x in enumerate(inputs):
+                if j not in numbers and x is not None and op.inputs[j].dtype == typevar:
+                    partner = j
+                    break
         if partner is not None:
             dtype = np.dtype(inputs[partner].dtype)
-            by = f" (bound by input '{op.inputs[partner].name}')"
         else:
             if typevar is None:
                 name = inp.dtype
@@ -549,24 +557,45 @@ def _inputs(op: OpDef, inputs: list[Any]) -> list[Any]:
                 kinds = {type(inputs[j]) for j in numbers if op.inputs[j].dtype == typevar}
                 name = "float64" if float in kinds else "int64" if int in kinds else "bool"
             dtype = np.dtype(jax.dtypes.canonicalize_dtype(_DTYPES.get(name, np.dtype(np.float64))))
-            by = "" if jax.config.jax_enable_x64 or dtype.itemsize == 8 or dtype == np.bool_ else \
-                " (JAX without 64-bit types)"
-        where = f"[{op.name}] input '{inp.name}'"
-        if isinstance(value, float) and dtype.kind in "biu":
-            raise TypeError(f"{where}: a Python float cannot be {_NAMES.get(dtype, dtype)}{by}; pass an array of the "
+        kind = dtype.kind
+        if type(value) is float and kind in "biu":
+            raise TypeError(f"{_number_where(op, k)}: a Python float cannot be "
+                            f"{_NAMES.get(dtype, dtype)}{_number_by(op, partner, dtype)}; pass an array of the "
                             "intended dtype")
-        if isinstance(value, int) and not isinstance(value, bool):
-            low, high = (0, 1) if dtype == np.bool_ else (np.iinfo(dtype).min, np.iinfo(dtype).max) \
-                if dtype.kind in "iu" else (-math.inf, math.inf)
+        if type(value) is int and kind in "biu":
+            low, high = (0, 1) if kind == "b" else _int_range(dtype)
             if not low <= value <= high:
-                raise ValueError(f"{where}: the Python int {value} is out of range for {_NAMES.get(dtype, dtype)}{by}")
-        with np.errstate(over="ignore"):  # (a float past the dtype's range: inf, as NumPy converts it)
+                raise ValueError(f"{_number_where(op, k)}: the Python int {value} is out of "
+                                 f"range for {_NAMES.get(dtype, dtype)}{_number_by(op, partner, dtype)}")
+        if kind == "f":
             try:
-                out[k] = np.asarray(value, dtype)
+                value = float(value)
             except OverflowError:
-                raise ValueError(f"{where}: the Python int is out of range for {_NAMES.get(dtype, dtype)}{by}") \
-                    from None
+                raise ValueError(f"{_number_where(op, k)}: the Python int is out of range "
+                                 f"for {_NAMES.get(dtype, dtype)}{_number_by(op, partner, dtype)}") from None
+            top = _FLOAT_MAX.get(dtype)
+            if top is None:
+                top = _FLOAT_MAX[dtype] = float(np.finfo(dtype).max) if dtype.itemsize < 8 else math.inf
+            if abs(value) > top and math.isfinite(value):  # (past the dtype's range: inf, as NumPy converts it)
+                value = math.copysign(math.inf, value)
+        out[k] = np.asarray(value, dtype)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _int_range(dtype: Any) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def _number_where(op: OpDef, k: int) -> str:
+    return f"[{op.name}] input '{op.inputs[k].name}'"
+
+
+def _number_by(op: OpDef, partner: Optional[int], dtype: Any) -> str:
+    if partner is not None:
+        return f" (bound by input '{op.inputs[partner].name}')"
+    return "" if jax.config.jax_enable_x64 or dtype.itemsize == 8 or dtype == np.bool_ else " (JAX without 64-bit types)"
 
 
 def _bind_args(op: OpDef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], tuple[Any, ...]]:
