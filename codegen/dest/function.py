@@ -66,19 +66,11 @@ def dynamic_shape_expr(op: OpSpec, rule: ShapeRule, output: str) -> str:
 
 
 def _check_lines(op: OpSpec) -> list[str]:
-    """check_shapes' body: each of the spec's checks, a ValueError naming the op when false."""
+    """check_shapes' body: the axis attrs in range of the input they index (IndexError), then each
+    of the spec's checks, a ValueError naming the op when false."""
     lines = []
-    for c in op.checks:
-        test, pieces = dims.lower_check(c, api.dim_scope(op), cpp=True)
-        args = []
-        for literal, code in pieces:
-            if literal:
-                args.append(escape.cpp_str(literal))
-            if code:
-                args.append(code)
-        lines.append(f"if (!{test}) fail<ValueError>(kName, {', '.join(args)});")
-    # axis attrs in range of the inputs they index (the kernel's check, in the meta rule too: a
-    # call whose outputs are empty runs no kernel in XLA, and fake tensors run none)
+    # (the kernels' own check, in the meta rule too: a call whose outputs are empty runs no kernel
+    # in XLA, and fake tensors run none; first, so that the spec's checks may read dim(x, axis))
     optional = {i.name for i in op.inputs if i.optional}
     for a in op.attrs:
         if not a.axis_of:
@@ -88,9 +80,20 @@ def _check_lines(op: OpSpec) -> list[str]:
                     else f"Axes(std::vector<int64_t>{{attrs.{a.name}}})")
         else:
             axes = f"Axes(attrs.{a.name})"
-        for n in a.axis_of:
-            check = f"(void)normalize_axes(kName, {axes}, int64_t(v_{n}->dim()));"
-            lines.append(f"if (v_{n}) {check}" if n in optional else check)
+        # (against the input the axes are of, the first named: another may lack the axis, as
+        # take_along_axis's indices with keepdims false)
+        n = a.axis_of[0]
+        check = f"(void)normalize_axes(kName, {axes}, int64_t(v_{n}->dim()));"
+        lines.append(f"if (v_{n}) {check}" if n in optional else check)
+    for c in op.checks:
+        test, pieces = dims.lower_check(c, api.dim_scope(op), cpp=True)
+        args = []
+        for literal, code in pieces:
+            if literal:
+                args.append(escape.cpp_str(literal))
+            if code:
+                args.append(code)
+        lines.append(f"if (!{test}) fail<ValueError>(kName, {', '.join(args)});")
     return lines
 
 

@@ -508,7 +508,11 @@ def _ffi_attr(attr: AttrDef, value: Any) -> Any:
 
 
 def _meta_value(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
+    """An attr as the meta rule and the formulas take it (plain floats: a _Float's equality is its
+    bits', for the jit cache alone)."""
+    if isinstance(value, tuple):
+        return [float(v) if isinstance(v, _Float) else v for v in value]
+    return float(value) if isinstance(value, _Float) else value
 
 
 _UNSET = object()
@@ -576,8 +580,10 @@ def _inputs(op: OpDef, inputs: list[Any]) -> list[Any]:
             top = _FLOAT_MAX.get(dtype)
             if top is None:
                 top = _FLOAT_MAX[dtype] = float(np.finfo(dtype).max) if dtype.itemsize < 8 else math.inf
-            if abs(value) > top and math.isfinite(value):  # (past the dtype's range: inf, as NumPy converts it)
-                value = math.copysign(math.inf, value)
+            if abs(value) > top:  # (rounded as NumPy rounds it: to the largest value, or past it to inf)
+                with np.errstate(over="ignore"):
+                    out[k] = np.asarray(value, dtype)
+                continue
         out[k] = np.asarray(value, dtype)
     return out
 
@@ -660,9 +666,6 @@ class _Op:
         self.name = name  # (what an exported program's calls name it by: "mul", "<module>.<op>")
         self.abi = _abi(op)
         self.number = _handler.register(kernel, name, self.abi)
-        # (the digest of the registrations up to this op: a call's number is trusted where it is the
-        # same; equal in processes that registered the same ops in order, so their programs' HLO is)
-        self.history = _handler.history(self.number)
         self.n_in, self.n_out = len(op.inputs), len(op.outputs)
         self.diff_out = [k for k, o in enumerate(op.outputs) if o.differentiable]
         self.axes_batch = op.outputs_follow_axes()  # (whether vmap's axes rule may apply)
@@ -777,8 +780,7 @@ class _Op:
         metas, widen = self._metas(ctx.avals_in, attrs, present)
         narrow = sum(1 << j for j, ((_, dtype), a) in enumerate(zip(metas, ctx.avals_out))
                      if _DTYPES[dtype] != np.dtype(a.dtype))
-        params: dict[str, Any] = {"opforge.name": self.name, "opforge.abi": self.abi, "opforge.op": self.number,
-                                  "opforge.process": self.history, "opforge.inputs": sum(1 << k for k, p in enumerate(present) if p),
+        params: dict[str, Any] = {"opforge.name": self.name, "opforge.abi": self.abi, "opforge.inputs": sum(1 << k for k, p in enumerate(present) if p),
                                   "opforge.widen": widen, "opforge.narrow": narrow}
         for attr, v in zip(self.op.attrs, attrs):
             if v is not None:
@@ -1226,8 +1228,12 @@ def _composite(op: OpDef, F: Any, meta: Any) -> Callable[..., Any]:
         # not after the ops of its formula)
         avals = [None if x is None else jax.typeof(x) for x in inputs]
         if all(isinstance(d, (int, np.integer)) for a in avals if a is not None for d in a.shape):
-            meta(*(None if a is None else _C._meta_tensor(list(a.shape), _dtype_name(op, inp.name, a.dtype))
-                   for inp, a in zip(op.inputs, avals)), *(_meta_value(v) for v in attrs))
+            names = [None if a is None else _dtype_name(op, inp.name, a.dtype) for inp, a in zip(op.inputs, avals)]
+            # (JAX without 64-bit types gives int32 for an int64 input: the handler widens it)
+            names = [("int64" if n == "int32" and inp.dtype == "int64" and not jax.config.jax_enable_x64 else n)
+                     for inp, n in zip(op.inputs, names)]
+            meta(*(None if a is None else _C._meta_tensor(list(a.shape), n) for a, n in zip(avals, names)),
+                 *(_meta_value(v) for v in attrs))
         return formula(F, H, *inputs, *(_meta_value(v) for v in attrs))
 
     fn.__name__ = fn.__qualname__ = op.name

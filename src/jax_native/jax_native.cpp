@@ -10,13 +10,11 @@
 // - one result per output, of the shape and dtype the op's meta rule gave at trace time;
 // - attributes: "opforge.name", the op's name as register() was given it ("mul" for opforge's
 //   own ops, "<module>.<op>" for an op module's), "opforge.abi", a digest of its interface
-//   (inputs, attrs, outputs), "opforge.op", its number in this process's table (register() hands
-//   it out), "opforge.process", the digest of the registrations up to it (names and interfaces,
-//   in order; see Registered): the number is trusted where the digest at it is the same, in the
-//   process that lowered the call or one that registered the same ops in the same order (the
-//   program's HLO is then the same, as JAX's persistent compilation cache needs); elsewhere a
-//   program exported with jax.export names its ops by "opforge.name", looked up there (the last
-//   registration of the name), its interface checked against "opforge.abi"),
+//   (inputs, attrs, outputs): a call runs the name's latest registration in the process that runs
+//   it, its interface checked against "opforge.abi" (nothing in a call is particular to the
+//   process that lowered it, so a program's HLO is the same in every process, as jax.export and
+//   JAX's persistent compilation cache need; an op module registered again, a newer version,
+//   is what its name means from then on),
 //   "opforge.inputs", the mask of present inputs,
 //   "opforge.widen" and "opforge.narrow", the masks of inputs given as int32 where the op takes
 //   int64 and of 64-bit outputs JAX holds in 32 bits (JAX without 64-bit types: they are
@@ -80,19 +78,12 @@ using opforge::TensorPtr;
 
 constexpr size_t kMaxParams = 16;  // inputs + attrs, and outputs, of one op (as the Python face)
 
-// The ops register() numbered, with the name and interface digest opforge.jax gave each: read by
+// The ops register() was given, with the name and interface digest opforge.jax gave each: read by
 // the handler on XLA's threads, appended to under the GIL (a deque: records never move).
 struct Registered {
   const opforge::binding::OpEntry* entry;
   std::string name;
   int64_t abi;
-  // A digest of the registrations up to this one (their names and interfaces, in order): a call's
-  // "opforge.process". A number is trusted where the digest at it is the call's, the same
-  // registrations before it: in the process that lowered the call, and in any process that
-  // registered the same ops in the same order (so a program's HLO is the same there, and JAX's
-  // persistent compilation cache finds it). Elsewhere (a module loaded twice, an older version
-  // first) the number may name another registration of the name: such a call goes by name.
-  int64_t history;
 };
 std::mutex g_lock;
 std::deque<Registered> g_ops;
@@ -110,26 +101,20 @@ const int64_t g_process = []() noexcept {
   return static_cast<int64_t>(token);
 }();
 
-// The op a call names: its number when the call was lowered in this process (ours) and the
-// number is the op of its name, else the op registered last under the name (a program exported
-// in another process); nullptr and why if there is none, or if its interface is not the one the
-// program was lowered with.
-const opforge::binding::OpEntry* op_of_call(int64_t history, int64_t number, std::string_view name, int64_t abi,
-                                            ffi::ErrorCode* code, std::string* why) {
+// The op a call names: the op registered last under its name; nullptr and why if there is none,
+// or if its interface is not the one the program was lowered with.
+const opforge::binding::OpEntry* op_of_call(std::string_view name, int64_t abi, ffi::ErrorCode* code,
+                                            std::string* why) {
   std::lock_guard<std::mutex> guard(g_lock);
-  const Registered* r = nullptr;
-  if (number >= 0 && static_cast<uint64_t>(number) < g_ops.size() &&
-      g_ops[static_cast<size_t>(number)].history == history && g_ops[static_cast<size_t>(number)].name == name) {
-    r = &g_ops[static_cast<size_t>(number)];
-  } else if (auto it = g_by_name.find(std::string(name)); it != g_by_name.end()) {
-    r = &g_ops[it->second];
-  } else {
+  const auto it = g_by_name.find(std::string(name));
+  if (it == g_by_name.end()) {
     *code = ffi::ErrorCode::kNotFound;
     *why = "[" + std::string(name) + "] is not an op of this process's opforge.jax: a program exported with it "
            "runs where `import opforge.jax` has registered opforge's ops and opforge.jax.register_module() the "
            "op module that defines it";
     return nullptr;
   }
+  const Registered* r = &g_ops[it->second];
   if (r->abi != abi) {
     *code = ffi::ErrorCode::kFailedPrecondition;
     *why = "[" + std::string(name) + "] was lowered for another interface of the op (inputs, attrs or outputs) "
@@ -255,7 +240,7 @@ ffi::ErrorOr<std::unique_ptr<CallState>> instantiate(ffi::Dictionary attrs) noex
   using Failed = ffi::Unexpected<ffi::Error>;
   try {
     auto state = std::make_unique<CallState>();
-    int64_t number = -1, abi = 0, flag = 0;
+    int64_t abi = 0, flag = 0;
     std::string_view op_name;
     if (get(attrs, "opforge.check", &flag) && flag != 0) {
       if (!get(attrs, "opforge.name", &op_name)) {
@@ -267,17 +252,15 @@ ffi::ErrorOr<std::unique_ptr<CallState>> instantiate(ffi::Dictionary attrs) noex
     }
     state->defer = get(attrs, "opforge.defer", &flag) && flag != 0;
     if (!get(attrs, "opforge.name", &op_name) || !get(attrs, "opforge.abi", &abi) ||
-        !get(attrs, "opforge.op", &number) || !get(attrs, "opforge.inputs", &state->mask) ||
-        !get(attrs, "opforge.widen", &state->widen) || !get(attrs, "opforge.narrow", &state->narrow)) {
+        !get(attrs, "opforge.inputs", &state->mask) || !get(attrs, "opforge.widen", &state->widen) ||
+        !get(attrs, "opforge.narrow", &state->narrow)) {
       return Failed(ffi::Error::InvalidArgument(
-          "opforge: a call without its opforge.* attributes (name, abi, op, inputs, widen, narrow): a program "
+          "opforge: a call without its opforge.* attributes (name, abi, inputs, widen, narrow): a program "
           "lowered by another version of opforge.jax? Export it again"));
     }
-    int64_t history = 0;  // (absent in a call written by hand: it goes by name)
-    if (!get(attrs, "opforge.process", &history)) number = -1;
     ffi::ErrorCode code = ffi::ErrorCode::kInternal;
     std::string why;
-    state->entry = op_of_call(history, number, op_name, abi, &code, &why);
+    state->entry = op_of_call(op_name, abi, &code, &why);
     if (state->entry == nullptr) return Failed(ffi::Error(code, why));
     const opforge::OpInfo& info = *state->entry->info;
     if (info.attrs.size() > kMaxParams) {  // (register() refuses such ops: never here)
@@ -571,32 +554,9 @@ PyObject* register_op(PyObject*, PyObject* args) {
   std::lock_guard<std::mutex> guard(g_lock);
   size_t n = 0;
   while (n < g_ops.size() && !(g_ops[n].entry == entry && g_ops[n].name == name && g_ops[n].abi == abi)) ++n;
-  if (n == g_ops.size()) {
-    // (FNV-1a over the previous digest, the name and the interface digest: the same in every process)
-    uint64_t h = g_ops.empty() ? 0xcbf29ce484222325ull : static_cast<uint64_t>(g_ops.back().history);
-    const auto mix = [&h](const void* p, size_t size) {
-      for (size_t i = 0; i < size; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 0x100000001b3ull;
-    };
-    mix(name, std::strlen(name) + 1);
-    const int64_t a = abi;
-    mix(&a, sizeof a);
-    g_ops.push_back(Registered{entry, name, static_cast<int64_t>(abi), static_cast<int64_t>(h)});
-  }
+  if (n == g_ops.size()) g_ops.push_back(Registered{entry, name, static_cast<int64_t>(abi)});
   g_by_name[name] = n;  // (a module registered again under its name: its ops are the ones calls by name mean)
   return PyLong_FromSize_t(n);
-}
-
-// history(number) -> the digest of the registrations up to op number's, the "opforge.process"
-// attribute of its calls.
-PyObject* history(PyObject*, PyObject* args) {
-  long long number;
-  if (!PyArg_ParseTuple(args, "L:history", &number)) return nullptr;
-  std::lock_guard<std::mutex> guard(g_lock);
-  if (number < 0 || static_cast<uint64_t>(number) >= g_ops.size()) {
-    PyErr_SetString(PyExc_IndexError, "opforge.jax: no op of that number");
-    return nullptr;
-  }
-  return PyLong_FromLongLong(g_ops[static_cast<size_t>(number)].history);
 }
 
 // handler(platform) -> a PyCapsule of the handler for "cpu" or "cuda" (jax.ffi.register_ffi_target's).
@@ -643,11 +603,8 @@ PyObject* state_type(PyObject*, PyObject*) {
 PyMethodDef methods[] = {
     {"register", register_op, METH_VARARGS,
      "register(fn, name, abi) -> int: the number of fn's op (a function of opforge._C.ops or of an op module) in "
-     "the handler's table, its opforge.op attribute; name and abi (its opforge.name and opforge.abi attributes) "
-     "find it from a program exported in another process"},
-    {"history", history, METH_VARARGS,
-     "history(number) -> int: the digest of the registrations up to op number's (their names and interfaces, "
-     "in order), the opforge.process attribute of its calls"},
+     "the handler's table; calls name it by name and abi (their opforge.name and opforge.abi attributes), the "
+     "name's latest registration running"},
     {"handler", handler, METH_O,
      "handler(platform) -> {stage: PyCapsule}: the FFI handlers (instantiate, execute) for 'cpu' or 'cuda'"},
     {"state_type", state_type, METH_NOARGS,

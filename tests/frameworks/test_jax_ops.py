@@ -284,6 +284,8 @@ def test_python_numbers_take_the_dtype_of_their_partner_as_jax_takes_them() -> N
                                          r"out of range for int64"):
         oj.ops.mul(2**100, 1)
     assert np.isinf(np.asarray(oj.ops.add(jnp.ones(2, jnp.float16), 1e300))).all()
+    # (just past float16's largest value: rounded to it, as NumPy and jnp round it, not inf)
+    assert np.asarray(oj.ops.mul(jnp.ones(2, jnp.float16), 65510.0)).tolist() == [65504.0, 65504.0]
     with jax.enable_x64(False):
         with pytest.raises(ValueError, match=r"\[mul\] input 'x': the Python int 1099511627776 is out of range for "
                                              r"int32 \(JAX without 64-bit types\)"):
@@ -432,6 +434,13 @@ def test_bad_calls_raise_naming_the_op_at_trace_time() -> None:
         oj.ops.softmax_backward(jnp.zeros((0,)), jnp.zeros((1, 0)))
     with pytest.raises(ValueError, match=r"\[cross_entropy_grad_scale\] logits must have shape \(N, C\)"):
         oj.ops.cross_entropy_grad_scale(jnp.zeros(()), jnp.zeros((0,)))
+    # (an axis is checked against the input it is of: indices without it, keepdims false, are fine;
+    # max's gradient and tangent take them)
+    y = jnp.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(jax.grad(lambda y: oj.ops.sum(oj.ops.max(y, axis=-2)[0]))(y), [[0, 0, 0], [1, 1, 1]])
+    np.testing.assert_array_equal(jax.jvp(lambda y: oj.ops.max(y, axis=1)[0], (y,), (jnp.ones_like(y),))[1], [1, 1])
+    with pytest.raises(ValueError, match=r"\[min\] cannot take the min over axis 1 of size 0"):
+        jax.eval_shape(lambda y: oj.ops.min(y, axis=1), S((2, 0), jnp.float32))
 
 
 def test_indices_out_of_range_raise_naming_the_op_without_reading_out_of_bounds() -> None:

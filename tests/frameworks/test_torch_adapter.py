@@ -125,6 +125,14 @@ def test_inputs_on_different_devices_are_refused_by_the_meta_kernel_too() -> Non
                                                r"'\w+' on (cpu|meta), '\w+' on (cpu|meta)"):
             call()
     assert ops.add(meta, meta).device.type == "meta"
+    # (an axis is checked against the input it is of, not against indices without it)
+    got = ops.take_along_axis(torch.ones(2, 3, device="meta"), torch.zeros(2, dtype=torch.int64, device="meta"),
+                              axis=1, keepdims=False)
+    assert got.shape == (2,)
+    torch._dynamo.reset()
+    x = torch.arange(6.0).reshape(2, 3).requires_grad_()
+    torch.compile(lambda x: ops.max(x, axis=1)[0].sum(), backend="aot_eager")(x).backward()
+    assert x.grad.tolist() == [[0, 0, 1], [0, 0, 1]]
 
 
 def test_an_out_of_memory_names_the_op() -> None:
