@@ -18,7 +18,10 @@ namespaces the adapter passes in: ``F``, the framework's own registered opforge 
 from __future__ import annotations
 
 import re
+import struct
 from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+import numpy as np
 
 
 class TargetDef(NamedTuple):
@@ -165,3 +168,67 @@ class ShapeHelpers:
     def check(op: str, test: Any, message: Callable[[], str]) -> None:
         if not test:
             raise ValueError(f"[{op}] {message()}")
+
+
+# ---------------------------------------------------------------------------- attr values
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def canonical_attr(op: OpDef, attr: AttrDef, value: Any) -> Any:
+    """An attr's value in its one Python form (bool, int, float, str, tuple): what an adapter binds,
+    compares and hashes (jax.jit's static arguments, opforge.mindspore's primitive cache: both by
+    equality, and True == 1 == 1.0, -0.0 == 0.0), so a value of the wrong type is refused here
+    rather than taken for an equal one; ranges and choices are the meta rule's to check."""
+    if value is None:
+        return None
+    t = attr.type
+    if t == "bool" and isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if t == "int" and _is_int(value):
+        return int(value)
+    if t == "float" and (_is_int(value) or isinstance(value, (float, np.floating))):
+        return _float(op, attr, value)
+    if t == "str" and isinstance(value, str):
+        return value
+    if t == "list[int]" and _is_int(value):  # (one int for a list of ints, as opforge's functions take it)
+        return (int(value),)
+    if t.startswith("list[") and isinstance(value, np.ndarray) and value.ndim == 0:  # (one number)
+        return canonical_attr(op, attr, value.item())
+    if t.startswith("list[") and isinstance(value, (list, tuple, np.ndarray)):
+        items = list(np.asarray(value).tolist()) if isinstance(value, np.ndarray) else list(value)
+        if t == "list[int]" and all(_is_int(v) for v in items):
+            return tuple(int(v) for v in items)
+        if t == "list[float]" and all(_is_int(v) or isinstance(v, (float, np.floating)) for v in items):
+            return tuple(_float(op, attr, v) for v in items)
+    raise TypeError(f"[{op.name}] attr '{attr.name}' must be {'an' if t == 'int' else 'a'} {t}"
+                    f"{' or None' if not attr.required and attr.default is None else ''}, got {type(value).__name__}")
+
+
+class AttrFloat(float):
+    """A float attr as a cache key (jax.jit's static arguments, opforge.mindspore's primitives):
+    equal to another float only with the same bits, so that -0.0 and 0.0 (equal as floats, and
+    giving different results: leaky_relu's alpha, clamp's bounds) compile apart, and a NaN finds its
+    own entry again. Against any other number, a float; formulas and meta rules get plain floats."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, float):
+            return struct.pack("<d", self) == struct.pack("<d", other)
+        return float.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(struct.pack("<d", self))
+
+
+def _float(op: OpDef, attr: AttrDef, value: Any) -> AttrFloat:
+    # (no try: MindSpore's Graph mode compiles this, in a functional call's attrs, and has no try)
+    if _is_int(value) and abs(int(value)) >= 2**1024 - 2**970:  # (rounds past float64's largest value)
+        raise ValueError(f"[{op.name}] attr '{attr.name}' is out of range for float")
+    return AttrFloat(value)

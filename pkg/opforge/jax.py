@@ -83,7 +83,6 @@ import hashlib
 import math
 import operator
 import re
-import struct
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence
 
@@ -115,6 +114,8 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess
 import opforge._C as _C
 from opforge import _formulas, _jax_native
 from opforge._opdef import AttrDef, OpDef, ShapeHelpers, kind_shape
+from opforge._opdef import AttrFloat as _Float
+from opforge._opdef import canonical_attr as _canonical
 from opforge._opdef import axes as axes_of
 
 __all__ = ["ops", "register_module", "export", "OpSet", "TARGET", "H"]
@@ -425,67 +426,6 @@ H = _Helpers()
 
 
 # ---------------------------------------------------------------------------- attrs
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
-def _canonical(op: OpDef, attr: AttrDef, value: Any) -> Any:
-    """An attr's value in its one Python form (bool, int, float, str, tuple): what the primitive
-    binds, compares and hashes (jit caches by equality, and True == 1 == 1.0), so a value of the
-    wrong type is refused here rather than taken for an equal one; ranges and choices are the meta
-    rule's to check."""
-    if value is None:
-        return None
-    t = attr.type
-    if t == "bool" and isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if t == "int" and _is_int(value):
-        return int(value)
-    if t == "float" and (_is_int(value) or isinstance(value, (float, np.floating))):
-        return _float(op, attr, value)
-    if t == "str" and isinstance(value, str):
-        return value
-    if t == "list[int]" and _is_int(value):  # (one int for a list of ints, as opforge's functions take it)
-        return (int(value),)
-    if t.startswith("list[") and isinstance(value, np.ndarray) and value.ndim == 0:  # (one number)
-        return _canonical(op, attr, value.item())
-    if t.startswith("list[") and isinstance(value, (list, tuple, np.ndarray)):
-        items = list(np.asarray(value).tolist()) if isinstance(value, np.ndarray) else list(value)
-        if t == "list[int]" and all(_is_int(v) for v in items):
-            return tuple(int(v) for v in items)
-        if t == "list[float]" and all(_is_int(v) or isinstance(v, (float, np.floating)) for v in items):
-            return tuple(_float(op, attr, v) for v in items)
-    raise TypeError(f"[{op.name}] attr '{attr.name}' must be {'an' if t == 'int' else 'a'} {t}"
-                    f"{' or None' if not attr.required and attr.default is None else ''}, got {type(value).__name__}")
-
-
-class _Float(float):
-    """A float attr as the static argument of an op's jitted call, which JAX caches by equality:
-    equal to another float only with the same bits, so that -0.0 and 0.0 (equal as floats, and
-    giving different results: leaky_relu's alpha, clamp's bounds) compile apart, and a NaN finds its
-    own compilation again. Against any other number, a float."""
-
-    __slots__ = ()
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, float):
-            return struct.pack("<d", self) == struct.pack("<d", other)
-        return float.__eq__(self, other)
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    def __hash__(self) -> int:
-        return hash(struct.pack("<d", self))
-
-
-def _float(op: OpDef, attr: AttrDef, value: Any) -> _Float:
-    try:
-        return _Float(value)
-    except OverflowError:  # (an int past float64's range)
-        raise ValueError(f"[{op.name}] attr '{attr.name}' is out of range for float") from None
 
 
 def _dtype_name(op: OpDef, input_name: str, dtype: Any) -> str:

@@ -54,6 +54,7 @@ try:
     import mindspore as ms
     from mindspore import nn
     from mindspore import ops as _msops
+    from mindspore.ops import functional as _msF
     from mindspore.ops import CustomRegOp
 except ImportError as e:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
@@ -63,7 +64,7 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess
 import opforge
 import opforge._C as _C
 import opforge._formulas as _formulas
-from opforge._opdef import OpDef
+from opforge._opdef import AttrFloat, OpDef, canonical_attr
 
 # MindSpore's AotExtra (the `extra` of an AOT call, an op's attrs) is read through a copy of its
 # class in src/aot/aot_extra.cpp: its header cannot be compiled outside MindSpore, so opforge calls
@@ -440,8 +441,8 @@ def _bprop(op: OpDef, present: Sequence[bool], attrs: tuple[Any, ...], F: Any) -
         outs = out if multi else (out,)
         douts = dout if multi else (dout,)
         meta: tuple[Any, ...] = ()
-        for t in full:
-            meta = meta + ((None if t is None else (t.shape, t.dtype)),)
+        for t in full:  # (the input too: reduce_grad may sum to its shape with opforge's sum_to_like)
+            meta = meta + ((None if t is None else (t.shape, t.dtype, t)),)
         douts_d: tuple[Any, ...] = ()
         for k in diff_out:
             douts_d = douts_d + (douts[k],)
@@ -512,8 +513,19 @@ def _bprop8(impl: _Impl) -> Callable[..., tuple[Any, ...]]:
 _BPROP_ARITY = {1: _bprop1, 2: _bprop2, 3: _bprop3, 4: _bprop4, 5: _bprop5, 6: _bprop6, 7: _bprop7, 8: _bprop8}
 
 
-def _hashable(v: Any) -> Any:
-    return tuple(v) if isinstance(v, list) else v
+def _keys(op: OpDef, values: Sequence[Any]) -> tuple[Any, ...]:
+    """A call's attrs as the primitive cache's key, each in its one form (opforge._opdef's
+    canonical_attr: checked for type, True not 1, floats equal by their bits, lists as tuples), so
+    that equal keys are the same primitive: True == 1 == 1.0 and -0.0 == 0.0 took one another's
+    primitive (the first one cached), a refused value failing valid calls after it."""
+    return tuple(canonical_attr(op, a, v) for a, v in zip(op.attrs, values))
+
+
+def _plain(v: Any) -> Any:
+    """A cached attr as formulas and the AOT text take it: plain floats, lists."""
+    if isinstance(v, tuple):
+        return [float(x) if isinstance(x, AttrFloat) else x for x in v]
+    return float(v) if isinstance(v, AttrFloat) else v
 
 
 class Composite(nn.Cell):  # type: ignore[misc]  # (MindSpore has no type information)
@@ -572,7 +584,14 @@ class _Helpers:
 
     @staticmethod
     def reduce_grad(g: Any, meta: Any) -> Any:
-        shape, dtype = meta
+        shape, dtype, like = meta
+        if (_msF.is_sequence_value_unknown(g.shape) or _msF.is_sequence_value_unknown(shape)
+                or dtype == ms.bfloat16):
+            # (sizes known only when it runs, a Cell's set_inputs in Graph mode, where the tuple
+            # arithmetic below cannot run; bfloat16, which MindSpore's sum has no CPU kernel for:
+            # opforge's own sum_to_like, which takes both, an empty axis summing to 0)
+            g = g if g.dtype == dtype else _msops.cast(g, dtype)
+            return _OWN.F.sum_to_like(g, like)
         gshape = tuple(g.shape)
         shape = tuple(shape)
         if 0 in gshape:  # MindSpore's sum over an empty axis is not 0
@@ -618,7 +637,7 @@ class OpSet:
             setattr(self.F, name, getattr(self.ops, name) if simple else getattr(self.functional, name))
 
     def _make(self, op: OpDef, present: tuple[bool, ...], attrs: tuple[Any, ...]) -> Any:
-        values = tuple(list(a) if isinstance(a, tuple) else a for a in attrs)
+        values = tuple(_plain(a) for a in attrs)
         if op.composite is not None and op.bprop is None:
             return Composite(op, present, values, self)
         return Primitive(op, present, values, self)
@@ -638,7 +657,7 @@ class OpSet:
                 raise ValueError(f"[{name}] '{w}' is not an optional input; optional inputs: "
                                  f"{', '.join(optional) or 'none'}")
         present = tuple(i.name not in without for i in op.inputs)
-        return _primitive(self.library, name, present, tuple(_hashable(v) for v in values))
+        return _primitive(self.library, name, present, _keys(op, values))
 
     def _functional(self, op: OpDef) -> Callable[..., Any]:
         library, F = self.library, self.F  # noqa: N806
@@ -657,7 +676,7 @@ class OpSet:
             return self.primitive(op.name)
         try:
             present = tuple(True for _ in op.inputs)
-            defaults = tuple(_hashable(a.default) for a in op.attrs)
+            defaults = _keys(op, [a.default for a in op.attrs])
             if self.table.get(op.name) is op:
                 return _primitive(self.library, op.name, present, defaults)
             return self._make(op, present, defaults)
@@ -676,8 +695,9 @@ _SETS: dict[str, OpSet] = {}
 
 
 # (module-level, cached and called with constants only: Graph mode runs it while it compiles a
-# formula that calls an op's functional form)
-@functools.lru_cache(maxsize=None)
+# formula that calls an op's functional form; the latest 512 kept: an attr that changes every
+# step, adam_step's step_size, made one primitive per step, kept for ever, ~100 KB each)
+@functools.lru_cache(maxsize=512)
 def _primitive(library: str, name: str, present: tuple[bool, ...], attrs: tuple[Any, ...]) -> Any:
     opset = _SETS[library]
     return opset._make(opset.table[name], present, attrs)
@@ -693,11 +713,14 @@ def _call(library: str, F: Any, op: OpDef, args: Sequence[Any], kwargs: dict[str
             inputs.append(None)
         else:
             raise TypeError(f"[{op.name}] missing input '{i.name}'")
+    for i, t in zip(op.inputs, inputs):
+        if t is None and not i.optional:
+            raise TypeError(f"[{op.name}] input '{i.name}' is required (not optional): got None")
     values = _full_attrs(op, args[n_in:], kwargs)
     present = tuple(t is not None for t in inputs)
     if op.composite is not None and op.bprop is None:
-        return op.composite(F, H, *inputs, *values)
-    prim = _primitive(library, op.name, present, tuple(_hashable(v) for v in values))
+        return op.composite(F, H, *inputs, *(_plain(v) for v in _keys(op, values)))
+    prim = _primitive(library, op.name, present, _keys(op, values))
     return prim(*(t for t in inputs if t is not None))
 
 

@@ -144,6 +144,38 @@ def test_mlp_trains_with_changing_batch_sizes(graph) -> None:
             np.testing.assert_allclose(g.asnumpy(), e.numpy(), rtol=1e-10, atol=1e-14)
 
 
+class _GradStep(nn.Cell):  # type: ignore[misc]
+    """The loss and its gradients taken inside the cell's graph (as nn.TrainOneStepCell takes them)."""
+
+    def __init__(self, net: Any) -> None:
+        super().__init__()
+        self.step = ms.value_and_grad(net, grad_position=None, weights=net.trainable_params())
+
+    def construct(self, x: Any, labels: Any) -> Any:
+        return self.step(x, labels)
+
+
+def test_gradients_taken_inside_a_graph_take_changing_batch_sizes(graph) -> None:
+    """A cell whose graph takes the gradients, with set_inputs: the sizes are unknown until it
+    runs (every call failed, 'The pointer[seq_abs] is null', from the bprop's tuple arithmetic on
+    shapes, so nn.TrainOneStepCell with set_inputs could not train; opforge's sum_to_like reduces
+    there now)."""
+    rng = np.random.default_rng(2)
+    params = [rng.normal(size=(16, 6)) * 0.4, np.zeros(16) + 0.1, rng.normal(size=(4, 16)) * 0.4, np.zeros(4)]
+    cell = _GradStep(_MLP(*params))
+    cell.set_inputs(Tensor(shape=[None, 6], dtype=ms.float64), Tensor(shape=[None], dtype=ms.int64))
+    leaves = [opforge.tensor(p, requires_grad=True) for p in params]
+    for n in (3, 8, 5):
+        x, labels = rng.normal(size=(n, 6)), rng.integers(0, 4, size=n)
+        loss, grads = cell(Tensor(x), Tensor(labels))
+        want = opforge.ops.cross_entropy(
+            opforge.ops.linear(opforge.ops.gelu(opforge.ops.linear(opforge.tensor(x), leaves[0], leaves[1])),
+                               leaves[2], leaves[3]), opforge.tensor(labels))
+        np.testing.assert_allclose(loss.asnumpy(), want.numpy(), rtol=1e-12)
+        for g, e in zip(grads, opforge.gradients(want, leaves)):
+            np.testing.assert_allclose(g.asnumpy(), e.numpy(), rtol=1e-10, atol=1e-14)
+
+
 def test_a_launch_whose_shapes_do_not_fit_raises(graph, capfd) -> None:
     """Shapes that only the launch shows to be wrong: MindSpore reports the failed shape
     inference, opforge's message (on stderr, where MindSpore cannot carry it) names the op."""

@@ -279,6 +279,39 @@ def test_primitives_are_cached_and_named() -> None:
     assert p.func.startswith(om.LIBRARY)
 
 
+def test_primitives_are_told_apart_by_attr_type_and_bits() -> None:
+    """The primitive cache compared attrs by ==: alpha=True (refused) then alpha=1.0 was refused
+    too; 1 then True was taken; alpha=-0.0 ran alpha=0.0's primitive (-0.0 where opforge gives 0.0)."""
+    x = Tensor(np.array([-2.0, 1.0], np.float32))
+    with pytest.raises(TypeError, match=r"\[leaky_relu\] attr 'alpha' must be a float, got bool"):
+        om.functional.leaky_relu(x, alpha=True)
+    np.testing.assert_array_equal(om.functional.leaky_relu(x, alpha=1.0).asnumpy(), [-2.0, 1.0])
+    np.testing.assert_array_equal(om.functional.sum(x, axis=0, keepdims=False).asnumpy(), -1.0)
+    with pytest.raises(TypeError, match=r"\[sum\] attr 'keepdims' must be a bool, got int"):
+        om.functional.sum(x, axis=0, keepdims=0)
+    for first, second in ((0.0, -0.0), (-0.0, 0.0)):
+        for alpha in (first, second):
+            got = om.functional.leaky_relu(x, alpha=alpha).asnumpy()
+            want = opforge.ops.leaky_relu(x.asnumpy(), alpha=alpha).numpy()
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    assert om.primitive("leaky_relu", alpha=-0.0) is not om.primitive("leaky_relu", alpha=0.0)
+    # (a required input given None: a bare StopIteration, which map() swallowed)
+    with pytest.raises(TypeError, match=r"\[mul\] input 'y' is required \(not optional\): got None"):
+        list(map(lambda t: om.functional.mul(t, None), [x]))
+
+
+def test_gradients_of_broadcasting_ops_in_bfloat16(pynative) -> None:
+    """(MindSpore's sum, which reduced a broadcast operand's gradient, has no bfloat16 CPU kernel:
+    opforge's sum_to_like does it)"""
+    x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4)).astype(ms.bfloat16)
+    b = Tensor(np.arange(4, dtype=np.float32)).astype(ms.bfloat16)
+    f = lambda x, b: om.ops.sum(om.ops.mul(x, b))  # noqa: E731
+    gx, gb = ms.grad(f, grad_position=(0, 1))(x, b)
+    assert gx.dtype == gb.dtype == ms.bfloat16
+    np.testing.assert_array_equal(gb.astype(ms.float32).asnumpy(), [12, 15, 18, 21])
+    np.testing.assert_array_equal(gx.astype(ms.float32).asnumpy(), np.tile(np.arange(4.0), (3, 1)))
+
+
 def test_optional_inputs(mode) -> None:
     rng = np.random.default_rng(0)
     x, w, b = rng.normal(size=(4, 3)), rng.normal(size=(2, 3)), rng.normal(size=(2,))
