@@ -373,6 +373,11 @@ def test_bad_shape_and_attr_name_the_op(mode) -> None:
         om.primitive("linear", without=("x",))
     with pytest.raises(ValueError, match=r"unknown op 'nope'"):
         om.primitive("nope")
+    # (checks that were the kernel's alone: MindSpore's RuntimeError at the launch, without the op)
+    with pytest.raises(ValueError, match=r"\[bias_add\] bias of shape \(5,\) must have shape \(4,\)"):
+        om.ops.bias_add(Tensor(np.ones((3, 4))), Tensor(np.ones(5)))
+    with pytest.raises(ValueError, match=r"\[softmax_backward\] dout of shape \(3,\) and y of shape \(4,\)"):
+        om.ops.softmax_backward(Tensor(np.ones(3)), Tensor(np.ones(4)))
 
 
 def test_wrong_input_count(pynative) -> None:
