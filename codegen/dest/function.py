@@ -80,11 +80,12 @@ def _check_lines(op: OpSpec) -> list[str]:
                     else f"Axes(std::vector<int64_t>{{attrs.{a.name}}})")
         else:
             axes = f"Axes(attrs.{a.name})"
-        # (against the input the axes are of, the first named: another may lack the axis, as
-        # take_along_axis's indices with keepdims false)
-        n = a.axis_of[0]
-        check = f"(void)normalize_axes(kName, {axes}, int64_t(v_{n}->dim()));"
-        lines.append(f"if (v_{n}) {check}" if n in optional else check)
+        # (against every input named, but where a keepdims attr may take the axis out of the others,
+        # take_along_axis's indices: there against the first, the input the axes are of)
+        keepdims = any(b.name == "keepdims" for b in op.attrs)
+        for n in a.axis_of[:1] if keepdims else a.axis_of:
+            check = f"(void)normalize_axes(kName, {axes}, int64_t(v_{n}->dim()));"
+            lines.append(f"if (v_{n}) {check}" if n in optional else check)
     for c in op.checks:
         test, pieces = dims.lower_check(c, api.dim_scope(op), cpp=True)
         args = []

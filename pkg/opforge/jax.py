@@ -501,12 +501,12 @@ def _inputs(op: OpDef, inputs: list[Any]) -> list[Any]:
                 kinds = {type(inputs[j]) for j in numbers if op.inputs[j].dtype == typevar}
                 name = "float64" if float in kinds else "int64" if int in kinds else "bool"
             dtype = np.dtype(jax.dtypes.canonicalize_dtype(_DTYPES.get(name, np.dtype(np.float64))))
-        kind = dtype.kind
-        if type(value) is float and kind in "biu":
+        kind = "f" if dtype == _DTYPES["bfloat16"] else dtype.kind  # (bfloat16's kind is "V")
+        if isinstance(value, float) and kind in "biu":
             raise TypeError(f"{_number_where(op, k)}: a Python float cannot be "
                             f"{_NAMES.get(dtype, dtype)}{_number_by(op, partner, dtype)}; pass an array of the "
                             "intended dtype")
-        if type(value) is int and kind in "biu":
+        if isinstance(value, int) and not isinstance(value, bool) and kind in "biu":
             low, high = (0, 1) if kind == "b" else _int_range(dtype)
             if not low <= value <= high:
                 raise ValueError(f"{_number_where(op, k)}: the Python int {value} is out of "
@@ -519,7 +519,7 @@ def _inputs(op: OpDef, inputs: list[Any]) -> list[Any]:
                                  f"for {_NAMES.get(dtype, dtype)}{_number_by(op, partner, dtype)}") from None
             top = _FLOAT_MAX.get(dtype)
             if top is None:
-                top = _FLOAT_MAX[dtype] = float(np.finfo(dtype).max) if dtype.itemsize < 8 else math.inf
+                top = _FLOAT_MAX[dtype] = float(jnp.finfo(dtype).max) if dtype.itemsize < 8 else math.inf
             if abs(value) > top:  # (rounded as NumPy rounds it: to the largest value, or past it to inf)
                 with np.errstate(over="ignore"):
                     out[k] = np.asarray(value, dtype)

@@ -265,15 +265,18 @@ def _full_attrs(op: OpDef, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple
     if len(values) > len(op.attrs):
         raise TypeError(f"[{op.name}] takes {len(op.attrs)} attrs ({', '.join(a.name for a in op.attrs)}), "
                         f"got {len(values)}")
+    # (kwargs read, not popped: Graph mode compiles this, in a functional call's attrs)
     for a in op.attrs[len(values):]:
         if a.name in kwargs:
-            values.append(kwargs.pop(a.name))
+            values.append(kwargs[a.name])
         elif a.required:
             raise TypeError(f"[{op.name}] missing required attr '{a.name}'")
         else:
             values.append(list(a.default) if isinstance(a.default, tuple) else a.default)
-    if kwargs:
-        raise TypeError(f"[{op.name}] unknown attr(s) {', '.join(sorted(kwargs))}; attrs: "
+    names = [a.name for a in op.attrs]
+    unknown = [k for k in kwargs if k not in names]
+    if unknown:
+        raise TypeError(f"[{op.name}] unknown attr(s) {', '.join(unknown)}; attrs: "
                         f"{', '.join(a.name for a in op.attrs) or 'none'}")
     return tuple(values)
 
@@ -585,10 +588,9 @@ class _Helpers:
     @staticmethod
     def reduce_grad(g: Any, meta: Any) -> Any:
         shape, dtype, like = meta
-        if (_msF.is_sequence_value_unknown(g.shape) or _msF.is_sequence_value_unknown(shape)
-                or dtype == ms.bfloat16):
-            # (sizes known only when it runs, a Cell's set_inputs in Graph mode, where the tuple
-            # arithmetic below cannot run; bfloat16, which MindSpore's sum has no CPU kernel for:
+        if not _msF.isconstant(g.shape) or not _msF.isconstant(shape) or dtype == ms.bfloat16:
+            # (sizes or rank known only when it runs, a Cell's set_inputs in Graph mode, where the
+            # tuple arithmetic below cannot run; bfloat16, which MindSpore's sum has no CPU kernel for:
             # opforge's own sum_to_like, which takes both, an empty axis summing to 0)
             g = g if g.dtype == dtype else _msops.cast(g, dtype)
             return _OWN.F.sum_to_like(g, like)
@@ -695,9 +697,10 @@ _SETS: dict[str, OpSet] = {}
 
 
 # (module-level, cached and called with constants only: Graph mode runs it while it compiles a
-# formula that calls an op's functional form; the latest 512 kept: an attr that changes every
-# step, adam_step's step_size, made one primitive per step, kept for ever, ~100 KB each)
-@functools.lru_cache(maxsize=512)
+# formula that calls an op's functional form. Not bounded: MindSpore keeps each Custom op's kernel,
+# ~100 KB, whether the cache does or not (tried: 512 entries saved a fifth of it), and om.ops
+# are the cached defaults, which must stay the same objects)
+@functools.lru_cache(maxsize=None)
 def _primitive(library: str, name: str, present: tuple[bool, ...], attrs: tuple[Any, ...]) -> Any:
     opset = _SETS[library]
     return opset._make(opset.table[name], present, attrs)

@@ -286,6 +286,15 @@ def test_python_numbers_take_the_dtype_of_their_partner_as_jax_takes_them() -> N
     assert np.isinf(np.asarray(oj.ops.add(jnp.ones(2, jnp.float16), 1e300))).all()
     # (just past float16's largest value: rounded to it, as NumPy and jnp round it, not inf)
     assert np.asarray(oj.ops.mul(jnp.ones(2, jnp.float16), 65510.0)).tolist() == [65504.0, 65504.0]
+    # (a float subclass is a float, an IntEnum an int; bfloat16 is a float dtype, its kind "V")
+    class Half(float):
+        pass
+    with pytest.raises(TypeError, match=r"\[mul\] input 'y': a Python float cannot be int32"):
+        oj.ops.mul(jnp.ones(2, jnp.int32), Half(2.5))
+    import enum
+    with pytest.raises(ValueError, match=r"\[mul\] input 'y': the Python int .* is out of range for int32"):
+        oj.ops.mul(jnp.ones(2, jnp.int32), enum.IntEnum("E", {"BIG": 2**40}).BIG)
+    assert np.isinf(np.asarray(oj.ops.mul(jnp.ones(2, jnp.bfloat16), 2**200).astype(np.float32))).all()
     with jax.enable_x64(False):
         with pytest.raises(ValueError, match=r"\[mul\] input 'x': the Python int 1099511627776 is out of range for "
                                              r"int32 \(JAX without 64-bit types\)"):
@@ -439,6 +448,9 @@ def test_bad_calls_raise_naming_the_op_at_trace_time() -> None:
     y = jnp.arange(6.0).reshape(2, 3)
     np.testing.assert_array_equal(jax.grad(lambda y: oj.ops.sum(oj.ops.max(y, axis=-2)[0]))(y), [[0, 0, 0], [1, 1, 1]])
     np.testing.assert_array_equal(jax.jvp(lambda y: oj.ops.max(y, axis=1)[0], (y,), (jnp.ones_like(y),))[1], [1, 1])
+    with pytest.raises(IndexError, match=r"\[layer_norm_backward\] axis 1 is out of range for a tensor of rank 1"):
+        o = jnp.ones((4, 6))  # (every input the axes index is checked, where no keepdims takes the axis out)
+        oj.ops.layer_norm_backward(o, jnp.ones((0,)), o, o, o, o, axis=[1])
     with pytest.raises(ValueError, match=r"\[min\] cannot take the min over axis 1 of size 0"):
         jax.eval_shape(lambda y: oj.ops.min(y, axis=1), S((2, 0), jnp.float32))
 

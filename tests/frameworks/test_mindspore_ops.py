@@ -300,6 +300,20 @@ def test_primitives_are_told_apart_by_attr_type_and_bits() -> None:
         list(map(lambda t: om.functional.mul(t, None), [x]))
 
 
+def test_functional_calls_with_keyword_attrs_inside_a_cell(mode) -> None:
+    """(in Graph mode the functional form is compiled by MindSpore's parser: attrs given by keyword
+    raised AttributeError, and after the attr keys a SIGSEGV, from kwargs.pop and a set
+    comprehension it does not take)"""
+
+    class Net(nn.Cell):  # type: ignore[misc]
+        def construct(self, x: Any) -> Any:
+            return om.functional.sum(om.functional.leaky_relu(x, alpha=0.5), axis=[1], keepdims=True)
+
+    x = np.array([[-2.0, 1.0, 3.0], [4.0, -6.0, 0.0]], np.float32)
+    got = Net()(Tensor(x)).asnumpy()
+    np.testing.assert_allclose(got, np.where(x > 0, x, 0.5 * x).sum(axis=1, keepdims=True))
+
+
 def test_gradients_of_broadcasting_ops_in_bfloat16(pynative) -> None:
     """(MindSpore's sum, which reduced a broadcast operand's gradient, has no bfloat16 CPU kernel:
     opforge's sum_to_like does it)"""
