@@ -967,6 +967,11 @@ class _Op:
             if out is not None:
                 return out, out_dims
         matmul = self.n_out == 1 and op.outputs[0].shape == "matmul"
+        if matmul and batched == [0] and ins[1] is not None and ins[1].ndim <= 2:
+            # (a batched, b of at most 2 dims: the batch dim first is one more row dim of a)
+            moved = list(ins)
+            moved[0] = jnp.moveaxis(ins[0], in_dims[0], 0)
+            return self._bind(moved, attrs), out_dims
         if op.impl == "expr" or matmul and all(d is None or x.ndim >= 3 for x, d in zip(ins, in_dims) if x is not None):
             # (batch axes first, padded to the others' rank: broadcasting lines them up)
             rank = max(x.ndim - (d is not None) for x, d in zip(ins, in_dims) if x is not None)

@@ -218,6 +218,12 @@ def test_vmap_of_an_elementwise_op_is_one_call() -> None:
     assert jax.vmap(lambda a: oj.ops.mul(a, y))(x).shape == (5, 3, 3)
     jaxpr = jax.make_jaxpr(jax.vmap(lambda a: oj.ops.softmax(a, axis=0)))(jnp.ones((5, 3, 4)))
     assert "scan" not in str(jaxpr)
+    # matmul of a batched a by a b of at most 2 dims: the batch dim one more row of a (it looped)
+    a, b = np.arange(15.0).reshape(5, 3), np.arange(6.0).reshape(3, 2)
+    for row, want in ((a, a @ b), (a.T, a @ b)):
+        f = jax.vmap(lambda r: oj.ops.matmul(r, b), in_axes=0 if row is a else 1)
+        assert "scan" not in str(jax.make_jaxpr(f)(row))
+        np.testing.assert_array_equal(f(row), want)
 
 
 def test_jit_compiles_once_per_shape_and_attrs() -> None:

@@ -164,6 +164,7 @@ with jax.set_mesh(explicit):
         # (vmap over the split axis: the batched call is one of the op's own, split alike)
         "vmap_linear": (jax.vmap(lambda r, w, b: ops.linear(r, w, b), in_axes=(0, None, None)), (x, w, b3),
                         (True, False, False)),
+        "vmap_matmul": (jax.vmap(lambda r, w: ops.matmul(r, w), in_axes=(0, None)), (x, w.T.copy()), (True, False)),
         # elementwise with an operand broadcast along rows (a bias, a number): typed split too
         "add_bias": (lambda x, g: ops.gelu(ops.add(x, g)), (x, ln_w), (True, False)),
         "mul_number": (lambda x: ops.mul(x, 2.0), (x,), (True,)),
@@ -253,6 +254,7 @@ def test_under_explicit_axes_gradients_have_their_primals_types(report: dict[str
     # (the gradients of x split as x; of the weights, summed over the devices, whole)
     ("grad_step", ["float32[8@rows,6]", "float32[3,6]", "float32[3]", "float32[6]"]),
     ("vmap_linear", ["float32[8@rows,3]"]),
+    ("vmap_matmul", ["float32[8@rows,3]"]),  # (it looped in jax.lax.map, which refused the split rows)
     ("add_bias", ["float32[8@rows,6]"]),
     ("mul_number", ["float32[8@rows,6]"]),
 ])
