@@ -232,3 +232,28 @@ def _float(op: OpDef, attr: AttrDef, value: Any) -> AttrFloat:
     if _is_int(value) and abs(int(value)) >= 2**1024 - 2**970:  # (rounds past float64's largest value)
         raise ValueError(f"[{op.name}] attr '{attr.name}' is out of range for float")
     return AttrFloat(value)
+
+
+def check_number(op: OpDef, input_name: str, value: Any, dtype_name: str, kind: str,
+                 bounds: tuple[int, int], by: str, container: str) -> None:
+    """A Python number for an input of dtype ``dtype_name`` (``kind``: "b" bool, "i" integer, "f"
+    floating; ``bounds`` an integer dtype's range), checked as opforge's own API checks numbers: a
+    float for a bool or integer input is a TypeError, an int out of the range (or past float64's,
+    for a floating input) a ValueError, both naming the op; ``by`` says which input bound the dtype
+    and ``container`` what to pass instead ("an array", "a tensor")."""
+    where = f"[{op.name}] input '{input_name}'"
+    if isinstance(value, float) and kind != "f":
+        raise TypeError(f"{where}: a Python float cannot be {dtype_name}{by}; pass {container} of the intended dtype")
+    if isinstance(value, int) and not isinstance(value, bool):
+        low, high = (0, 1) if kind == "b" else bounds if kind == "i" else (-(2**1024 - 2**970) + 1, 2**1024 - 2**970 - 1)
+        if not low <= value <= high:
+            shown = f" {value}" if kind != "f" else ""
+            raise ValueError(f"{where}: the Python int{shown} is out of range for {dtype_name}{by}")
+
+
+def plain_attr(value: Any) -> Any:
+    """A canonical attr as formulas, meta rules and text take it: plain floats (an AttrFloat's
+    equality is its bits', for caches alone), lists for tuples."""
+    if isinstance(value, tuple):
+        return [float(v) if isinstance(v, AttrFloat) else v for v in value]
+    return float(value) if isinstance(value, AttrFloat) else value

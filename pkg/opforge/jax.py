@@ -116,6 +116,7 @@ from opforge import _formulas, _jax_native
 from opforge._opdef import AttrDef, OpDef, ShapeHelpers, kind_shape
 from opforge._opdef import AttrFloat as _Float
 from opforge._opdef import canonical_attr as _canonical
+from opforge._opdef import check_number, plain_attr
 from opforge._opdef import axes as axes_of
 
 __all__ = ["ops", "register_module", "export", "OpSet", "TARGET", "H"]
@@ -428,6 +429,21 @@ H = _Helpers()
 # ---------------------------------------------------------------------------- attrs
 
 
+def _input_dtypes(op: OpDef, avals: Sequence[Any]) -> tuple[list[Optional[str]], int]:
+    """The opforge dtype of each input slot (avals one per slot, None where absent), and the mask of
+    inputs JAX gives as int32 where the op takes int64 (without 64-bit types JAX has no int64: the
+    handler widens them)."""
+    dtypes: list[Optional[str]] = []
+    widen = 0
+    for k, (inp, a) in enumerate(zip(op.inputs, avals)):
+        name = None if a is None else _dtype_name(op, inp.name, a.dtype)
+        if name == "int32" and inp.dtype == "int64" and not getattr(jax.config, "jax_enable_x64"):
+            name = "int64"
+            widen |= 1 << k
+        dtypes.append(name)
+    return dtypes, widen
+
+
 def _dtype_name(op: OpDef, input_name: str, dtype: Any) -> str:
     """opforge's name of an input's dtype; TypeError naming the op for one opforge does not have."""
     name = _NAMES.get(np.dtype(dtype))
@@ -447,12 +463,7 @@ def _ffi_attr(attr: AttrDef, value: Any) -> Any:
     return float(value) if isinstance(value, _Float) else value
 
 
-def _meta_value(value: Any) -> Any:
-    """An attr as the meta rule and the formulas take it (plain floats: a _Float's equality is its
-    bits', for the jit cache alone)."""
-    if isinstance(value, tuple):
-        return [float(v) if isinstance(v, _Float) else v for v in value]
-    return float(value) if isinstance(value, _Float) else value
+_meta_value = plain_attr  # (an attr as the meta rule and the formulas take it)
 
 
 _UNSET = object()
@@ -501,22 +512,11 @@ def _inputs(op: OpDef, inputs: list[Any]) -> list[Any]:
                 kinds = {type(inputs[j]) for j in numbers if op.inputs[j].dtype == typevar}
                 name = "float64" if float in kinds else "int64" if int in kinds else "bool"
             dtype = np.dtype(jax.dtypes.canonicalize_dtype(_DTYPES.get(name, np.dtype(np.float64))))
-        kind = "f" if dtype == _DTYPES["bfloat16"] else dtype.kind  # (bfloat16's kind is "V")
-        if isinstance(value, float) and kind in "biu":
-            raise TypeError(f"{_number_where(op, k)}: a Python float cannot be "
-                            f"{_NAMES.get(dtype, dtype)}{_number_by(op, partner, dtype)}; pass an array of the "
-                            "intended dtype")
-        if isinstance(value, int) and not isinstance(value, bool) and kind in "biu":
-            low, high = (0, 1) if kind == "b" else _int_range(dtype)
-            if not low <= value <= high:
-                raise ValueError(f"{_number_where(op, k)}: the Python int {value} is out of "
-                                 f"range for {_NAMES.get(dtype, dtype)}{_number_by(op, partner, dtype)}")
+        kind = "f" if dtype == _DTYPES["bfloat16"] else "i" if dtype.kind == "u" else dtype.kind  # (bfloat16: "V")
+        check_number(op, inp.name, value, _NAMES.get(dtype, str(dtype)), kind,
+                     _int_range(dtype) if kind == "i" else (0, 1), _number_by(op, partner, dtype), "an array")
         if kind == "f":
-            try:
-                value = float(value)
-            except OverflowError:
-                raise ValueError(f"{_number_where(op, k)}: the Python int is out of range "
-                                 f"for {_NAMES.get(dtype, dtype)}{_number_by(op, partner, dtype)}") from None
+            value = float(value)
             top = _FLOAT_MAX.get(dtype)
             if top is None:
                 top = _FLOAT_MAX[dtype] = float(jnp.finfo(dtype).max) if dtype.itemsize < 8 else math.inf
@@ -532,10 +532,6 @@ def _inputs(op: OpDef, inputs: list[Any]) -> list[Any]:
 def _int_range(dtype: Any) -> tuple[int, int]:
     info = np.iinfo(dtype)
     return int(info.min), int(info.max)
-
-
-def _number_where(op: OpDef, k: int) -> str:
-    return f"[{op.name}] input '{op.inputs[k].name}'"
 
 
 def _number_by(op: OpDef, partner: Optional[int], dtype: Any) -> str:
@@ -922,18 +918,7 @@ class _Op:
         return mesh, in_specs, out_specs, frozenset(name for e in row for name in named(e))
 
     def _dtypes(self, avals: Sequence[Any], present: tuple[bool, ...]) -> tuple[list[Optional[str]], int]:
-        """The opforge dtype of each input slot (None where absent), and the mask of inputs JAX gives
-        as int32 where the op takes int64 (without 64-bit types JAX has no int64: the handler
-        widens them)."""
-        dtypes: list[Optional[str]] = []
-        widen = 0
-        for k, (inp, a) in enumerate(zip(self.op.inputs, _expand(present, avals))):
-            name = None if a is None else _dtype_name(self.op, inp.name, a.dtype)
-            if name == "int32" and inp.dtype == "int64" and not getattr(jax.config, "jax_enable_x64"):
-                name = "int64"
-                widen |= 1 << k
-            dtypes.append(name)
-        return dtypes, widen
+        return _input_dtypes(self.op, _expand(present, avals))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         inputs, attrs = _bind_args(self.op, args, kwargs)
@@ -1173,10 +1158,7 @@ def _composite(op: OpDef, F: Any, meta: Any) -> Callable[..., Any]:
         # not after the ops of its formula)
         avals = [None if x is None else jax.typeof(x) for x in inputs]
         if all(isinstance(d, (int, np.integer)) for a in avals if a is not None for d in a.shape):
-            names = [None if a is None else _dtype_name(op, inp.name, a.dtype) for inp, a in zip(op.inputs, avals)]
-            # (JAX without 64-bit types gives int32 for an int64 input: the handler widens it)
-            names = [("int64" if n == "int32" and inp.dtype == "int64" and not jax.config.jax_enable_x64 else n)
-                     for inp, n in zip(op.inputs, names)]
+            names, _ = _input_dtypes(op, avals)
             meta(*(None if a is None else _C._meta_tensor(list(a.shape), n) for a, n in zip(avals, names)),
                  *(_meta_value(v) for v in attrs))
         return formula(F, H, *inputs, *(_meta_value(v) for v in attrs))

@@ -64,7 +64,7 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess
 import opforge
 import opforge._C as _C
 import opforge._formulas as _formulas
-from opforge._opdef import AttrFloat, OpDef, canonical_attr
+from opforge._opdef import OpDef, canonical_attr, plain_attr
 
 # MindSpore's AotExtra (the `extra` of an AOT call, an op's attrs) is read through a copy of its
 # class in src/aot/aot_extra.cpp: its header cannot be compiled outside MindSpore, so opforge calls
@@ -524,11 +524,7 @@ def _keys(op: OpDef, values: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(canonical_attr(op, a, v) for a, v in zip(op.attrs, values))
 
 
-def _plain(v: Any) -> Any:
-    """A cached attr as formulas and the AOT text take it: plain floats, lists."""
-    if isinstance(v, tuple):
-        return [float(x) if isinstance(x, AttrFloat) else x for x in v]
-    return float(v) if isinstance(v, AttrFloat) else v
+_plain = plain_attr  # (a cached attr as formulas and the AOT text take it)
 
 
 class Composite(nn.Cell):  # type: ignore[misc]  # (MindSpore has no type information)

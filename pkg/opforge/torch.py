@@ -63,7 +63,7 @@ from torch._C import _from_dlpack, _to_dlpack
 import opforge._C as _C
 import opforge._formulas as _formulas
 from opforge import _torch_native
-from opforge._opdef import OpDef, ShapeHelpers, kind_shape
+from opforge._opdef import OpDef, ShapeHelpers, check_number, kind_shape
 from opforge._opdef import axes as _axes
 
 __all__ = ["ops", "NAMESPACE", "schema", "scalar_slots", "register_ops", "register_module", "TORCH_DTYPES"]
@@ -149,20 +149,13 @@ def _scalar(op: OpDef, k: int, j: int, value: Any, like: Any) -> Any:
     range a ValueError (both naming the op); a float beyond a floating dtype's range is inf, as
     NumPy converts it. (Symbolic numbers, under torch.compile, are converted as they are.)"""
     dtype = like.dtype
-    where = f"[{op.name}] input '{op.inputs[k].name}'"
-    by = f" (bound by input '{op.inputs[j].name}')"
-    if isinstance(value, float) and not dtype.is_floating_point:
-        raise TypeError(f"{where}: a Python float cannot be {TORCH_DTYPES.get(dtype, dtype)}{by}; pass a tensor of the "
-                        "intended dtype")
-    if isinstance(value, int) and not isinstance(value, bool) and not dtype.is_floating_point:
-        low, high = (0, 1) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
-        if not low <= value <= high:
-            raise ValueError(f"{where}: the Python int {value} is out of range for {TORCH_DTYPES.get(dtype, dtype)}{by}")
-    if isinstance(value, (int, float)) and dtype.is_floating_point:
-        try:
-            value = float(value)
-        except OverflowError:
-            raise ValueError(f"{where}: the Python int is out of range for {TORCH_DTYPES.get(dtype, dtype)}{by}") from None
+    kind = "f" if dtype.is_floating_point else "b" if dtype == torch.bool else "i"
+    if isinstance(value, (int, float)):  # (not a SymInt/SymFloat: those are converted as they are)
+        check_number(op, op.inputs[k].name, value, TORCH_DTYPES.get(dtype, str(dtype)), kind,
+                     (torch.iinfo(dtype).min, torch.iinfo(dtype).max) if kind == "i" else (0, 1),
+                     f" (bound by input '{op.inputs[j].name}')", "a tensor")
+    if isinstance(value, (int, float)) and kind == "f":
+        value = float(value)
         if dtype != torch.float64 and math.isfinite(value) and abs(value) > torch.finfo(dtype).max:
             # (rounded as NumPy converts it, to inf past the dtype's range; torch's conversion raises)
             return torch.scalar_tensor(value, dtype=torch.float64, device=like.device).to(dtype)

@@ -499,7 +499,7 @@ TensorPtr from_dlpack_obj(py::handle obj, const char* op, const char* arg) {
   // A torch tensor with its negative bit set (a lazy negation, as of x.conj().imag) exports its
   // memory without the negation: its values resolved first
   py::object resolved;
-  if (py::hasattr(obj, "is_neg") && py::hasattr(obj, "resolve_neg") && obj.attr("is_neg")().cast<bool>()) {
+  if (py::object is_neg = py::getattr(obj, "is_neg", py::none()); !is_neg.is_none() && is_neg().cast<bool>()) {
     resolved = obj.attr("resolve_neg")();
     obj = resolved;
   }
