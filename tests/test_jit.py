@@ -342,6 +342,79 @@ def test_shape_rule_arithmetic_that_overflows_raises(tmp_path: Path, cache: Path
         meta(_C._meta_tensor([1, 2**40], "float32"), 2**40)
 
 
+FIRST_ALONG = """\
+first_along:
+  doc: x's first entry along an axis, plus a shift that broadcasts to the result (drop() and broadcasts()).
+  inputs:
+    x: {dtype: T, differentiable: false}
+    shift: {dtype: T, differentiable: false}
+  attrs:
+    axis: {type: int, axis_of: [x], default: -1}
+  outputs:
+    out: {dtype: T, shape: "drop(shape(x), axis)"}
+  checks:
+    - {require: "dim(x, axis) >= 1", error: "x has no entry along axis {axis}: shape {shape(x)}"}
+    - require: broadcasts(shape(shift), drop(shape(x), axis))
+      error: "shift of shape {shape(shift)} does not broadcast to {drop(shape(x), axis)}"
+  dtypes:
+    T: [float64]
+  targets:
+    cpu: {}
+  impl:
+    cpp: {}
+"""
+
+# (x and shift contiguous: outer x n x inner around the axis; shift read with its broadcast strides)
+FIRST_ALONG_KERNEL = """\
+#include "first_along.h"
+
+namespace opforge::kernels::cpu {
+
+template <typename T>
+void first_along(const TensorPtr& x, const TensorPtr& shift, const TensorPtr& out, const FirstAlongAttrs& attrs) {
+  const int64_t nd = x->dim(), a = attrs.axis < 0 ? attrs.axis + nd : attrs.axis;
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < a; ++d) outer *= x->shape()[d];
+  for (int64_t d = a + 1; d < nd; ++d) inner *= x->shape()[d];
+  const int64_t n = x->shape()[a];
+  const TensorPtr s = contiguous(broadcast_to(shift, out->shape()));
+  const T* px = x->data<T>();
+  const T* ps = s->data<T>();
+  T* po = out->data<T>();
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) po[o * inner + i] = px[(o * n) * inner + i] + ps[o * inner + i];
+}
+
+}  // namespace opforge::kernels::cpu
+
+OPFORGE_INSTANTIATE_FIRST_ALONG_CPU
+"""
+
+
+@pytest.mark.slow
+def test_shape_rule_drop_and_check_broadcasts(tmp_path: Path, cache: Path) -> None:
+    (tmp_path / "first_along.yaml").write_text(FIRST_ALONG)
+    (tmp_path / "first_along.cpp").write_text(FIRST_ALONG_KERNEL)
+    m = opforge.load("jit_first_along", specs=[tmp_path / "first_along.yaml"],
+                     sources=[tmp_path / "first_along.cpp"], build_dir=cache)
+    x = np.arange(24.0).reshape(2, 3, 4)
+    for axis in (0, 1, -1):
+        shift = np.array([10.0])
+        want = np.take(x, 0, axis=axis) + shift
+        np.testing.assert_array_equal(m.first_along(x, shift, axis=axis).numpy(), want)
+    np.testing.assert_array_equal(m.first_along(x, np.array([1.0, 2.0, 3.0]), axis=2).numpy(), x[:, :, 0] + [1, 2, 3])
+    meta = m._meta.first_along
+    assert meta(_C._meta_tensor([2, 3, 4], "float64"), _C._meta_tensor([], "float64"), 1) == [((2, 4), "float64")]
+    for call in (lambda *a: m.first_along(*(np.zeros(s) for s in a[:2]), axis=a[2]),
+                 lambda *a: meta(*(_C._meta_tensor(list(s), "float64") for s in a[:2]), a[2])):
+        with pytest.raises(ValueError, match=re.escape("[first_along] shift of shape (3,) does not broadcast to (2, 4)")):
+            call((2, 3, 4), (3,), 1)
+        with pytest.raises(ValueError, match=re.escape("[first_along] x has no entry along axis 1: shape (2, 0, 4)")):
+            call((2, 0, 4), (1,), 1)
+        with pytest.raises(IndexError, match=re.escape("[first_along] axis 3 is out of range for a tensor of rank 3")):
+            call((2, 3, 4), (1,), 3)
+
+
 @pytest.mark.slow
 def test_changed_spec_rebuilds_only_what_changed(tmp_path: Path, cache: Path) -> None:
     d = tmp_path / "specs"

@@ -13,6 +13,13 @@ Values: a dimension (an int), dimensions (a list of them), a bool, a str (an att
   C++ a result that would overflow int64 raises ValueError naming the op, runtime/functional.h);
 - comparisons of dimensions (all six), of dimension lists and strs (``==``, ``!=``): bools;
 - ``where(test, a, b)``: a choice; ``if_given(w, a, b)``: a when the optional input w is given;
+- ``drop(d, i)``: dimensions d without the i-th (negative from the end; a 0-d tensor's dimensions
+  with i 0 or -1 stay empty, as its axis 0 is no axis);
+- in checks and their messages (the shape rules of those names are whole rules):
+  ``broadcast(t, u, ...)``, the inputs' broadcast shape (ValueError naming them when they do not
+  broadcast); ``reduce(t, axis, keepdims)``, t's shape reduced over an axis attr;
+  ``matmul(a, b)``, matmul's result shape (its errors); ``broadcasts(d, e)``, whether dimensions d
+  broadcast to dimensions e;
 - attrs: int (a dimension), bool, list[int] (dimensions), str (compared with a string).
 """
 
@@ -35,7 +42,11 @@ class DKind(StrEnum):
     STR = "a str"
 
 
-FUNCTIONS = {"rank": (1, 1), "dim": (2, 2), "shape": (1, 1), "dims": (2, 3), "where": (3, 3), "if_given": (3, 3)}
+FUNCTIONS = {"rank": (1, 1), "dim": (2, 2), "shape": (1, 1), "dims": (2, 3), "where": (3, 3), "if_given": (3, 3),
+             "drop": (2, 2), "broadcast": (2, 99), "reduce": (3, 3), "matmul": (2, 2), "broadcasts": (2, 2)}
+# (the functions a shape rule of an output has as its whole rule, and the test of broadcasting: in
+# checks and their messages, where every dimension is known)
+CHECK_FUNCTIONS = frozenset({"broadcast", "reduce", "matmul", "broadcasts"})
 
 
 @dataclass(frozen=True)
@@ -62,11 +73,12 @@ class _Lowering:
     reads dimensions that may be unknown (kUnknownDim, runtime/functional.h): arithmetic keeps them
     unknown, and a comparison or an index that needs one throws UnknownShape."""
 
-    def __init__(self, formula: Formula, scope: DimScope, cpp: bool, dynamic: bool = False):
+    def __init__(self, formula: Formula, scope: DimScope, cpp: bool, dynamic: bool = False, check: bool = False):
         self.formula = formula
         self.scope = scope
         self.cpp = cpp
         self.dynamic = dynamic and cpp
+        self.check = check
         self.present: set[str] = set()
 
     def op_name(self) -> str:
@@ -162,7 +174,13 @@ class _Lowering:
         if node.kwargs or not lo <= len(node.args) <= hi:
             count = str(lo) if lo == hi else f"{lo} or {hi}"
             raise self.error(node, f"{f}() takes {count} arguments")
+        if f in CHECK_FUNCTIONS and not self.check:
+            raise self.error(node, f"{f}() is for checks and their messages; an output whose shape is "
+                             f"{'a broadcast, a reduction or a matmul' if f != 'broadcasts' else 'any'} "
+                             "takes the shape rule of that name as its whole rule")
         a, cpp, op = node.args, self.cpp, escape.cpp_str(self.scope.op) if self.cpp else repr(self.scope.op)
+        if f in ("drop", "broadcasts", "broadcast", "reduce", "matmul"):
+            return self.check_call(node, f, a, cpp, op)
         if f == "rank":
             t = self.tensor(a[0])
             return (f"int64_t({t}->dim())" if cpp else f"len({t})"), DKind.DIM
@@ -206,11 +224,48 @@ class _Lowering:
         test = f"v_{w.id}" if cpp else f"s_{w.id} is not None"
         return (f"({test} ? {bc} : {cc})" if cpp else f"({bc} if {test} else {cc})"), bk
 
+    def check_call(self, node: Call, f: str, a: Sequence[Node], cpp: bool, op: str) -> tuple[str, DKind]:
+        """drop(), broadcasts() and the functions of checks: broadcast(), reduce(), matmul()."""
+        if f == "drop":
+            d = self.want(a[0], (DKind.DIMS,))
+            i = self.index(a[1])
+            return (f"shape_drop({op}, {d}, {i})" if cpp else f"H.drop({op}, {d}, {i})"), DKind.DIMS
+        if f == "broadcasts":
+            d = self.want(a[0], (DKind.DIMS,))
+            e = self.want(a[1], (DKind.DIMS,))
+            return (f"shape_broadcasts({d}, {e})" if cpp else f"H.broadcasts({d}, {e})"), DKind.BOOL
+        if f == "broadcast":
+            ts = [self.tensor(t) for t in a]
+            names = [t.id for t in a if isinstance(t, Name)]  # (each a Name: self.tensor checked it)
+            if len(set(names)) != len(names):
+                raise self.error(node, "broadcast() names each input once")
+            if cpp:
+                return (f"broadcast_shapes({op}, {{{', '.join(f'{t}.get()' for t in ts)}}}, "
+                        f"{{{', '.join(escape.cpp_str(n) for n in names)}}})"), DKind.DIMS
+            return f"H.broadcast({op}, {tuple(names)!r}, {', '.join(ts)})", DKind.DIMS
+        if f == "matmul":
+            ta, tb = self.tensor(a[0]), self.tensor(a[1])
+            return (f"matmul_shape({op}, {ta}->shape(), {tb}->shape())" if cpp
+                    else f"H.matmul({op}, {ta}, {tb})"), DKind.DIMS
+        # reduce(t, axis, keepdims)
+        t = self.tensor(a[0])
+        attr = a[1]
+        if not (isinstance(attr, Name) and self.scope.attrs.get(attr.id) in ("int", "list[int]")):
+            raise self.error(attr, "reduce() takes an int or list[int] attr as its axis")
+        keep = self.want(a[2], (DKind.BOOL,))
+        if not cpp:
+            return f"H.reduce({op}, {t}, a_{attr.id}, {keep})", DKind.DIMS
+        value = f"attrs.{attr.id}"
+        axes = (f"Axes(std::vector<int64_t>{{{value}}})" if self.scope.attrs[attr.id] == "int"
+                else f"Axes({value})")
+        return f"reduce_shape({op}, {t}->shape(), {axes}, {keep})", DKind.DIMS
 
-def lower_dims(formula: Formula, scope: DimScope, want: DKind, cpp: bool, dynamic: bool = False) -> str:
+
+def lower_dims(formula: Formula, scope: DimScope, want: DKind, cpp: bool, dynamic: bool = False,
+               check: bool = False) -> str:
     """Check a shape-rule expression (of kind ``want``) and lower it to C++ (``dynamic``: over
-    dimensions that may be unknown) or Python."""
-    lowering = _Lowering(formula, scope, cpp, dynamic)
+    dimensions that may be unknown) or Python; ``check``: a check's condition (CHECK_FUNCTIONS)."""
+    lowering = _Lowering(formula, scope, cpp, dynamic, check)
     code, kind = lowering.go(formula.ast)
     if kind != want:
         raise formula.error(0, f"a {'shape rule' if want == DKind.DIMS else 'check'} must give {want}, got {kind}")
@@ -245,7 +300,7 @@ def message_parts(text: str, make: Callable[[str, int], Formula]) -> tuple[tuple
 def lower_check(check: Check, scope: DimScope, cpp: bool) -> tuple[str, list[tuple[str, str]]]:
     """(the condition's code, the message's pieces as (literal, code of the value after it: "" for
     none)); a value of dimensions is formatted as a shape "(2, 3)" by both languages."""
-    test = lower_dims(check.require, scope, DKind.BOOL, cpp)
+    test = lower_dims(check.require, scope, DKind.BOOL, cpp, check=True)
     # a message is formatted only when the check fails: under ``if_given(w, ...)``, w is given
     req = check.require.ast
     given = ({req.args[0].id} if isinstance(req, Call) and req.func == "if_given" and req.args
@@ -255,7 +310,7 @@ def lower_check(check: Check, scope: DimScope, cpp: bool) -> tuple[str, list[tup
         if f is None:
             pieces.append((literal, ""))
             continue
-        lowering = _Lowering(f, scope, cpp)
+        lowering = _Lowering(f, scope, cpp, check=True)
         lowering.present |= given
         code, kind = lowering.go(f.ast)
         if kind == DKind.DIMS:

@@ -169,6 +169,72 @@ class ShapeHelpers:
         if not test:
             raise ValueError(f"[{op}] {message()}")
 
+    # (the functions of checks, on sizes that may be symbolic: compared by == alone, which
+    # torch's SymInts and JAX's dimension expressions decide)
+
+    @staticmethod
+    def drop(op: str, d: Sequence[Any], i: int) -> list[Any]:
+        d = list(d)
+        if not d and i in (0, -1):
+            return d
+        if not -len(d) <= i < len(d):
+            raise ValueError(f"[{op}] dimension {i} is out of range for dimensions {ShapeHelpers.shape_str(d)}")
+        del d[i]
+        return d
+
+    @staticmethod
+    def broadcasts(d: Sequence[Any], to: Sequence[Any]) -> bool:
+        lead = len(to) - len(d)
+        return lead >= 0 and all(n == 1 or n == to[lead + k] for k, n in enumerate(d))
+
+    @staticmethod
+    def broadcast(op: str, names: Sequence[str], *shapes: Sequence[Any]) -> list[Any]:
+        nd = max(len(s) for s in shapes)
+        out: list[Any] = [1] * nd
+        for s in shapes:
+            for k, n in enumerate(s):
+                j = nd - len(s) + k
+                if n == out[j] or n == 1:
+                    continue
+                if out[j] == 1:
+                    out[j] = n
+                    continue
+                given = ", ".join(f"{name} {ShapeHelpers.shape_str(t)}" for name, t in zip(names, shapes))
+                raise ValueError(f"[{op}] shapes cannot be broadcast together: {given}")
+        return out
+
+    @staticmethod
+    def reduce(op: str, shape: Sequence[Any], axis: Any, keepdims: bool) -> list[Any]:
+        rank = len(shape)
+        given = [] if axis is None else [axis] if isinstance(axis, int) else list(axis)
+        named: set[int] = set()
+        for a in given:
+            if not -max(rank, 1) <= a < max(rank, 1):
+                raise IndexError(f"[{op}] axis {a} is out of range for a tensor of rank {rank}")
+            if rank and (a + rank if a < 0 else a) in named:
+                raise ValueError(f"[{op}] axis {a} is repeated")
+            if rank:
+                named.add(a + rank if a < 0 else a)
+        if not given:
+            named = set(range(rank))
+        return [1 if k in named else n for k, n in enumerate(shape) if keepdims or k not in named]
+
+    @staticmethod
+    def matmul(op: str, a: Sequence[Any], b: Sequence[Any]) -> list[Any]:
+        sa, sb, shown = list(a), list(b), f"{ShapeHelpers.shape_str(a)} @ {ShapeHelpers.shape_str(b)}"
+        if not sa or not sb:
+            raise ValueError(f"[{op}] matmul needs inputs of rank >= 1, got {ShapeHelpers.shape_str(a)} and "
+                             f"{ShapeHelpers.shape_str(b)}")
+        a2 = [1] + sa if len(sa) == 1 else sa
+        b2 = sb + [1] if len(sb) == 1 else sb
+        if not a2[-1] == b2[-2]:
+            raise ValueError(f"[{op}] matmul inner dimensions differ: {shown}")
+        try:
+            batch = ShapeHelpers.broadcast(op, ("a", "b"), a2[:-2], b2[:-2])
+        except ValueError:
+            raise ValueError(f"[{op}] matmul batch dimensions cannot be broadcast: {shown}") from None
+        return batch + ([a2[-2]] if len(sa) > 1 else []) + ([b2[-1]] if len(sb) > 1 else [])
+
 
 # ---------------------------------------------------------------------------- attr values
 

@@ -306,6 +306,23 @@ Shape shape_cat(Shape a, const Shape& b) {
   return a;
 }
 
+Shape shape_drop(const char* op, Shape d, int64_t i) {
+  const int64_t rank = static_cast<int64_t>(d.size());
+  if (rank == 0 && (i == 0 || i == -1)) return d;
+  if (i < -rank || i >= rank) fail<ValueError>(op, "dimension ", i, " is out of range for dimensions ", shape_str(d));
+  d.erase(d.begin() + (i < 0 ? i + rank : i));
+  return d;
+}
+
+bool shape_broadcasts(const Shape& d, const Shape& to) {
+  if (d.size() > to.size()) return false;
+  const size_t lead = to.size() - d.size();
+  for (size_t k = 0; k < d.size(); ++k) {
+    if (d[k] != 1 && d[k] != to[lead + k]) return false;
+  }
+  return true;
+}
+
 int64_t known(int64_t d) {
   if (d == kUnknownDim) throw UnknownShape();
   return d;

@@ -110,7 +110,7 @@ def test_weight_that_does_not_broadcast() -> None:
             "[layer_norm] weight of shape (4, 1, 3) does not broadcast to x of shape (2, 3)")):
         ops.layer_norm(F32, np.ones((4, 1, 3), np.float32))
     with pytest.raises(ValueError, match=re.escape(
-            "[layer_norm] shapes cannot be broadcast together: x (2, 3), weight (3, 1)")):
+            "[layer_norm] weight of shape (3, 1) does not broadcast to x of shape (2, 3)")):
         ops.layer_norm(F32, np.ones((3, 1), np.float32))
 
 

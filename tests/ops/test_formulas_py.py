@@ -17,13 +17,14 @@ import pytest
 import opforge
 from opforge import _formulas  # (opforge's own ops: list_ops() also has ops that tests load)
 from opforge import _C, _formulas, ops
+from opforge._opdef import ShapeHelpers
 
 from cases import Case, cases, make_data, to_inputs
 
 F = SimpleNamespace(**{name: getattr(ops, name) for name in sorted(_formulas.OPS)})
 
 
-class H:
+class H(ShapeHelpers):
     """The helpers of opforge/_opdef.py over opforge tensors (NumPy where no op does it)."""
 
     @staticmethod
@@ -50,21 +51,6 @@ class H:
             for ax in sorted({x % rank for x in (range(rank) if axes is None else axes)}):
                 a = np.expand_dims(a, ax)
         return opforge.tensor(np.broadcast_to(a, like.shape).copy())
-
-    @staticmethod
-    def dim(op: str, name: str, shape: tuple, i: int) -> int:
-        if not -len(shape) <= i < len(shape):
-            raise ValueError(f"[{op}] dimension {i} of {name} is out of range for its shape {H.shape_str(shape)}")
-        return shape[i]
-
-    @staticmethod
-    def shape_str(shape: Any) -> str:
-        return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
-
-    @staticmethod
-    def check(op: str, test: bool, message: Any) -> None:
-        if not test:
-            raise ValueError(f"[{op}] {message()}")
 
     @staticmethod
     def reduce_grad(g: opforge.Tensor, meta: tuple) -> opforge.Tensor:
