@@ -178,6 +178,9 @@ def read_spec_document(path: str | os.PathLike[str]) -> tuple[str, LocMap]:
     name = next(iter(doc))
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
         raise SpecError(doc.key_locs[name], name, "an op name must match [a-z_][a-z0-9_]*")
+    if not re.match(r"_*[a-z]", name):  # (its class is CamelCase of the name: '_1' would make '1', '_' none)
+        raise SpecError(doc.key_locs[name], name, "an op name needs a letter before any digit (it names the "
+                        f"generated C++ class, '{class_name(name) or '(empty)'}' here)")
     if name in RESERVED or name in HELPERS:
         raise SpecError(doc.key_locs[name], name, f"'{name}' is a reserved word and cannot name an op")
     if reserved_identifier(name):

@@ -190,6 +190,19 @@ def test_new_writes_specs_that_check(tmp_path: Path) -> None:
     assert r.returncode == 2 and "'Bad-Name' is not an op name" in r.stderr
     r = run("new", "x", "--kind", "fortran")
     assert r.returncode == 2 and "invalid choice: 'fortran'" in r.stderr
+    # a name the checker would refuse writes nothing (the spec is checked in a scratch folder first)
+    for name, why in [("add", "'add' is already an op of opforge"), ("lambda", "'lambda' is a reserved word"),
+                      ("tensor", "would generate class Tensor"), ("_1", "an op name needs a letter before any digit"),
+                      ("a__b", "is reserved for the C++ implementation")]:
+        r = run("new", name, "--dir", str(specs))
+        assert r.returncode == 2 and f"'{name}' cannot name an op: " in r.stderr and why in r.stderr, r.stderr
+        assert not (specs / f"{name}.yaml").exists()
+    afile = tmp_path / "a_file"
+    afile.write_text("")
+    r = run("new", "zed", "--dir", str(afile))
+    assert r.returncode == 2 and f"{afile} is a file, not a folder; nothing written" in r.stderr, r.stderr
+    r = run("docs", "--specs", str(specs), "--out", str(afile / "docs"))
+    assert r.returncode == 2 and f"--out {afile / 'docs'}: " in r.stderr and "give a folder" in r.stderr, r.stderr
 
 
 def _with_called_ops(specs: Path, roots: list[str]) -> set[str]:

@@ -54,9 +54,9 @@ except ImportError as exc:
         raise
     raise ImportError(f"opforge {_build_info.VERSION} cannot load its runtime dependencies ({exc}): "
                       f"pip install {' '.join(repr(r) for r in _requires)}") from exc
-from opforge._C import Tensor, from_dlpack, from_numpy, is_grad_enabled, list_ops, set_grad_enabled
+from opforge._C import Tensor, from_dlpack, from_numpy, is_grad_enabled, list_ops
 from opforge import cuda, ops, optim
-from opforge._autograd import enable_grad, grad, gradients, jacfwd, jvp, no_grad, value_and_grad
+from opforge._autograd import enable_grad, grad, gradients, jacfwd, jvp, no_grad, set_grad_enabled, value_and_grad
 from opforge._build_info import VERSION as _VERSION
 from opforge.jit import load
 

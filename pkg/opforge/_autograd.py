@@ -7,29 +7,59 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
+import numpy as np
+
 from opforge import _C
 from opforge._C import Tensor
 
 Positions = Union[int, Sequence[int], None]
 
 
-class no_grad(contextlib.ContextDecorator):
-    """Context manager and decorator that turns off graph recording."""
+class _GradMode(contextlib.ContextDecorator):
+    """Grad mode set to ``_mode`` inside, the previous mode back after. Each call of a decorated
+    function gets a context of its own (a recursive call, or two threads calling it, must not share
+    the mode to restore); a ``with`` of one instance nests (a stack)."""
+
+    _mode: bool
+
+    def __init__(self) -> None:
+        self._prev: list[bool] = []
+
+    def _recreate_cm(self) -> "_GradMode":
+        return type(self)()
 
     def __enter__(self) -> None:
-        self._prev = _C.is_grad_enabled()
-        _C.set_grad_enabled(False)
+        self._prev.append(_C.is_grad_enabled())
+        _C.set_grad_enabled(self._mode)
 
     def __exit__(self, *exc: Any) -> None:
-        _C.set_grad_enabled(self._prev)
+        _C.set_grad_enabled(self._prev.pop())
 
 
-class enable_grad(contextlib.ContextDecorator):
+class no_grad(_GradMode):
+    """Context manager and decorator that turns off graph recording."""
+
+    _mode = False
+
+
+class enable_grad(_GradMode):
     """Context manager and decorator that turns graph recording back on."""
 
-    def __enter__(self) -> None:
+    _mode = True
+
+
+class set_grad_enabled:
+    """Sets graph recording on or off now, like ``torch.set_grad_enabled``: called alone, it stays
+    so; as a context manager, the previous mode comes back on exit."""
+
+    def __init__(self, mode: bool) -> None:
+        if not isinstance(mode, (bool, np.bool_)):
+            raise TypeError(f"[set_grad_enabled] mode must be a bool, got {type(mode).__name__}")
         self._prev = _C.is_grad_enabled()
-        _C.set_grad_enabled(True)
+        _C.set_grad_enabled(bool(mode))
+
+    def __enter__(self) -> None:
+        return None
 
     def __exit__(self, *exc: Any) -> None:
         _C.set_grad_enabled(self._prev)
@@ -108,7 +138,7 @@ def value_and_grad(fn: Callable[..., Any], grad_position: Positions = 0,
         with enable_grad():
             value = fn(*argv, **kwargs)
         out, aux = _output(value, has_aux)
-        sens_t = None if sens is None else (sens if isinstance(sens, Tensor) else _C.from_numpy(sens))
+        sens_t = None if sens is None else _as_tensor(sens, "sens", "value_and_grad")
         grads = _grads(out, leaves + (weight_list or []), sens_t)
         gin, gw = grads[:len(leaves)], tuple(grads[len(leaves):])
         in_part: Any = gin[0] if isinstance(grad_position, int) else tuple(gin)
@@ -157,7 +187,7 @@ def gradients(outputs: Union[Tensor, Sequence[Tensor]], inputs: Union[Tensor, Se
 # ---------------------------------------------------------------------------- forward mode
 
 
-def _as_tensor(x: Any, what: str) -> Tensor:
+def _as_tensor(x: Any, what: str, op: str = "jvp") -> Tensor:
     import opforge
 
     if isinstance(x, Tensor):
@@ -166,7 +196,7 @@ def _as_tensor(x: Any, what: str) -> Tensor:
         return opforge.tensor(x)
     if isinstance(x, (int, float)):
         return opforge.tensor(x, dtype="float32" if isinstance(x, float) else None)
-    raise TypeError(f"[jvp] {what} must be opforge Tensors or arrays, got {type(x).__name__}")
+    raise TypeError(f"[{op}] {what} must be opforge Tensors or arrays, got {type(x).__name__}")
 
 
 def jvp(fn: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any],
@@ -216,10 +246,13 @@ def jacfwd(fn: Callable[..., Any], argnums: Union[int, Sequence[int]] = 0) -> Ca
     @functools.wraps(fn)
     def wrapper(*args: Any) -> Any:
         positions = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+        for p in positions:
+            if not isinstance(p, int) or not -len(args) <= p < len(args):
+                raise IndexError(f"[jacfwd] argnums {p!r} is out of range for {len(args)} arguments")
         jacobians = []
         for p in positions:
             k = p % len(args)
-            x = _as_tensor(args[k], "arguments")
+            x = _as_tensor(args[k], "arguments", "jacfwd")
 
             def only(xk: Any, _k: int = k) -> Any:
                 return fn(*args[:_k], xk, *args[_k + 1:])

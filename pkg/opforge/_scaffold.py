@@ -5,7 +5,9 @@ generated tests as written."""
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
+from typing import Callable, Optional
 
 KINDS = ("expr", "cpp", "composite", "pyfunc")
 NAME = re.compile(r"[a-z_][a-z0-9_]*\Z")
@@ -144,10 +146,12 @@ class ScaffoldError(Exception):
     """A name, kind or path that cannot be scaffolded (nothing was written)."""
 
 
-def new_op(name: str, kind: str, spec_dir: Path) -> list[Path]:
+def new_op(name: str, kind: str, spec_dir: Path, check: Optional[Callable[[Path], object]] = None) -> list[Path]:
     """Writes the spec (and the kernel of a cpp op, at <spec_dir>/../src/kernels/cpu/<name>.cpp; the
     function of a pyfunc op, module <name>_impl at <spec_dir>/../<name>_impl.py); returns the files
-    written. Refuses to overwrite anything."""
+    written. Refuses to overwrite anything. ``check`` (``opforge check``'s loading, SpecErrors on a
+    mistake) reads the spec first from a scratch folder: a name the checker refuses (a keyword, an op
+    of opforge, one without a letter before its digits) writes nothing."""
     if not NAME.match(name):
         raise ScaffoldError(f"'{name}' is not an op name: lowercase letters, digits and _, not starting with a digit")
     if kind not in KINDS:
@@ -160,8 +164,20 @@ def new_op(name: str, kind: str, spec_dir: Path) -> list[Path]:
     existing = [str(f) for f in files if f.exists()]
     if existing:
         raise ScaffoldError(f"{', '.join(existing)} already exists; nothing written")
+    blocked = sorted({str(d) for f in files for d in f.parents if d.exists() and not d.is_dir()})
+    if blocked:
+        raise ScaffoldError(f"{blocked[0]} is a file, not a folder; nothing written")
     text = {"expr": _EXPR, "composite": _COMPOSITE, "cpp": _CPP, "pyfunc": _PYFUNC}[kind].format(
         name=name, what=_WHAT[kind], spec_dir=spec_dir, kernel=f"src/kernels/cpu/{name}.cpp", module=module)
+    if check is not None:
+        from opforge.codegen.errors import SpecError
+
+        with tempfile.TemporaryDirectory() as scratch:
+            (Path(scratch) / spec.name).write_text(text)
+            try:
+                check(Path(scratch) / spec.name)
+            except SpecError as exc:
+                raise ScaffoldError(f"'{name}' cannot name an op: {exc.message}; nothing written") from None
     spec_dir.mkdir(parents=True, exist_ok=True)
     spec.write_text(text)
     if kind == "cpp":

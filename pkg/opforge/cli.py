@@ -139,6 +139,14 @@ def _installed(name: str) -> None:
                      f"(opforge+{wanted.wheel_label})")
 
 
+def _out_folder(out: Path) -> None:
+    """Makes the output folder --out names (a usage error where it, or a folder above it, is a file)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise _Usage(f"--out {out}: {exc.strerror.lower() if exc.strerror else exc}: give a folder") from exc
+
+
 def _gen(args: argparse.Namespace) -> int:
     from opforge.codegen.gen import render_all, write_if_changed
 
@@ -148,7 +156,7 @@ def _gen(args: argparse.Namespace) -> int:
     specs = _spec_paths([args.specs])[0]
     ops = _load([specs], args.kernel_root, backend=args.backend, opforge_ops=False)  # (opforge's own build's files)
     sources = {op.name: f"{Path(specs).resolve().name}/{op.name}.yaml" for op in ops}
-    args.out.mkdir(parents=True, exist_ok=True)
+    _out_folder(args.out)
     files = render_all(ops, sources, BUILDS[args.backend])
     changed = sum(write_if_changed(args.out / r.name, r.text) for r in files)
     print(f"{len(files)} files for {len(ops)} ops in {args.out} ({changed} written, {len(files) - changed} unchanged)")
@@ -162,7 +170,7 @@ def _docs(args: argparse.Namespace) -> int:
     specs = _spec_paths([args.specs])[0]
     ops = _load([specs])
     sources = {op.name: f"{Path(specs).resolve().name}/{op.name}.yaml" for op in ops}
-    args.out.mkdir(parents=True, exist_ok=True)
+    _out_folder(args.out)
     pages = render_docs(ops, sources)
     for r in pages:
         write_if_changed(args.out / r.name, r.text)
@@ -174,7 +182,7 @@ def _new(args: argparse.Namespace) -> int:
     from opforge._scaffold import ScaffoldError, new_op
 
     try:
-        files = new_op(args.name, args.kind, args.dir)
+        files = new_op(args.name, args.kind, args.dir, check=lambda spec: _load([spec]))
     except ScaffoldError as exc:
         raise _Usage(str(exc)) from exc
     for f in files:

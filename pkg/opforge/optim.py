@@ -17,7 +17,10 @@ arithmetic is torch.optim's, in its order (results agree with it to float32 roun
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
 
 from opforge import ops
 import opforge._C as _C
@@ -31,16 +34,22 @@ class Optimizer:
     """A list of parameters (opforge Tensors that require grad) and per-parameter state."""
 
     def __init__(self, params: Iterable[Tensor], defaults: dict[str, Any]) -> None:
+        name = type(self).__name__
+        if isinstance(params, Tensor) or not hasattr(params, "__iter__"):
+            raise TypeError(f"[{name}] params must be an iterable of opforge Tensors, got "
+                            f"{'a Tensor (pass [tensor])' if isinstance(params, Tensor) else type(params).__name__}")
         self.params: list[Tensor] = list(params)
         if not self.params:
-            raise ValueError(f"[{type(self).__name__}] got an empty parameter list")
+            raise ValueError(f"[{name}] got an empty parameter list")
         for i, p in enumerate(self.params):
             if not isinstance(p, Tensor):
-                raise TypeError(f"[{type(self).__name__}] parameter {i} must be an opforge.Tensor, got "
-                                f"{type(p).__name__}")
+                raise TypeError(f"[{name}] parameter {i} must be an opforge.Tensor, got {type(p).__name__}")
             if p.dtype not in ("float32", "float64"):
-                raise TypeError(f"[{type(self).__name__}] parameter {i} is {p.dtype}; the fused steps take "
-                                f"float32 and float64")
+                raise TypeError(f"[{name}] parameter {i} is {p.dtype}; the fused steps take float32 and float64")
+        if len({id(p) for p in self.params}) != len(self.params):
+            # (torch.optim's warning: each step updates such a parameter once per listing)
+            warnings.warn(f"[{name}] a parameter is listed more than once: each step updates it once per listing",
+                          UserWarning, stacklevel=3)
         self.defaults = defaults
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
 
@@ -68,10 +77,24 @@ def _zeros_like(p: Tensor) -> Tensor:
     return _C._zeros_like(p)  # (on p's device, in its dtype)
 
 
-def _check(name: str, **values: float) -> None:
+def _real(v: Any) -> Optional[float]:
+    """v as a float where it is a real number (Python's or NumPy's, not a bool), else None."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        return None
+    return float(v)
+
+
+def _check(name: str, **values: Any) -> dict[str, float]:
+    """The hyperparameters as Python floats (NumPy numbers taken), each finite and >= 0."""
+    out = {}
     for key, v in values.items():
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+        f = _real(v)
+        if f is None:
+            raise TypeError(f"[{name}] {key} must be a number, got {type(v).__name__}")
+        if not (math.isfinite(f) and f >= 0):
             raise ValueError(f"[{name}] {key} must be a finite number >= 0, got {v!r}")
+        out[key] = f
+    return out
 
 
 class SGD(Optimizer):
@@ -80,26 +103,29 @@ class SGD(Optimizer):
 
     def __init__(self, params: Iterable[Tensor], lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False) -> None:
-        _check("SGD", lr=lr, momentum=momentum, weight_decay=weight_decay)
-        if nesterov and (momentum <= 0 or dampening != 0):
+        hyper = _check("SGD", lr=lr, momentum=momentum, weight_decay=weight_decay)
+        dampening = float(dampening)
+        if nesterov and (hyper["momentum"] <= 0 or dampening != 0):
             raise ValueError("[SGD] nesterov needs momentum > 0 and dampening 0")
-        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                                      nesterov=nesterov))
+        super().__init__(params, dict(hyper, dampening=dampening, nesterov=bool(nesterov)))
 
     def _update(self, items: list[tuple[int, Tensor, Tensor]]) -> None:
         d = self.defaults
-        groups: dict[bool, list[tuple[Tensor, Tensor, Tensor]]] = {}
+        groups: dict[bool, list[tuple[int, Tensor, Tensor, Tensor]]] = {}
         for i, p, g in items:
-            state = self.state[i]
-            first = "momentum_buffer" not in state
+            buf = self.state[i].get("momentum_buffer")
+            first = buf is None
             if first:
                 # (without momentum the buffer is d itself each step: a scratch tensor reused)
-                state["momentum_buffer"] = _zeros_like(p)
-            groups.setdefault(first or d["momentum"] == 0, []).append((p, g, state["momentum_buffer"]))
+                buf = _zeros_like(p)
+            groups.setdefault(first or d["momentum"] == 0, []).append((i, p, g, buf))
         for first, group in groups.items():
-            ps, gs, bufs = (list(t) for t in zip(*group))
+            idx, ps, gs, bufs = (list(t) for t in zip(*group))
             _foreach(ops.sgd_step, ps, gs, bufs, lr=d["lr"], momentum=d["momentum"], dampening=d["dampening"],
                      weight_decay=d["weight_decay"], nesterov=d["nesterov"], first=first, out=(ps, bufs))
+            # (the state only once its step ran: a step that raised leaves parameters and state as they were)
+            for i, buf in zip(idx, bufs):
+                self.state[i]["momentum_buffer"] = buf
 
 
 class Adam(Optimizer):
@@ -111,30 +137,32 @@ class Adam(Optimizer):
     def __init__(self, params: Iterable[Tensor], lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0) -> None:
         name = type(self).__name__
-        _check(name, lr=lr, eps=eps, weight_decay=weight_decay)
-        if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
+        hyper = _check(name, lr=lr, eps=eps, weight_decay=weight_decay)
+        pair = [_real(b) for b in betas] if hasattr(betas, "__len__") else []
+        b1, b2 = pair if len(pair) == 2 else (None, None)
+        if b1 is None or b2 is None or not (0 <= b1 < 1 and 0 <= b2 < 1):
             raise ValueError(f"[{name}] betas must be two numbers in [0, 1), got {betas!r}")
-        super().__init__(params, dict(lr=lr, betas=(float(betas[0]), float(betas[1])), eps=eps,
-                                      weight_decay=weight_decay))
+        super().__init__(params, dict(hyper, betas=(b1, b2)))
 
     def _update(self, items: list[tuple[int, Tensor, Tensor]]) -> None:
         d = self.defaults
-        groups: dict[int, list[tuple[Tensor, Tensor, Tensor, Tensor]]] = {}  # by step count
+        groups: dict[int, list[tuple[int, Tensor, Tensor, Tensor, Tensor]]] = {}  # by step count
         for i, p, g in items:
             state = self.state[i]
-            if not state:
-                state.update(step=0, exp_avg=_zeros_like(p), exp_avg_sq=_zeros_like(p))
-            state["step"] += 1
-            groups.setdefault(state["step"], []).append((p, g, state["exp_avg"], state["exp_avg_sq"]))
+            m1, m2 = (state["exp_avg"], state["exp_avg_sq"]) if state else (_zeros_like(p), _zeros_like(p))
+            groups.setdefault(state.get("step", 0) + 1, []).append((i, p, g, m1, m2))
         beta1, beta2 = d["betas"]
         wd = d["weight_decay"]
         for step, group in groups.items():
-            ps, gs, m1, m2 = (list(t) for t in zip(*group))
-            _foreach(ops.adam_step, ps, gs, m1, m2,
+            idx, ps, gs, m1s, m2s = (list(t) for t in zip(*group))
+            _foreach(ops.adam_step, ps, gs, m1s, m2s,
                      step_size=d["lr"] / (1 - beta1 ** step), bias_correction2_sqrt=math.sqrt(1 - beta2 ** step),
                      exp_avg_weight=1 - beta1, beta2=beta2, exp_avg_sq_weight=1 - beta2, eps=d["eps"],
                      weight_decay=0.0 if self._decoupled else wd,
-                     param_scale=1 - d["lr"] * wd if self._decoupled else 1.0, out=(ps, m1, m2))
+                     param_scale=1 - d["lr"] * wd if self._decoupled else 1.0, out=(ps, m1s, m2s))
+            # (the state only once its step ran: a step that raised leaves parameters and state as they were)
+            for i, m1, m2 in zip(idx, m1s, m2s):
+                self.state[i].update(step=step, exp_avg=m1, exp_avg_sq=m2)
 
 
 class AdamW(Adam):

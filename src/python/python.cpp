@@ -94,8 +94,14 @@ TensorPtr from_buffer(py::handle obj, const char* op, const char* arg) {
   });
   DType dtype;
   if (!dtype_from_buffer_format(view->format ? view->format : "B", view->itemsize, &dtype)) {
-    fail<TypeError>(op, "input '", arg, "' has unsupported element format '", view->format ? view->format : "?",
-                    "'; supported dtypes: ", supported_dtypes());
+    const char* format = view->format ? view->format : "?";
+    const bool swapped = (format[0] == '>' || format[0] == '!') && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
+    if (swapped && dtype_from_buffer_format(format + 1, view->itemsize, &dtype)) {
+      fail<TypeError>(op, "input '", arg, "' is big-endian ('", format, "'): opforge reads native byte order; "
+                      "convert it first (NumPy: a.astype(a.dtype.newbyteorder('=')))");
+    }
+    fail<TypeError>(op, "input '", arg, "' has unsupported element format '", format, "'; supported dtypes: ",
+                    supported_dtypes());
   }
   Shape shape(view->shape, view->shape + view->ndim);
   Shape strides(static_cast<size_t>(view->ndim));
@@ -353,14 +359,38 @@ bool overlap(const Tensor& a, const Tensor& b) {
   return a0 < b1 && b0 < a1;
 }
 
+int64_t checked_int(const char* op, PyObject* p);  // (below, beside InputConverter's use)
+bool int_fits(DType d, int64_t v);
+TensorPtr to_tensor_of(py::handle obj, const char* op, const char* arg, bool numbers);
+
+// A Python bool, int or float as a 0-d tensor of dtype, checked as an op's Python numbers are: a
+// float for a bool or integer dtype is a TypeError, an int out of the dtype's range a ValueError
+// (both naming op); an int is exact (not through a double: 2**53 + 1 stays itself in int64).
+TensorPtr number_tensor(const char* op, py::handle value, DType dtype) {
+  PyObject* p = value.ptr();
+  auto t = empty(dtype, {});
+  if (PyFloat_Check(p)) {
+    if (!is_floating(dtype)) {
+      fail<TypeError>(op, "a Python float cannot be ", dtype_name(dtype), "; pass an array of the intended dtype");
+    }
+    visit_dtype(dtype, [&](auto tag) { *t->data<decltype(tag)>() = convert<decltype(tag)>(PyFloat_AS_DOUBLE(p)); });
+    return t;
+  }
+  const int64_t v = PyBool_Check(p) ? (p == Py_True ? 1 : 0) : checked_int(op, p);
+  if (!is_floating(dtype) && !int_fits(dtype, v)) {
+    fail<ValueError>(op, "the Python int ", v, " is out of range for ", dtype_name(dtype));
+  }
+  visit_dtype(dtype, [&](auto tag) { *t->data<decltype(tag)>() = convert<decltype(tag)>(v); });
+  return t;
+}
+
 // x.copy_(src), torch's: src (a tensor, array, DLPack producer or Python scalar), broadcast to x's shape
 // and converted to x's dtype, written into x's memory from any device. Returns x.
 TensorPtr copy_from(const TensorPtr& dst, py::handle value) {
   const char* op = "copy_";
   const bool scalar = PyBool_Check(value.ptr()) || PyLong_Check(value.ptr()) || PyFloat_Check(value.ptr());
   // (given outlives the GIL's release: it may hold a Python object)
-  const TensorPtr given = scalar ? full(dst->dtype(), {}, value.cast<double>(), Format::Default, Device{})
-                                 : to_tensor(value, op, "src");
+  const TensorPtr given = scalar ? number_tensor(op, value, dst->dtype()) : to_tensor_of(value, op, "src", true);
   TensorPtr src = given;
   check_writable(op, "the tensor", *dst);
   if (broadcast_shapes(op, {dst.get(), src.get()}, {"self", "src"}) != dst->shape()) {
@@ -717,7 +747,11 @@ const TensorPtr& holder_of(PyObject* obj, const char* op, const char* arg) {
 
 }  // namespace
 
-TensorPtr to_tensor(py::handle obj, const char* op, const char* arg) {
+namespace {
+
+// to_tensor's work; ``numbers``: the caller takes Python numbers too (an op's inputs), which its
+// error message then names
+TensorPtr to_tensor_of(py::handle obj, const char* op, const char* arg, bool numbers) {
   if (py::isinstance<Tensor>(obj)) return holder_of(obj.ptr(), op, arg);
   if (obj.is_none()) fail<TypeError>(op, "input '", arg, "' must be a tensor, got None");
   if (PyArray_CheckExact(obj.ptr())) {
@@ -726,9 +760,13 @@ TensorPtr to_tensor(py::handle obj, const char* op, const char* arg) {
   if (PyObject_CheckBuffer(obj.ptr())) return from_buffer(obj, op, arg);
   if (PyCapsule_CheckExact(obj.ptr())) return from_capsule(obj, op, arg);
   if (py::hasattr(obj, "__dlpack__")) return from_dlpack_obj(obj, op, arg);
-  fail<TypeError>(op, "input '", arg, "' must be a tensor, NumPy array, DLPack producer or capsule, or Python scalar, got ",
-                  type_name(obj));
+  fail<TypeError>(op, "input '", arg, "' must be a tensor, NumPy array, DLPack producer or capsule",
+                  numbers ? ", or Python scalar" : "", ", got ", type_name(obj));
 }
+
+}  // namespace
+
+TensorPtr to_tensor(py::handle obj, const char* op, const char* arg) { return to_tensor_of(obj, op, arg, false); }
 
 void InputConverter::add(py::handle obj) {
   const size_t i = n_++;
@@ -758,7 +796,7 @@ void InputConverter::add(py::handle obj) {
         return;
       }
     }
-    tensors_[i] = to_tensor(obj, info_.name, arg.name);
+    tensors_[i] = to_tensor_of(obj, info_.name, arg.name, true);
     elements_ += tensors_[i]->numel();
   }
 }
@@ -770,6 +808,15 @@ InputConverter::~InputConverter() {
 }
 
 namespace {
+
+// A Python int as int64_t: ValueError naming op past int64's range.
+int64_t checked_int(const char* op, PyObject* p) {
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(p, &overflow);
+  if (overflow) fail<ValueError>(op, "the Python int is out of range for int64");
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return v;
+}
 
 bool int_fits(DType d, int64_t v) {
   switch (d) {
@@ -985,14 +1032,15 @@ void out_tensors(const OpInfo& info, py::handle out, TensorPtr* outs) {
   }
 }
 
-// Whether the kernel may write out's memory while it reads the inputs: no input shares it, or the
-// op is elementwise (one fused loop, each element read before it is written) and the input is
-// exactly out (same first element, shape and strides).
+// Whether the kernel may write out's memory while it reads the inputs: no input's memory overlaps
+// it, or the op is elementwise (one fused loop, each element read before it is written) and the
+// input is exactly out (same first element, shape and strides). By the memory the tensors span, not
+// by their Storage: each wrapping of one NumPy array (or DLPack capsule) is a Storage of its own.
 bool safe_to_write_in_kernel(const OpInfo& info, const TensorPtr* inputs, const Tensor& out) {
   const bool elementwise = std::string_view(info.impl) == "expr";
   for (size_t i = 0; i < info.inputs.size(); ++i) {
     const Tensor* t = inputs[i].get();
-    if (t == nullptr || t->storage() != out.storage()) continue;
+    if (t == nullptr || !overlap(*t, out)) continue;
     if (!(elementwise && t->raw_data() == out.raw_data() && t->shape() == out.shape() &&
           t->strides() == out.strides())) {
       return false;
@@ -1016,23 +1064,20 @@ void check_out(const OpInfo& info, const char* name, size_t j, const Tensor& out
   check_writable(name, what, out);
 }
 
-// Runs the op writing its results into outs (out=, or the in-place variant's input `inplace`).
-void run_into(const OpCaller& c, const TensorPtr* given, AttrValue* attrs, TensorPtr* outputs, TensorPtr* outs,
-              bool release_gil) {
-  const binding::OpEntry& e = *c.entry;
-  const OpInfo& info = *e.info;
+// The checks of a call writing its results into outs, before anything runs (run_into's; foreach
+// runs them for every position before the first runs): each out tensor against the result (meta),
+// out tensors whose memory overlaps, forward-mode tangents, and out= while gradients are recorded.
+// Returns whether the call records gradients (an in-place variant's may).
+bool check_into(const OpCaller& c, const TensorPtr* inputs, const std::vector<TensorMeta>& metas,
+                const TensorPtr* outs) {
+  const OpInfo& info = *c.entry->info;
   const char* name = c.inplace >= 0 ? info.inplace : info.name;  // (what errors name)
   const size_t n_in = info.inputs.size(), n_out = info.outputs.size();
-  TensorPtr inputs[kMaxInputs];
-  for (size_t i = 0; i < n_in; ++i) inputs[i] = given[i];
-  std::vector<AttrValue> attrs_copy(attrs, attrs + info.attrs.size());  // (meta may move them out)
-  const std::vector<TensorMeta> metas = e.meta(inputs, attrs_copy.data());
   const char* what = c.inplace >= 0 ? info.inputs[static_cast<size_t>(c.inplace)].name : "out";
   for (size_t j = 0; j < n_out; ++j) {
     check_out(info, name, j, *outs[j], metas[j], what);
-    note_device_use(*outs[j]);  // (a graph being captured keeps what its work writes)
     for (size_t k = 0; k < j; ++k) {
-      if (outs[k]->storage() == outs[j]->storage()) {
+      if (overlap(*outs[k], *outs[j])) {  // (by memory: two wrappings of one array are two Storages)
         fail<ValueError>(name, "out tensors ", k, " and ", j, " share memory: each output needs its own");
       }
     }
@@ -1046,13 +1091,28 @@ void run_into(const OpCaller& c, const TensorPtr* given, AttrValue* attrs, Tenso
                          " does not carry forward-mode tangents; call the op without it");
     }
   }
-  if (c.inplace < 0) {
-    if (recording) {
-      fail<RuntimeError>(name, "out= does not record gradients, but ",
-                         any_grad ? "an input" : "the out tensor", " requires grad (call it under opforge.no_grad(), "
-                         "or without out=)");
-    }
-  } else if (recording) {
+  if (c.inplace < 0 && recording) {
+    fail<RuntimeError>(name, "out= does not record gradients, but ", any_grad ? "an input" : "the out tensor",
+                       " requires grad (call it under opforge.no_grad(), or without out=)");
+  }
+  return recording;
+}
+
+// Runs the op writing its results into outs (out=, or the in-place variant's input `inplace`).
+void run_into(const OpCaller& c, const TensorPtr* given, AttrValue* attrs, TensorPtr* outputs, TensorPtr* outs,
+              bool release_gil) {
+  const binding::OpEntry& e = *c.entry;
+  const OpInfo& info = *e.info;
+  const char* name = c.inplace >= 0 ? info.inplace : info.name;  // (what errors name)
+  const size_t n_in = info.inputs.size(), n_out = info.outputs.size();
+  TensorPtr inputs[kMaxInputs];
+  for (size_t i = 0; i < n_in; ++i) inputs[i] = given[i];
+  std::vector<AttrValue> attrs_copy(attrs, attrs + info.attrs.size());  // (meta may move them out)
+  const std::vector<TensorMeta> metas = e.meta(inputs, attrs_copy.data());
+  const char* what = c.inplace >= 0 ? info.inputs[static_cast<size_t>(c.inplace)].name : "out";
+  const bool recording = check_into(c, inputs, metas, outs);
+  for (size_t j = 0; j < n_out; ++j) note_device_use(*outs[j]);  // (a graph being captured keeps what its work writes)
+  if (c.inplace >= 0 && recording) {
     // PyTorch's rules: a leaf that requires grad cannot change under autograd; any other tensor
     // takes the op's history. Its old value goes to the op as a copy that keeps its history (the
     // op may save it for backward), and the result is copied into it.
@@ -1292,8 +1352,9 @@ py::object foreach_call(py::handle fn, py::tuple args, py::dict kwargs) {
     }
   };
   const auto out_at = [&](size_t i, size_t j) { return py::reinterpret_borrow<py::sequence>(outs[j])[i]; };
-  // every position's inputs and attrs through the op's meta rule, and its out tensors against the
-  // results, before any position runs: a bad position leaves every tensor as it was
+  // every position's inputs and attrs through the op's meta rule, and its out tensors checked as
+  // the call will check them (against the results, shared memory, gradients, tangents), before any
+  // position runs: a bad position leaves every tensor as it was
   const binding::OpEntry& e = *caller->entry;
   for (size_t i = 0; i < length; ++i) {
     position(i);
@@ -1303,11 +1364,14 @@ py::object foreach_call(py::handle fn, py::tuple args, py::dict kwargs) {
     Slots<AttrValue, kMaxParams> attrs;
     for (size_t k = 0; k < info.attrs.size(); ++k) attrs.push(convert_attr(info, *caller, k, params[n_in + k]));
     const std::vector<TensorMeta> metas = e.meta(&in[0], attrs.data());
+    if (outs.empty()) continue;
+    TensorPtr out_i[kMaxParams];
     for (size_t j = 0; j < outs.size(); ++j) {
       const py::object t = out_at(i, j);
       if (!py::isinstance<Tensor>(t)) fail<TypeError>(info.name, "foreach: out list ", j, " holds a ", type_name(t), " at ", i);
-      check_out(info, info.name, j, *holder_of(t.ptr(), info.name, "out"), metas[j], "out");
+      out_i[j] = holder_of(t.ptr(), info.name, "out");
     }
+    (void)check_into(*caller, &in[0], metas, out_i);
   }
   py::list results;
   for (size_t i = 0; i < length; ++i) {
@@ -1619,7 +1683,13 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
         return py::str(fn->name());
       }, "The name of the op that produced this tensor, or None for a leaf.")
       .def_property("requires_grad", [](const Tensor& t) { return t.requires_grad(); },
-                    [](Tensor& t, bool on) { t.set_requires_grad(on); })
+                    [](Tensor& t, py::handle on) {
+                      // (pybind11's bool takes None for False: refused, as torch refuses it)
+                      if (!PyBool_Check(on.ptr()) && !PyArray_IsScalar(on.ptr(), Bool)) {
+                        fail<TypeError>("requires_grad", "must be a bool, got ", type_name(on));
+                      }
+                      t.set_requires_grad(PyObject_IsTrue(on.ptr()) == 1);
+                    })
       .def_property_readonly("_version", [](const Tensor& t) { return t.version(); },
                              "How many times this tensor's memory (shared with its views) was written in place "
                              "(in-place ops, out=): autograd checks it for the tensors it saved, as PyTorch does.")

@@ -150,6 +150,9 @@ CASES = [
          "specs/class.yaml:1:1: class: 'class' is a reserved word and cannot name an op"),
     case("invalid-op-name", "leaky-relu", leaky("leaky:", "leaky-relu:"),
          "specs/leaky-relu.yaml:1:1: leaky-relu: an op name must match [a-z_][a-z0-9_]*"),
+    case("op-name-without-a-letter-before-its-digits", "_1", leaky("leaky:", "_1:"),
+         "specs/_1.yaml:1:1: _1: an op name needs a letter before any digit (it names the generated C++ class, "
+         "'1' here)"),
     # ------------------------------------------------------------------ schema: keys and types
     case("unknown-key-did-you-mean", "leaky", leaky("  doc:", "  dco:"),
          """

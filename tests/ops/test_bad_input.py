@@ -68,6 +68,13 @@ def test_missing_required_input_or_attr_and_unknown_keyword() -> None:
         ops.neg(F32, F32)
 
 
+def test_big_endian_arrays_are_refused_with_the_conversion() -> None:
+    for a in (np.ones(3, ">f8"), memoryview(np.ones(3, ">f8"))):
+        with pytest.raises(TypeError, match=re.escape("[neg] input 'x' is big-endian ('>d'): opforge reads native "
+                                                      "byte order; convert it first")):
+            ops.neg(a)
+
+
 def test_none_and_non_array_inputs() -> None:
     with pytest.raises(TypeError, match=re.escape("[mul] input 'y' must be a tensor, got None")):
         ops.mul(F32, None)

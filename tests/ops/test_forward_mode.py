@@ -4,6 +4,7 @@ float64 against central differences and against reverse mode through the transpo
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -126,6 +127,14 @@ def test_jvp_of_a_composition_and_partial_tangents() -> None:
     const = opforge.tensor(np.ones(2))
     _, t0 = opforge.jvp(lambda a: const, (x,), (np.ones(2),))
     np.testing.assert_array_equal(t0.numpy(), np.zeros(2))
+
+
+def test_jacfwd_refuses_an_argnums_out_of_range() -> None:
+    f = opforge.jacfwd(lambda a, b: ops.mul(a, b), argnums=2)
+    with pytest.raises(IndexError, match=re.escape("[jacfwd] argnums 2 is out of range for 2 arguments")):
+        f(np.ones(2), np.ones(2))
+    np.testing.assert_array_equal(opforge.jacfwd(lambda a, b: ops.mul(a, b), argnums=-1)(np.ones(2), np.full(2, 3.0))
+                                  .numpy(), np.eye(2))
 
 
 def test_jacfwd_matches_reverse_mode() -> None:

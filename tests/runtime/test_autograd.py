@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import threading
+
 import numpy as np
 import pytest
 
@@ -73,8 +76,6 @@ def test_grads_never_share_memory() -> None:
 
 
 def test_concurrent_backward_into_one_leaf() -> None:
-    import threading
-
     x = leaf(np.ones(64))
 
     def work() -> None:
@@ -101,6 +102,75 @@ def test_no_grad_records_nothing() -> None:
 
     assert not f(x).requires_grad
     assert ops.exp(x).grad_fn == "exp"
+
+
+def test_grad_mode_decorators_restore_the_mode_of_each_call() -> None:
+    # (a decorated function's calls each get their own context: the mode to restore is not shared
+    # by a recursive call, nor by two threads in the function at once)
+    @opforge.no_grad()
+    def down(n: int) -> None:
+        assert not opforge.is_grad_enabled()
+        if n:
+            down(n - 1)
+
+    down(2)
+    assert opforge.is_grad_enabled()
+
+    @opforge.enable_grad()
+    def up() -> bool:
+        return opforge.is_grad_enabled()
+
+    with opforge.no_grad():
+        assert up() and not opforge.is_grad_enabled()
+    assert opforge.is_grad_enabled()
+
+    inside, release, modes = threading.Event(), threading.Event(), {}
+
+    @opforge.no_grad()
+    def hold() -> None:
+        inside.set()
+        release.wait(10)
+
+    def a() -> None:
+        hold()
+        modes["a"] = opforge.is_grad_enabled()
+
+    def b() -> None:
+        inside.wait(10)
+        with opforge.no_grad():
+            hold()
+        modes["b"] = opforge.is_grad_enabled()
+
+    ta, tb = threading.Thread(target=a), threading.Thread(target=b)
+    ta.start()
+    tb.start()
+    release.set()
+    ta.join()
+    tb.join()
+    assert modes == {"a": True, "b": True}
+    ng = opforge.no_grad()  # (one instance's with blocks nest)
+    with ng:
+        with ng:
+            pass
+        assert not opforge.is_grad_enabled()
+    assert opforge.is_grad_enabled()
+
+
+def test_set_grad_enabled_is_a_call_and_a_context_manager() -> None:
+    with opforge.set_grad_enabled(False):
+        assert not opforge.is_grad_enabled()
+    assert opforge.is_grad_enabled()
+    opforge.set_grad_enabled(False)
+    assert not opforge.is_grad_enabled()
+    opforge.set_grad_enabled(True)
+    with pytest.raises(TypeError, match=re.escape("[set_grad_enabled] mode must be a bool, got NoneType")):
+        opforge.set_grad_enabled(None)  # type: ignore[arg-type]
+    assert opforge.is_grad_enabled()
+    t = opforge.tensor([1.0])
+    with pytest.raises(TypeError, match=re.escape("[requires_grad] must be a bool, got None")):
+        t.requires_grad = None
+    t.requires_grad = np.bool_(True)
+    assert t.requires_grad
 
 
 def test_outputs_of_non_differentiable_ops_do_not_require_grad() -> None:

@@ -86,5 +86,14 @@ def test_mismatches_are_refused_before_anything_is_written() -> None:
         opforge.foreach(ops.sgd_step, params, tensors(11, [(3,), (4,)]), bufs, **SGD, out=(params, bufs))
     with pytest.raises(ValueError, match=r"\[sgd_step\] out is float32 of shape \(2,\)"):
         opforge.foreach(ops.sgd_step, params, grads[:2], bufs, **SGD, out=(params, [bufs[0], tensors(12, [(2,)])[0]]))
+    # the call's own checks too: out tensors sharing memory, inputs that require grad, tangents
+    with pytest.raises(ValueError, match=r"\[sgd_step\] out tensors 0 and 1 share memory"):
+        opforge.foreach(ops.sgd_step, params, grads[:2], bufs, **SGD, out=(params, [bufs[0], params[1]]))
+    traced = [grads[0], opforge.tensor(grads[1].numpy(), requires_grad=True)]
+    with pytest.raises(RuntimeError, match=r"\[sgd_step\] out= does not record gradients, but an input requires grad"):
+        opforge.foreach(ops.sgd_step, params, traced, bufs, **SGD, out=(params, bufs))
+    with pytest.raises(RuntimeError, match=r"\[sgd_step\] out= does not carry forward-mode tangents"):
+        opforge.jvp(lambda g: opforge.foreach(ops.sgd_step, params, [grads[0], g], bufs, **SGD, out=(params, bufs)),
+                    (grads[1],), (np.ones(3, np.float32),))
     for p, b in zip(params, before):
         np.testing.assert_array_equal(p.numpy(), b)

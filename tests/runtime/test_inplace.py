@@ -75,6 +75,36 @@ def test_out_into_a_strided_view_and_into_an_input() -> None:
     np.testing.assert_allclose(m.numpy(), m0 @ m0, rtol=1e-5, atol=1e-5)
 
 
+def test_out_overlapping_an_input_of_another_wrapper_is_computed_apart() -> None:
+    # (each wrapping of one NumPy array is a Storage of its own: the overlap is found by memory)
+    a, b = np.random.default_rng(0).standard_normal((2, 64, 64))
+    want = a @ b
+    ops.matmul(a, b, out=opforge.from_numpy(a))
+    np.testing.assert_allclose(a, want, rtol=1e-12, atol=1e-12)
+    t = opforge.tensor(np.arange(1000.0))
+    ops.mul(t.numpy()[::-1], 2.0, out=t)                 # elementwise, reversed: not an exact alias
+    np.testing.assert_array_equal(t.numpy(), np.arange(1000.0)[::-1] * 2)
+    t = opforge.tensor(np.arange(1000.0))
+    ops.add_(t, t.numpy()[::-1])
+    np.testing.assert_array_equal(t.numpy(), np.arange(1000.0) + np.arange(1000.0)[::-1])
+    s = np.ones(1000)
+    s[::2] = 5
+    want = s[:-1] * 2
+    ops.mul(s[:-1], 2.0, out=opforge.from_numpy(s[1:]))  # shifted by one element
+    np.testing.assert_array_equal(s[1:], want)
+    m = np.arange(64.0).reshape(8, 8)
+    want = m.T.copy()
+    ops.transpose(m, out=opforge.from_numpy(m))
+    np.testing.assert_array_equal(m, want)
+    buf = np.zeros((2, 3))
+    with pytest.raises(ValueError, match=re.escape("[sincos] out tensors 0 and 1 share memory: each output needs its own")):
+        ops.sincos(np.ones((2, 3)), out=(opforge.from_numpy(buf), opforge.from_numpy(buf)))
+    assert not buf.any()
+    halves = np.zeros((2, 2, 3))                         # one array, memory apart: allowed
+    ops.sincos(np.ones((2, 3)), out=(opforge.from_numpy(halves[0]), opforge.from_numpy(halves[1])))
+    np.testing.assert_allclose(halves, [np.sin(np.ones((2, 3))), np.cos(np.ones((2, 3)))])
+
+
 @pytest.mark.parametrize("out,message", [
     (np.zeros((3, 4), np.float64), "[add] out is float64 of shape (3, 4), but output 'out' is float32 of shape (3, 4)"),
     (np.zeros((4, 3), np.float32), "[add] out is float32 of shape (4, 3), but output 'out' is float32 of shape (3, 4)"),

@@ -102,3 +102,44 @@ def test_bad_arguments_name_the_optimizer() -> None:
         opforge.optim.Adam([opforge.tensor(np.ones(3, np.int64))])
     with pytest.raises(ValueError, match=re.escape("[SGD] got an empty parameter list")):
         opforge.optim.SGD([])
+
+
+def test_a_step_that_raises_leaves_parameters_and_state_as_they_were() -> None:
+    ro = np.ones(3, np.float32)
+    ro.flags.writeable = False
+    frozen = opforge.from_numpy(ro)
+    frozen.requires_grad = True
+    for make in (lambda ps: opforge.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=0.5),
+                 lambda ps: opforge.optim.Adam(ps, lr=0.1)):
+        w = opforge.tensor(np.ones(3, np.float32), requires_grad=True)
+        opt = make([w, frozen])
+        w.grad, frozen.grad = np.ones(3, np.float32), np.ones(3, np.float32)
+        with pytest.raises(ValueError, match=r"out is read-only"):
+            opt.step()
+        assert opt.state == [{}, {}]
+        np.testing.assert_array_equal(w.detach().numpy(), 1.0)
+        frozen.grad = None
+        opt.step()  # (the first step of w: torch's result, as if the failed one had not been)
+        ref = make([opforge.tensor(np.ones(3, np.float32), requires_grad=True)])
+        ref.params[0].grad = np.ones(3, np.float32)
+        ref.step()
+        np.testing.assert_array_equal(w.detach().numpy(), ref.params[0].detach().numpy())
+        frozen.grad = None
+    adam = opforge.optim.Adam([opforge.tensor(np.ones(3, np.float32), requires_grad=True)])
+    adam.params[0].grad = np.ones(3, np.float32)
+    adam.defaults["lr"] = opforge.tensor(0.1)
+    with pytest.raises(TypeError, match=re.escape("[adam_step] attr 'step_size' must be a float")):
+        adam.step()
+    assert adam.state == [{}]
+
+
+def test_hyperparameters_take_numpy_numbers_and_duplicates_warn() -> None:
+    w = opforge.tensor(np.ones(3, np.float32), requires_grad=True)
+    opt = opforge.optim.SGD([w], lr=np.float32(0.5))
+    assert type(opt.defaults["lr"]) is float and opt.defaults["lr"] == 0.5
+    with pytest.raises(TypeError, match=re.escape("[SGD] lr must be a number, got str")):
+        opforge.optim.SGD([w], lr="0.1")
+    with pytest.raises(TypeError, match=re.escape("[SGD] params must be an iterable of opforge Tensors, got a Tensor")):
+        opforge.optim.SGD(w)
+    with pytest.warns(UserWarning, match=re.escape("[Adam] a parameter is listed more than once")):
+        opforge.optim.Adam([w, w])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import threading
 
+import re
+
 import numpy as np
 import pytest
 
@@ -275,6 +277,26 @@ def test_copy_writes_into_the_tensor_broadcast_and_converted() -> None:
     a = opforge.tensor(np.arange(9.0).reshape(3, 3))
     a.copy_(a.numpy().T)  # (src overlaps the tensor's memory: read before written)
     np.testing.assert_array_equal(a.numpy(), np.arange(9.0).reshape(3, 3).T)
+
+
+def test_copy_of_a_python_number_is_exact_and_checked_as_ops_check_numbers() -> None:
+    t = opforge.tensor(np.zeros(1, np.int64))
+    for v in (2**53 + 1, -2**63, 2**63 - 1):
+        t.copy_(v)
+        assert t.item() == v
+    u = opforge.tensor(np.zeros(2, np.int8))
+    with pytest.raises(ValueError, match=re.escape("[copy_] the Python int 1000 is out of range for int8")):
+        u.copy_(1000)
+    with pytest.raises(ValueError, match=re.escape("[copy_] the Python int is out of range for int64")):
+        t.copy_(2**63)
+    with pytest.raises(TypeError, match=re.escape("[copy_] a Python float cannot be int8")):
+        u.copy_(1.5)
+    assert u.numpy().tolist() == [0, 0]
+    u.copy_(True)
+    assert u.numpy().tolist() == [1, 1]
+    f = opforge.tensor(np.zeros(1, np.float32))
+    f.copy_(2**24 + 1)
+    assert f.item() == 2**24  # (rounded to float32 as NumPy rounds it)
 
 
 def test_copy_errors_name_the_rule() -> None:
