@@ -539,11 +539,15 @@ class CudaRuntime final : public DeviceRuntime {
         e = cudaMalloc(&p, size);
       }
       cudaThreadExchangeStreamCaptureMode(&mode);
+      if (e == cudaErrorMemoryAllocation) {  // (MemoryError, as the eager allocator's)
+        cudaGetLastError();
+        fail<MemoryError>(op, "CUDA out of memory: tried to allocate ", nbytes, " bytes on cuda:", index,
+                          " for a graph being captured (", graph_bytes_[index].load(), " bytes held by graphs)");
+      }
       if (e != cudaSuccess) {
         cudaGetLastError();
-        fail<RuntimeError>(op, e == cudaErrorMemoryAllocation ? "CUDA out of memory" : error_text(e).c_str(),
-                           ": tried to allocate ", nbytes, " bytes on cuda:", index, " for a graph being captured (",
-                           graph_bytes_[index].load(), " bytes held by graphs)");
+        fail<RuntimeError>(op, error_text(e).c_str(), ": tried to allocate ", nbytes, " bytes on cuda:", index,
+                           " for a graph being captured (", graph_bytes_[index].load(), " bytes held by graphs)");
       }
       std::lock_guard<std::mutex> lock(graphs_lock_);
       blocks_[p] = GraphBlock{&g, size, index};
