@@ -169,8 +169,22 @@ class ShapeHelpers:
         if not test:
             raise ValueError(f"[{op}] {message()}")
 
-    # (the functions of checks, on sizes that may be symbolic: compared by == alone, which
-    # torch's SymInts and JAX's dimension expressions decide)
+    # The functions of checks, on sizes that may be symbolic (torch's SymInts, JAX's dimension
+    # expressions): compared by == alone, combined by _either/_all, and taken as 1 only where
+    # _known_one says so, which an adapter whose sizes may be data-dependent overrides (torch:
+    # never a guard on an unbacked size; the test becomes a constraint checked at run time).
+
+    @staticmethod
+    def _known_one(n: Any) -> bool:
+        return bool(n == 1)
+
+    @staticmethod
+    def _either(a: Any, b: Any) -> Any:
+        return a or b
+
+    @staticmethod
+    def _all(tests: Sequence[Any]) -> Any:
+        return all(tests)
 
     @staticmethod
     def drop(op: str, d: Sequence[Any], i: int) -> list[Any]:
@@ -182,26 +196,31 @@ class ShapeHelpers:
         del d[i]
         return d
 
-    @staticmethod
-    def broadcasts(d: Sequence[Any], to: Sequence[Any]) -> bool:
+    @classmethod
+    def broadcasts(cls, d: Sequence[Any], to: Sequence[Any]) -> Any:
         lead = len(to) - len(d)
-        return lead >= 0 and all(n == 1 or n == to[lead + k] for k, n in enumerate(d))
+        if lead < 0:
+            return False
+        return cls._all([cls._either(n == to[lead + k], n == 1) for k, n in enumerate(d)])
 
-    @staticmethod
-    def broadcast(op: str, names: Sequence[str], *shapes: Sequence[Any]) -> list[Any]:
+    @classmethod
+    def broadcast(cls, op: str, names: Sequence[str], *shapes: Sequence[Any]) -> list[Any]:
         nd = max(len(s) for s in shapes)
-        out: list[Any] = [1] * nd
+        out: list[Any] = [None] * nd
+
+        def message() -> str:
+            given = ", ".join(f"{name} {cls.shape_str(t)}" for name, t in zip(names, shapes))
+            return f"shapes cannot be broadcast together: {given}"
+
         for s in shapes:
             for k, n in enumerate(s):
                 j = nd - len(s) + k
-                if n == out[j] or n == 1:
-                    continue
-                if out[j] == 1:
+                o = out[j]
+                if o is None or cls._known_one(o):
                     out[j] = n
-                    continue
-                given = ", ".join(f"{name} {ShapeHelpers.shape_str(t)}" for name, t in zip(names, shapes))
-                raise ValueError(f"[{op}] shapes cannot be broadcast together: {given}")
-        return out
+                elif not (n is o or cls._known_one(n)):
+                    cls.check(op, n == o, message)
+        return [1 if o is None else o for o in out]
 
     @staticmethod
     def reduce(op: str, shape: Sequence[Any], axis: Any, keepdims: bool) -> list[Any]:
@@ -219,18 +238,17 @@ class ShapeHelpers:
             named = set(range(rank))
         return [1 if k in named else n for k, n in enumerate(shape) if keepdims or k not in named]
 
-    @staticmethod
-    def matmul(op: str, a: Sequence[Any], b: Sequence[Any]) -> list[Any]:
-        sa, sb, shown = list(a), list(b), f"{ShapeHelpers.shape_str(a)} @ {ShapeHelpers.shape_str(b)}"
+    @classmethod
+    def matmul(cls, op: str, a: Sequence[Any], b: Sequence[Any]) -> list[Any]:
+        sa, sb, shown = list(a), list(b), f"{cls.shape_str(a)} @ {cls.shape_str(b)}"
         if not sa or not sb:
-            raise ValueError(f"[{op}] matmul needs inputs of rank >= 1, got {ShapeHelpers.shape_str(a)} and "
-                             f"{ShapeHelpers.shape_str(b)}")
+            raise ValueError(f"[{op}] matmul needs inputs of rank >= 1, got {cls.shape_str(a)} and "
+                             f"{cls.shape_str(b)}")
         a2 = [1] + sa if len(sa) == 1 else sa
         b2 = sb + [1] if len(sb) == 1 else sb
-        if not a2[-1] == b2[-2]:
-            raise ValueError(f"[{op}] matmul inner dimensions differ: {shown}")
+        cls.check(op, a2[-1] == b2[-2], lambda: f"matmul inner dimensions differ: {shown}")
         try:
-            batch = ShapeHelpers.broadcast(op, ("a", "b"), a2[:-2], b2[:-2])
+            batch = cls.broadcast(op, ("a", "b"), a2[:-2], b2[:-2])
         except ValueError:
             raise ValueError(f"[{op}] matmul batch dimensions cannot be broadcast: {shown}") from None
         return batch + ([a2[-2]] if len(sa) > 1 else []) + ([b2[-1]] if len(sb) > 1 else [])

@@ -58,6 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
                       "`pip install torch==2.13.0` (the version opforge is tested with)") from exc
 
 import torch.autograd.forward_ad as _fwad
+from torch.fx.experimental.symbolic_shapes import guard_or_false, sym_and, sym_or
 from torch._C import _from_dlpack, _to_dlpack
 
 import opforge._C as _C
@@ -460,6 +461,20 @@ class _Helpers(ShapeHelpers):
     def check(op: str, test: Any, message: Callable[[], str]) -> None:
         # (a SymBool becomes a constraint on the symbolic sizes, not a guard on their values)
         torch._check_value(test, lambda: f"[{op}] {message()}")  # type: ignore[no-untyped-call]
+
+    # (checks on data-dependent sizes, x[x > 0]'s: a size is taken as 1 only where that is decided,
+    # as torch.broadcast_shapes takes it, and tests stay SymBools, constraints checked at run time)
+    @staticmethod
+    def _known_one(n: Any) -> bool:
+        return bool(guard_or_false(n == 1))
+
+    @staticmethod
+    def _either(a: Any, b: Any) -> Any:
+        return sym_or(a, b)
+
+    @staticmethod
+    def _all(tests: Sequence[Any]) -> Any:
+        return sym_and(True, *tests)
 
     @staticmethod
     def reduce_grad(g: torch.Tensor, meta: tuple[torch.Size, torch.dtype]) -> torch.Tensor:

@@ -164,6 +164,30 @@ def test_data_dependent_sizes_under_compile() -> None:
         g = torch.compile(lambda x: ops.sum(ops.softmax(x[x > 0].reshape(-1, 1), axis=0)), backend="aot_eager",
                           fullgraph=True)
         torch.testing.assert_close(g(x), torch.tensor(1.0))
+        # the spec checks' broadcasts(), broadcast() and matmul() on data-dependent sizes: constraints,
+        # never guards (bool(u0 == 1) raised GuardOnDataDependentSymNode)
+        w = torch.randn(4, 5, requires_grad=True)
+
+        def rows(x: torch.Tensor) -> torch.Tensor:
+            y = x[x > 0]
+            return y[: (y.shape[0] // 12) * 12].reshape(-1, 3, 4)
+
+        def batched(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            y = rows(x)
+            return ops.matmul(y, w.expand(y.shape[0], 4, 5)).square().sum()
+
+        def norms(x: torch.Tensor) -> torch.Tensor:
+            y = rows(x).reshape(-1, 4)
+            rstd = y[:, :1].abs() + 1
+            dw, db = ops.norm_affine_grad(y, y, rstd, torch.ones(4), torch.ones(4), mean=rstd)
+            return ops.norm_weight_grad(y, y, rstd, torch.ones(4)) + dw + db + ops.sum_to_like(y, y).sum(0)
+
+        x = torch.randn(64)
+        torch.compile(batched, backend="aot_eager", fullgraph=True)(x, w).backward()
+        got, w.grad = w.grad, None
+        batched(x, w).backward()
+        torch.testing.assert_close(got, w.grad)
+        torch.testing.assert_close(torch.compile(norms, backend="aot_eager", fullgraph=True)(x), norms(x))
     finally:
         torch._dynamo.config.capture_dynamic_output_shape_ops = False
         torch._dynamo.reset()
