@@ -69,8 +69,14 @@ class Optimizer:
         raise NotImplementedError
 
 
-def _foreach(op: Any, *inputs: Any, **attrs: Any) -> None:
-    _C._foreach(op, inputs, attrs)  # (opforge.foreach; opforge/__init__.py imports this module)
+def _run(calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]]) -> None:
+    """The foreach calls of one step (op, inputs, attrs with out=): every position of every call is
+    checked before the first runs, so a step that raises leaves every parameter and its state as
+    they were (opforge.foreach checks its own positions so; a step has one call per group)."""
+    for op, inputs, attrs in calls:
+        _C._foreach_check(op, inputs, attrs)
+    for op, inputs, attrs in calls:
+        _C._foreach(op, inputs, attrs)  # (opforge.foreach; opforge/__init__.py imports this module)
 
 
 def _zeros_like(p: Tensor) -> Tensor:
@@ -119,13 +125,17 @@ class SGD(Optimizer):
                 # (without momentum the buffer is d itself each step: a scratch tensor reused)
                 buf = _zeros_like(p)
             groups.setdefault(first or d["momentum"] == 0, []).append((i, p, g, buf))
+        calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        states: list[tuple[int, Tensor]] = []
         for first, group in groups.items():
             idx, ps, gs, bufs = (list(t) for t in zip(*group))
-            _foreach(ops.sgd_step, ps, gs, bufs, lr=d["lr"], momentum=d["momentum"], dampening=d["dampening"],
-                     weight_decay=d["weight_decay"], nesterov=d["nesterov"], first=first, out=(ps, bufs))
-            # (the state only once its step ran: a step that raised leaves parameters and state as they were)
-            for i, buf in zip(idx, bufs):
-                self.state[i]["momentum_buffer"] = buf
+            calls.append((ops.sgd_step, (ps, gs, bufs), dict(
+                lr=d["lr"], momentum=d["momentum"], dampening=d["dampening"], weight_decay=d["weight_decay"],
+                nesterov=d["nesterov"], first=first, out=(ps, bufs))))
+            states += zip(idx, bufs)
+        _run(calls)
+        for i, buf in states:  # (the state only once the step ran)
+            self.state[i]["momentum_buffer"] = buf
 
 
 class Adam(Optimizer):
@@ -153,16 +163,19 @@ class Adam(Optimizer):
             groups.setdefault(state.get("step", 0) + 1, []).append((i, p, g, m1, m2))
         beta1, beta2 = d["betas"]
         wd = d["weight_decay"]
+        calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        adam_states: list[tuple[int, int, Tensor, Tensor]] = []
         for step, group in groups.items():
             idx, ps, gs, m1s, m2s = (list(t) for t in zip(*group))
-            _foreach(ops.adam_step, ps, gs, m1s, m2s,
-                     step_size=d["lr"] / (1 - beta1 ** step), bias_correction2_sqrt=math.sqrt(1 - beta2 ** step),
-                     exp_avg_weight=1 - beta1, beta2=beta2, exp_avg_sq_weight=1 - beta2, eps=d["eps"],
-                     weight_decay=0.0 if self._decoupled else wd,
-                     param_scale=1 - d["lr"] * wd if self._decoupled else 1.0, out=(ps, m1s, m2s))
-            # (the state only once its step ran: a step that raised leaves parameters and state as they were)
-            for i, m1, m2 in zip(idx, m1s, m2s):
-                self.state[i].update(step=step, exp_avg=m1, exp_avg_sq=m2)
+            calls.append((ops.adam_step, (ps, gs, m1s, m2s), dict(
+                step_size=d["lr"] / (1 - beta1 ** step), bias_correction2_sqrt=math.sqrt(1 - beta2 ** step),
+                exp_avg_weight=1 - beta1, beta2=beta2, exp_avg_sq_weight=1 - beta2, eps=d["eps"],
+                weight_decay=0.0 if self._decoupled else wd, param_scale=1 - d["lr"] * wd if self._decoupled else 1.0,
+                out=(ps, m1s, m2s))))
+            adam_states += [(i, step, m1, m2) for i, m1, m2 in zip(idx, m1s, m2s)]
+        _run(calls)
+        for i, step, m1, m2 in adam_states:  # (the state only once the step ran)
+            self.state[i].update(step=step, exp_avg=m1, exp_avg_sq=m2)
 
 
 class AdamW(Adam):

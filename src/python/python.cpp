@@ -1265,7 +1265,7 @@ PyObject* call_op(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObj
 // value each; out= is a list of L tensors (one output) or one such list per output. Position i runs
 // the op's own call path (its checks, out= rules and kernel) on the i-th values; the lists are
 // checked against each other before anything runs, so a mismatch writes nothing.
-py::object foreach_call(py::handle fn, py::tuple args, py::dict kwargs) {
+py::object foreach_call(py::handle fn, py::tuple args, py::dict kwargs, bool check_only = false) {
   const OpCaller* caller = nullptr;
   if (PyCFunction_Check(fn.ptr()) && PyCFunction_GET_FUNCTION(fn.ptr()) ==
       reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op))) {
@@ -1373,6 +1373,7 @@ py::object foreach_call(py::handle fn, py::tuple args, py::dict kwargs) {
     }
     (void)check_into(*caller, &in[0], metas, out_i);
   }
+  if (check_only) return py::none();
   py::list results;
   for (size_t i = 0; i < length; ++i) {
     position(i);
@@ -1769,6 +1770,10 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
   PyType_Modified(tensor_type);
   m.def("_foreach", [](py::handle fn, py::tuple args, py::dict kwargs) { return foreach_call(fn, args, kwargs); },
         "opforge.foreach's work: op over lists of tensors (the op's spec says foreach: true).");
+  m.def("_foreach_check",
+        [](py::handle fn, py::tuple args, py::dict kwargs) { return foreach_call(fn, args, kwargs, true); },
+        "_foreach's checks of every position, raising what the call would raise, without running it "
+        "(opforge.optim checks each group of a step before the first runs).");
   m.def("from_numpy", [](py::handle a) { return to_tensor(a, "from_numpy", "array"); }, py::arg("array"),
         "Wrap a NumPy array (or any buffer-protocol object) without copying.");
   m.def("from_dlpack", [](py::handle a) {

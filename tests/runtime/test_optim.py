@@ -125,6 +125,22 @@ def test_a_step_that_raises_leaves_parameters_and_state_as_they_were() -> None:
         ref.step()
         np.testing.assert_array_equal(w.detach().numpy(), ref.params[0].detach().numpy())
         frozen.grad = None
+    # a step of several groups (a parameter's first step beside another's second): all or nothing
+    for make in (lambda ps: opforge.optim.SGD(ps, lr=0.1, momentum=0.9), lambda ps: opforge.optim.Adam(ps, lr=0.1)):
+        w = opforge.tensor(np.ones(3, np.float32), requires_grad=True)
+        opt = make([w, frozen])
+        w.grad = np.ones(3, np.float32)
+        opt.step()
+        w_after, state_after = w.detach().numpy().copy(), {k: np.copy(v.numpy()) if isinstance(v, opforge.Tensor)
+                                                              else v for k, v in opt.state[0].items()}
+        frozen.grad = np.ones(3, np.float32)
+        with pytest.raises(ValueError, match=r"out is read-only"):
+            opt.step()
+        np.testing.assert_array_equal(w.detach().numpy(), w_after)
+        assert opt.state[1] == {}
+        for k, v in opt.state[0].items():
+            np.testing.assert_array_equal(v.numpy() if isinstance(v, opforge.Tensor) else v, state_after[k])
+        frozen.grad = None
     adam = opforge.optim.Adam([opforge.tensor(np.ones(3, np.float32), requires_grad=True)])
     adam.params[0].grad = np.ones(3, np.float32)
     adam.defaults["lr"] = opforge.tensor(0.1)
