@@ -513,7 +513,8 @@ def _additive_terms(node: Any, sign: int) -> list[tuple[int, Any]]:
 def dim_scope(op: OpSpec) -> dims.DimScope:
     """What op's shape expressions and checks may read (formula/dims.py)."""
     return dims.DimScope(op.name, [i.name for i in op.inputs], {i.name for i in op.inputs if i.optional},
-                         {a.name: str(a.type) for a in op.attrs})
+                         {a.name: str(a.type) for a in op.attrs},
+                         frozenset(a.name for a in op.attrs if a.optional_value))
 
 
 def device_kernel_targets(op: OpSpec, build: Build) -> tuple[Backend, ...]:

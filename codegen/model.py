@@ -708,8 +708,14 @@ class _Builder:
         return tuple(out)
 
     def dim_scope(self, inputs: Sequence[Input], attr_types: dict[str, AttrType]) -> dims.DimScope:
+        spec_attrs = self.body.get("attrs") or {}
+
+        def optional(n: str) -> bool:  # (as Attr.optional_value: not required, no default)
+            a = spec_attrs.get(n) or {}
+            return a.get("default") is None and not a.get("required", "default" not in a)
+
         return dims.DimScope(self.name, [i.name for i in inputs], {i.name for i in inputs if i.optional},
-                             {n: str(t) for n, t in attr_types.items()})
+                             {n: str(t) for n, t in attr_types.items()}, frozenset(filter(optional, attr_types)))
 
     def shape_rule(self, keys: tuple[Any, ...], text: str, inputs: list[Input],
                    attr_types: dict[str, AttrType], container: Optional[LocMap] = None) -> ShapeRule:

@@ -55,6 +55,7 @@ class DimScope:
     inputs: Sequence[str]
     optional: set[str]
     attrs: Mapping[str, str]      # name -> attr type as specs spell it ("int", "list[int]", ...)
+    optional_attrs: frozenset[str] = frozenset()  # attrs without a default that may be None
 
 
 _ATTR_KINDS = {"int": DKind.DIM, "bool": DKind.BOOL, "list[int]": DKind.DIMS, "str": DKind.STR}
@@ -127,6 +128,9 @@ class _Lowering:
                 if kind is None:
                     raise self.error(node, f"attr '{node.id}' is {self.scope.attrs[node.id]}; shape rules read "
                                      "int, bool, list[int] and str attrs")
+                if node.id in self.scope.optional_attrs:
+                    raise self.error(node, f"attr '{node.id}' may be None (it has no default): shape rules read "
+                                     "attrs that have a value (a list[int] axis may go to reduce())")
                 return (f"attrs.{node.id}" if cpp else f"a_{node.id}"), kind
             if node.id in self.scope.inputs:
                 raise self.error(node, f"'{node.id}' is a tensor: use shape({node.id}), dim({node.id}, i) or "
@@ -250,8 +254,9 @@ class _Lowering:
         # reduce(t, axis, keepdims)
         t = self.tensor(a[0])
         attr = a[1]
-        if not (isinstance(attr, Name) and self.scope.attrs.get(attr.id) in ("int", "list[int]")):
-            raise self.error(attr, "reduce() takes an int or list[int] attr as its axis")
+        if not (isinstance(attr, Name) and self.scope.attrs.get(attr.id) in ("int", "list[int]")) or (
+                self.scope.attrs[attr.id] == "int" and attr.id in self.scope.optional_attrs):
+            raise self.error(attr, "reduce() takes a list[int] attr or an int attr with a value as its axis")
         keep = self.want(a[2], (DKind.BOOL,))
         if not cpp:
             return f"H.reduce({op}, {t}, a_{attr.id}, {keep})", DKind.DIMS

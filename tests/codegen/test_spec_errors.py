@@ -289,7 +289,16 @@ CASES = [
          "specs/scale.yaml:9:39: checks.0.require: broadcast() names each input once"),
     case("check-reduce-axis-not-an-attr", "scale",
          scale("  dtypes:", '  checks:\n    - {require: "shape(x) == reduce(x, 0, true)", error: "no"}\n  dtypes:'),
-         "specs/scale.yaml:9:40: checks.0.require: reduce() takes an int or list[int] attr as its axis"),
+         "specs/scale.yaml:9:40: checks.0.require: reduce() takes a list[int] attr or an int attr with a value as its axis"),
+    case("check-reads-an-attr-that-may-be-none", "leaky",
+         leaky("    alpha: {type: float, default: 0.01}\n", "    alpha: {type: float, default: 0.01}\n    k: {type: int, required: false}\n")
+         .replace("  dtypes:", '  checks:\n    - {require: "rank(x) > k", error: "no"}\n  dtypes:'),
+         "specs/leaky.yaml:11:28: checks.0.require: attr 'k' may be None (it has no default): shape rules read "
+         "attrs that have a value (a list[int] axis may go to reduce())"),
+    case("check-reduce-over-an-optional-int-attr", "leaky",
+         leaky("    alpha: {type: float, default: 0.01}\n", "    alpha: {type: float, default: 0.01}\n    k: {type: int, required: false}\n")
+         .replace("  dtypes:", '  checks:\n    - {require: "shape(x) == reduce(x, k, true)", error: "no"}\n  dtypes:'),
+         "specs/leaky.yaml:11:40: checks.0.require: reduce() takes a list[int] attr or an int attr with a value as its axis"),
     case("check-broadcast-optional-input", "scale",
          scale("  dtypes:", '  checks:\n    - {require: "broadcasts(shape(x), broadcast(x, w))", error: "no"}\n  dtypes:'),
          "specs/scale.yaml:9:52: checks.0.require: optional input 'w' may be absent; use if_given(w, ..., ...)"),
