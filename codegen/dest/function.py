@@ -75,19 +75,18 @@ def _check_lines(op: OpSpec) -> list[str]:
     for a in op.attrs:
         if not a.axis_of:
             continue
-        if a.type == AttrType.INT:
-            axes = (f"(attrs.{a.name} ? Axes(std::vector<int64_t>{{*attrs.{a.name}}}) : Axes())" if a.optional_value
-                    else f"Axes(std::vector<int64_t>{{attrs.{a.name}}})")
-        else:
-            axes = f"Axes(attrs.{a.name})"
         # (against every input named, but where a keepdims attr may take the axis out of the others,
-        # take_along_axis's indices: there against the first, the input the axes are of)
+        # take_along_axis's indices: there against the first, the input the axes are of;
+        # check_axes: normalize_axes' checks without allocating, for an int, a list, or an absent one)
         keepdims = any(b.name == "keepdims" for b in op.attrs)
         for n in a.axis_of[:1] if keepdims else a.axis_of:
-            check = f"(void)normalize_axes(kName, {axes}, int64_t(v_{n}->dim()));"
+            check = f"check_axes(kName, attrs.{a.name}, int64_t(v_{n}->dim()));"
             lines.append(f"if (v_{n}) {check}" if n in optional else check)
+    hoist: dict[str, str] = {}  # (broadcast(), reduce(), matmul() values: computed once per call)
     for c in op.checks:
-        test, pieces = dims.lower_check(c, api.dim_scope(op), cpp=True)
+        bindings: list[tuple[str, str]] = []
+        test, pieces = dims.lower_check(c, api.dim_scope(op), cpp=True, hoist=hoist, bindings=bindings)
+        lines += [f"const Shape {var} = {code};" for var, code in bindings]
         args = []
         for literal, code in pieces:
             if literal:

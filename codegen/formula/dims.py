@@ -81,6 +81,12 @@ class _Lowering:
         self.dynamic = dynamic and cpp
         self.check = check
         self.present: set[str] = set()
+        # C++ checks: the values of broadcast(), reduce() and matmul() computed once per check_shapes
+        # (code -> the local holding it; ``bindings`` the locals this expression defines, each
+        # computed where the expression first needs it, outside any where()/if_given() branch)
+        self.hoist: Optional[dict[str, str]] = None
+        self.bindings: Optional[list[tuple[str, str]]] = None
+        self.branch = 0
 
     def op_name(self) -> str:
         return escape.cpp_str(self.scope.op)
@@ -184,7 +190,8 @@ class _Lowering:
                              "takes the shape rule of that name as its whole rule")
         a, cpp, op = node.args, self.cpp, escape.cpp_str(self.scope.op) if self.cpp else repr(self.scope.op)
         if f in ("drop", "broadcasts", "broadcast", "reduce", "matmul"):
-            return self.check_call(node, f, a, cpp, op)
+            code, kind = self.check_call(node, f, a, cpp, op)
+            return self.shared(code) if f in CHECK_FUNCTIONS and kind == DKind.DIMS else code, kind
         if f == "rank":
             t = self.tensor(a[0])
             return (f"int64_t({t}->dim())" if cpp else f"len({t})"), DKind.DIM
@@ -206,8 +213,12 @@ class _Lowering:
             return (f"shape_slice({t}->shape(), {start})" if cpp else f"list({t}[{start}:])"), DKind.DIMS
         if f == "where":
             test = self.want(a[0], (DKind.BOOL,))
-            bc, bk = self.go(a[1])
-            cc, ck = self.go(a[2])
+            self.branch += 1
+            try:
+                bc, bk = self.go(a[1])
+                cc, ck = self.go(a[2])
+            finally:
+                self.branch -= 1
             if bk != ck:
                 raise self.error(node, f"where(): both branches must be of one kind, got {bk} and {ck}")
             return (f"({test} ? {bc} : {cc})" if cpp else f"({bc} if {test} else {cc})"), bk
@@ -217,16 +228,35 @@ class _Lowering:
             raise self.error(w, "if_given() needs an optional input as its first argument")
         given = w.id in self.present
         self.present.add(w.id)
+        self.branch += 1
         try:
             bc, bk = self.go(a[1])
         finally:
             if not given:
                 self.present.discard(w.id)
-        cc, ck = self.go(a[2])
+        try:
+            cc, ck = self.go(a[2])
+        finally:
+            self.branch -= 1
         if bk != ck:
             raise self.error(node, f"if_given(): both branches must be of one kind, got {bk} and {ck}")
         test = f"v_{w.id}" if cpp else f"s_{w.id} is not None"
         return (f"({test} ? {bc} : {cc})" if cpp else f"({bc} if {test} else {cc})"), bk
+
+    def shared(self, code: str) -> str:
+        """A C++ check's broadcast(), reduce() or matmul() value: the local an earlier check (or an
+        earlier part of this one) computed, or a new local, computed before this check's test when
+        that test always reaches it (outside where() and if_given() branches)."""
+        if self.hoist is None:
+            return code
+        if code in self.hoist:
+            return self.hoist[code]
+        if self.branch or self.bindings is None:
+            return code
+        var = f"k{len(self.hoist)}_"
+        self.hoist[code] = var
+        self.bindings.append((var, code))
+        return var
 
     def check_call(self, node: Call, f: str, a: Sequence[Node], cpp: bool, op: str) -> tuple[str, DKind]:
         """drop(), broadcasts() and the functions of checks: broadcast(), reduce(), matmul()."""
@@ -266,11 +296,10 @@ class _Lowering:
         return f"reduce_shape({op}, {t}->shape(), {axes}, {keep})", DKind.DIMS
 
 
-def lower_dims(formula: Formula, scope: DimScope, want: DKind, cpp: bool, dynamic: bool = False,
-               check: bool = False) -> str:
+def lower_dims(formula: Formula, scope: DimScope, want: DKind, cpp: bool, dynamic: bool = False) -> str:
     """Check a shape-rule expression (of kind ``want``) and lower it to C++ (``dynamic``: over
-    dimensions that may be unknown) or Python; ``check``: a check's condition (CHECK_FUNCTIONS)."""
-    lowering = _Lowering(formula, scope, cpp, dynamic, check)
+    dimensions that may be unknown) or Python."""
+    lowering = _Lowering(formula, scope, cpp, dynamic)
     code, kind = lowering.go(formula.ast)
     if kind != want:
         raise formula.error(0, f"a {'shape rule' if want == DKind.DIMS else 'check'} must give {want}, got {kind}")
@@ -302,10 +331,20 @@ def message_parts(text: str, make: Callable[[str, int], Formula]) -> tuple[tuple
     return tuple(parts)
 
 
-def lower_check(check: Check, scope: DimScope, cpp: bool) -> tuple[str, list[tuple[str, str]]]:
+def lower_check(check: Check, scope: DimScope, cpp: bool, hoist: Optional[dict[str, str]] = None,
+                bindings: Optional[list[tuple[str, str]]] = None) -> tuple[str, list[tuple[str, str]]]:
     """(the condition's code, the message's pieces as (literal, code of the value after it: "" for
-    none)); a value of dimensions is formatted as a shape "(2, 3)" by both languages."""
-    test = lower_dims(check.require, scope, DKind.BOOL, cpp, check=True)
+    none)); a value of dimensions is formatted as a shape "(2, 3)" by both languages. C++ with
+    ``hoist`` (one dict for all of an op's checks, in order): each broadcast(), reduce() and
+    matmul() value is computed once, into a local that ``bindings`` gets as (name, code) to define
+    before this check's test; the message reuses those locals (it is formatted only on failure)."""
+    lowering = _Lowering(check.require, scope, cpp, check=True)
+    if cpp:
+        lowering.hoist, lowering.bindings = hoist, bindings
+    code, kind = lowering.go(check.require.ast)
+    if kind != DKind.BOOL:
+        raise check.require.error(0, f"a check must give {DKind.BOOL}, got {kind}")
+    test = code
     # a message is formatted only when the check fails: under ``if_given(w, ...)``, w is given
     req = check.require.ast
     given = ({req.args[0].id} if isinstance(req, Call) and req.func == "if_given" and req.args
@@ -317,6 +356,8 @@ def lower_check(check: Check, scope: DimScope, cpp: bool) -> tuple[str, list[tup
             continue
         lowering = _Lowering(f, scope, cpp, check=True)
         lowering.present |= given
+        if cpp:
+            lowering.hoist = hoist  # (reused, never new: no bindings)
         code, kind = lowering.go(f.ast)
         if kind == DKind.DIMS:
             code = f"shape_str({code})" if cpp else f"H.shape_str({code})"

@@ -86,6 +86,20 @@ std::vector<int64_t> normalize_axes(const char* op, const Axes& axes, int64_t nd
   return out;
 }
 
+void check_axes(const char* op, const int64_t* axes, size_t n, int64_t ndim) {
+  const auto norm = [ndim](int64_t a) { return a < 0 ? a + ndim : a; };
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t a = axes[i];
+    if (a < -std::max<int64_t>(ndim, 1) || a >= std::max<int64_t>(ndim, 1)) {
+      fail<IndexError>(op, "axis ", a, " is out of range for a tensor of rank ", ndim);
+    }
+    if (ndim == 0) continue;
+    for (size_t j = 0; j < i; ++j) {
+      if (norm(axes[j]) == norm(a)) fail<ValueError>(op, "axis ", a, " is repeated");
+    }
+  }
+}
+
 Shape reduce_shape(const char* op, const Shape& shape, const Axes& axes, bool keepdims) {
   const auto ax = normalize_axes(op, axes, static_cast<int64_t>(shape.size()));
   Shape out;

@@ -23,6 +23,20 @@ Shape broadcast_shapes(const char* op, const std::vector<const Tensor*>& inputs,
                        const std::vector<const char*>& names);
 // Normalized, sorted, unique axes; nullopt or empty means all axes.
 std::vector<int64_t> normalize_axes(const char* op, const Axes& axes, int64_t ndim);
+// normalize_axes' checks alone, allocating nothing (an op's axis attrs against each input they
+// index, in every call): IndexError out of range, ValueError repeated, naming op; an absent
+// (optional) axis is every axis, nothing to check
+void check_axes(const char* op, const int64_t* axes, size_t n, int64_t ndim);
+inline void check_axes(const char* op, const std::vector<int64_t>& axes, int64_t ndim) {
+  check_axes(op, axes.data(), axes.size(), ndim);
+}
+inline void check_axes(const char* op, int64_t axis, int64_t ndim) { check_axes(op, &axis, 1, ndim); }
+inline void check_axes(const char* op, const Axes& axes, int64_t ndim) {
+  if (axes) check_axes(op, *axes, ndim);
+}
+inline void check_axes(const char* op, const std::optional<int64_t>& axis, int64_t ndim) {
+  if (axis) check_axes(op, *axis, ndim);
+}
 Shape reduce_shape(const char* op, const Shape& shape, const Axes& axes, bool keepdims);
 Shape matmul_shape(const char* op, const Shape& a, const Shape& b);  // unknown dimensions too
 // shape expressions of specs (codegen/formula/dims.py): dim(t, i), a negative i counting from the
