@@ -267,6 +267,8 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
             broken.add(Path(path).stem)
     ops: list[OpSpec] = []
     known_names = {k.name: f" ({k.loc.path})" if isinstance(k, OpSpec) else "" for k in known}
+    # (an op module's classes live beside opforge's own: their headers meet in one TU)
+    known_classes = {class_name(k.name): k.name for k in known}
     seen: dict[str, OpSpec] = {}
     classes: dict[str, OpSpec] = {}
     for name, doc in docs:
@@ -283,6 +285,10 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
         if name in known_names:
             errors.append(SpecError(op.loc, name, f"'{name}' is already an op of opforge"
                                     f"{known_names[name]}: an op module cannot redefine it; pick another name"))
+            continue
+        if op.class_name in known_classes:
+            errors.append(SpecError(op.loc, name, f"generates class {op.class_name}, as opforge's op "
+                                    f"'{known_classes[op.class_name]}' does: pick another name"))
             continue
         if op.class_name in classes:
             errors.append(SpecError(op.loc, name, f"generates class {op.class_name}, as op "

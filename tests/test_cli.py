@@ -181,6 +181,11 @@ def test_new_writes_specs_that_check(tmp_path: Path) -> None:
     shutil.copy(SPEC_DIR / "mul.yaml", tmp_path / "mine" / "mul.yaml")
     r = run("check", str(tmp_path / "mine"))
     assert r.returncode == 1 and "mul.yaml:2:1: mul: 'mul' is already an op of opforge" in r.stderr, r.stderr
+    # nor generate one of their classes (_mul's class is Mul: the two headers meet in one TU)
+    (tmp_path / "mine" / "mul.yaml").rename(tmp_path / "mine" / "_mul.yaml")
+    (tmp_path / "mine" / "_mul.yaml").write_text((tmp_path / "mine" / "_mul.yaml").read_text().replace("mul:", "_mul:", 1))
+    r = run("check", str(tmp_path / "mine"))
+    assert r.returncode == 1 and "_mul: generates class Mul, as opforge's op 'mul' does" in r.stderr, r.stderr
     before = (specs / "my_expr.yaml").read_text()
     r = subprocess.run([sys.executable, "-m", "opforge", "new", "my_expr", "--dir", "op_specs"],
                        capture_output=True, text=True, cwd=tmp_path)
@@ -273,6 +278,9 @@ def test_init_errors(tmp_path: Path) -> None:
     assert r.returncode == 2 and "'class' is not a package name: it is a Python keyword" in r.stderr
     r = run("init", str(tmp_path / "p"), "--name", "opforge")
     assert r.returncode == 2 and "'opforge' is not a package name: it is opforge's own" in r.stderr
+    for taken in ("mindspore", "torch", "numpy", "jax", "json"):  # (installing it would replace the framework)
+        r = run("init", str(tmp_path / "p"), "--name", taken)
+        assert r.returncode == 2 and f"'{taken}' is already the name of a Python package" in r.stderr, r.stderr
     odd = tmp_path / "p\nq"
     r = run("init", str(odd), "--name", "pk")
     assert r.returncode == 2 and f"{str(odd)!r}: a project path cannot hold a line break; nothing written" in r.stderr

@@ -416,6 +416,20 @@ def test_shape_rule_drop_and_check_broadcasts(tmp_path: Path, cache: Path) -> No
 
 
 @pytest.mark.slow
+def test_a_module_compiled_against_another_opforge_is_refused_at_import(tmp_path: Path, cache: Path) -> None:
+    # (an op package built against another build of opforge, whose Tensor had another layout,
+    # crashed at its first call: the module carries the ABI id it was compiled with)
+    spec = write_spec(tmp_path, "sp_skew")
+    from opforge import _native
+
+    with pytest.raises(ImportError, match=re.escape("[jit_skew] was compiled against another build of opforge "
+                                                    f"(ABI abi_elsewhere; this opforge's is {_native.abi_id()}")):
+        opforge.load("jit_skew", specs=[spec], build_dir=cache,
+                     extra_cflags=["-UOPFORGE_ABI_ID", "-DOPFORGE_ABI_ID=abi_elsewhere"])
+    assert "-DOPFORGE_ABI_ID=" + _native.abi_id() in _native.cflags()
+
+
+@pytest.mark.slow
 def test_changed_spec_rebuilds_only_what_changed(tmp_path: Path, cache: Path) -> None:
     d = tmp_path / "specs"
     write_spec(d, "sp_a")

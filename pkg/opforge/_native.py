@@ -12,6 +12,7 @@ Python's C API only.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 import shlex
@@ -82,7 +83,35 @@ def ldflags() -> list[str]:
 
 
 def cflags() -> list[str]:
-    return [*CXXFLAGS, *(f"-I{d}" for d in include_dirs())]
+    return [*CXXFLAGS, f"-DOPFORGE_ABI_ID={abi_id()}", *(f"-I{d}" for d in include_dirs())]
+
+
+# (what an op module's compiled code depends on in opforge: the headers it includes; not the
+# framework faces opforge compiles on first use itself)
+_ABI_DIRS = ("runtime", "aot", "python", "ops")
+_HEADER_SUFFIXES = (".h", ".cuh", ".inc", ".hpp")
+
+
+@functools.lru_cache(maxsize=None)
+def abi_id() -> str:
+    """This opforge's ABI as an op module sees it: a digest of the headers under opforge/include
+    that op modules compile against (the runtime's classes and inline functions, the generated
+    ops' declarations) and of the build facts (version, backend, compiler, C++ standard, CUDA).
+    An op module carries the id it was compiled with (``-DOPFORGE_ABI_ID``, in ``cflags()``), and
+    importing it where the id differs is an ImportError: a package built against another build of
+    opforge, with another layout of Tensor, would crash at its first call."""
+    h = hashlib.sha256()
+    for fact in (_build_info.VERSION, _build_info.BACKEND, _build_info.CXX_ID, _build_info.CXX_VERSION,
+                 _build_info.CXX_STD, _build_info.CUDA_VERSION):
+        h.update(fact.encode() + b"\0")
+    inc = PACKAGE_DIR / "include"
+    for top in _ABI_DIRS:
+        found = []
+        for folder, _, names in os.walk(inc / top, followlinks=True):  # (a dev tree links its folders)
+            found += [Path(folder) / n for n in names if n.endswith(_HEADER_SUFFIXES)]
+        for path in sorted(found, key=lambda f: f.relative_to(inc).as_posix()):
+            h.update(path.relative_to(inc).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return "abi_" + h.hexdigest()[:24]
 
 
 # ---- CUDA TUs of op modules in the cu130 wheel (nvcc from _cuda_toolkit.find())

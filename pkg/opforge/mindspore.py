@@ -225,9 +225,15 @@ _MS_ATTR_TYPES = {"bool": "bool", "int": "int", "float": "float", "str": "str", 
                   "list[float]": "listFloat"}
 
 
-def _rows(op: OpDef, present: Sequence[bool]) -> list[tuple[tuple[str, str], ...]]:
+def _target_info(op: OpDef, meta: Any) -> dict[str, Any]:
+    """The op's registration on its MindSpore target: its own module's (``meta`` its meta function),
+    not the name's latest registration (another module's op of the same name has other rows)."""
+    return next(t for t in _C._op_info_of(meta) if t["target"] == _target(op).mindspore_target)
+
+
+def _rows(op: OpDef, present: Sequence[bool], meta: Any) -> list[tuple[tuple[str, str], ...]]:
     """The op's dtype rows on its target, as MindSpore DataType pairs for the present inputs and the outputs."""
-    info = next(t for t in _C.op_info(op.name) if t["target"] == _target(op).mindspore_target)
+    info = _target_info(op, meta)
     keep = [k for k, p in enumerate(present) if p] + list(range(len(op.inputs), len(op.inputs) + len(op.outputs)))
     rows: list[tuple[tuple[str, str], ...]] = []
     for row in info["dtype_format"]:
@@ -239,7 +245,7 @@ def _rows(op: OpDef, present: Sequence[bool]) -> list[tuple[tuple[str, str], ...
     return rows
 
 
-def _reg_info(op: OpDef, present: Sequence[bool], attrs: Sequence[Any]) -> dict[str, Any]:
+def _reg_info(op: OpDef, present: Sequence[bool], attrs: Sequence[Any], meta: Any) -> dict[str, Any]:
     reg = CustomRegOp(op.name)
     index = 0
     for i, p in zip(op.inputs, present):
@@ -254,7 +260,7 @@ def _reg_info(op: OpDef, present: Sequence[bool], attrs: Sequence[Any]) -> dict[
                 reg = reg.attr(a.name, "required", "str", value=_attr_text(a.type, v))
         elif v is not None:  # an external kernel reads them with MindSpore's types (Attr<T>)
             reg = reg.attr(a.name, "required", _MS_ATTR_TYPES[a.type], value=list(v) if isinstance(v, tuple) else v)
-    for row in _rows(op, present):
+    for row in _rows(op, present, meta):
         reg = reg.dtype_format(*row)
     info: dict[str, Any] = reg.target(_target(op).mindspore_target).get_op_info()
     return info
@@ -352,7 +358,7 @@ class _Infer:
         unknown, as MindSpore takes them from InferShape); TypeError from the meta rule if none."""
         op = self.op
         keep = [k for k, p in enumerate(self.present) if p]
-        info = next(t for t in _C.op_info(op.name) if t["target"] == _target(op).mindspore_target)
+        info = _target_info(op, self.meta)
         for row in info["dtype_format"]:
             if all(row[k][0] == d for k, d in zip(keep, dtypes)):
                 outs = [ms.TensorType(_DTYPES[row[len(op.inputs) + j][0]]) for j in range(len(op.outputs))]
@@ -394,7 +400,7 @@ class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type 
             out_dtype=lambda *dtypes: None,
             func_type="aot",
             bprop=_bprop(op, present, attrs, opset.F),
-            reg_info=_reg_info(op, present, attrs),
+            reg_info=_reg_info(op, present, attrs, getattr(opset.meta, op.name)),
         )
 
     def __call__(self, *args: Any) -> Any:

@@ -1855,6 +1855,17 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     }
     return target_info(*op);
   }, py::arg("name"));
+  m.def("_op_info_of", [](py::handle fn) {
+    // (an op module's own registration: op_info(name) gives the name's latest, which another
+    // module may have registered under the same name)
+    PyObject* self = PyCFunction_Check(fn.ptr()) && PyCFunction_GET_FUNCTION(fn.ptr()) ==
+                     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_op))
+                     ? PyCFunction_GET_SELF(fn.ptr()) : nullptr;
+    if (self == nullptr || !PyCapsule_IsValid(self, "opforge.OpCaller")) {
+      fail<TypeError>("op_info", "takes an op function (<module>.<op> or <module>._meta.<op>), got ", type_name(fn));
+    }
+    return target_info(*static_cast<const OpCaller*>(PyCapsule_GetPointer(self, "opforge.OpCaller"))->entry->info);
+  }, py::arg("fn"), "The registration info (as op_info) of this op function's own op.");
   m.def("list_ops", [] {
     std::vector<std::string> names;
     for (const OpInfo* o : registry()) names.push_back(o->name);
@@ -1962,9 +1973,17 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
 }
 
 PyObject* create_op_module(PyModuleDef* def, const char* name, const char* doc, const binding::RegisterOp* ops,
-                           size_t n) {
+                           size_t n, const char* abi) {
   try {
     py::module_::import("opforge");  // opforge's Python types (Tensor) are registered first
+    const std::string here = py::str(py::module_::import("opforge._native").attr("abi_id")());
+    if (here != abi) {
+      PyErr_Format(PyExc_ImportError,
+                   "[%s] was compiled against another build of opforge (ABI %s; this opforge's is %s: its "
+                   "headers or compiler differ) and cannot load here: rebuild it against this opforge "
+                   "(opforge build, or pip install it again)", name, abi, here.c_str());
+      return nullptr;
+    }
     auto m = py::module_::create_extension_module(name, doc, def);
     py::options options;
     options.disable_function_signatures();  // each op's docstring starts with its typed signature

@@ -98,9 +98,11 @@ OPFORGE_PY_API py::object metas(const std::vector<TensorMeta>& ms);
 
 // PyInit_<module> of an op module (codegen's module.cpp.j2, which declares this itself so that
 // it compiles without pybind11): the module `name` with each op's register function called and
-// its entry defined in it and in its `_meta` submodule. `def` must outlive the module.
+// its entry defined in it and in its `_meta` submodule. `def` must outlive the module. `abi` is
+// the opforge ABI id the module was compiled with (opforge/_native.py's abi_id()): another one is
+// an ImportError, before any of the module's code runs.
 OPFORGE_PY_API PyObject* create_op_module(PyModuleDef* def, const char* name, const char* doc,
-                                          const binding::RegisterOp* ops, size_t n);
+                                          const binding::RegisterOp* ops, size_t n, const char* abi);
 
 OPFORGE_PY_API void bind_runtime(py::module_& m);
 

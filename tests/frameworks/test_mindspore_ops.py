@@ -505,6 +505,37 @@ def test_module_ops_as_mindspore_primitives(tmp_path, mode) -> None:
         s.primitive("exp")
 
 
+def test_a_module_op_takes_its_own_dtype_rows_beside_another_modules_of_its_name(tmp_path) -> None:
+    """Two modules with an op of one name: each module's primitives are registered with that
+    module's dtype rows (they took the name's latest registration's: a float64 call of the first
+    ran in float32, silently, once the second was loaded)."""
+    spec = """
+ms_halfsq:
+  doc: x * x / 2.
+  inputs:
+    x: T
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [DTYPES]
+  impl:
+    expr: x * x * 0.5
+"""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "ms_halfsq.yaml").write_text(spec.replace("DTYPES", "float32, float64"))
+    (tmp_path / "b" / "ms_halfsq.yaml").write_text(spec.replace("DTYPES", "float32"))
+    a = opforge.load("ms_dup_a", [tmp_path / "a"], build_dir=tmp_path / "cache")
+    b = opforge.load("ms_dup_b", [tmp_path / "b"], build_dir=tmp_path / "cache")
+    sa, sb = om.register_module(a), om.register_module(b)
+    x = np.array([1.0 + 1e-7, 3.0 + 1e-9])
+    got = sa.ops.ms_halfsq(Tensor(x))
+    assert got.dtype == ms.float64
+    np.testing.assert_array_equal(got.asnumpy(), x * x * 0.5)
+    np.testing.assert_array_equal(sb.ops.ms_halfsq(Tensor(x.astype(np.float32))).asnumpy(),
+                                  (x.astype(np.float32) ** 2 * np.float32(0.5)))
+
+
 _EXT_KERNEL = r"""
 // An external AOT kernel with attrs, read as MindSpore's custom-op documents show (AotExtra's
 // Attr<T>), knowing nothing of opforge. Built with the old std::string ABI, as MindSpore requires.
