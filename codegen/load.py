@@ -17,7 +17,7 @@ from .errors import Loc, SpecError, SpecErrors, did_you_mean
 from .formula.graph import HELPERS
 from .formula.syntax import ops_in
 from .model import ImplKind, OpSpec
-from .names import RESERVED, RUNTIME_CLASSES, class_name, reserved_identifier
+from .names import RESERVED, RUNTIME_CLASSES, class_name, cpp_names, reserved_identifier
 from .source import LocMap, display_path, key_path, locate, read_yaml
 from .targets import BUILDS, HOST, TARGETS, Backend, Build
 
@@ -268,7 +268,7 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
     ops: list[OpSpec] = []
     known_names = {k.name: f" ({k.loc.path})" if isinstance(k, OpSpec) else "" for k in known}
     # (an op module's classes live beside opforge's own: their headers meet in one TU)
-    known_classes = {class_name(k.name): k.name for k in known}
+    known_classes = {c: k.name for k in known for c in cpp_names(k.name)}
     seen: dict[str, OpSpec] = {}
     classes: dict[str, OpSpec] = {}
     for name, doc in docs:
@@ -286,16 +286,18 @@ def load_specs(paths: Iterable[str | os.PathLike[str]], kernel_root: Optional[Pa
             errors.append(SpecError(op.loc, name, f"'{name}' is already an op of opforge"
                                     f"{known_names[name]}: an op module cannot redefine it; pick another name"))
             continue
-        if op.class_name in known_classes:
-            errors.append(SpecError(op.loc, name, f"generates class {op.class_name}, as opforge's op "
-                                    f"'{known_classes[op.class_name]}' does: pick another name"))
+        clash = sorted(cpp_names(name) & known_classes.keys())
+        if clash:
+            errors.append(SpecError(op.loc, name, f"generates C++ name {clash[0]}, as opforge's op "
+                                    f"'{known_classes[clash[0]]}' does: pick another name"))
             continue
-        if op.class_name in classes:
-            errors.append(SpecError(op.loc, name, f"generates class {op.class_name}, as op "
-                                    f"'{classes[op.class_name].name}' does ({classes[op.class_name].loc.path})"))
+        clash = sorted(cpp_names(name) & classes.keys())
+        if clash:
+            errors.append(SpecError(op.loc, name, f"generates C++ name {clash[0]}, as op "
+                                    f"'{classes[clash[0]].name}' does ({classes[clash[0]].loc.path})"))
             continue
         seen[name] = op
-        classes[op.class_name] = op
+        classes.update({c: op for c in cpp_names(name)})
         ops.append(op)
     errors.extend(check_ops(ops, list(known), frozenset(broken)))
     if errors:

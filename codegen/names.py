@@ -40,3 +40,11 @@ def reserved_identifier(name: str) -> bool:
 def class_name(op: str) -> str:
     """The generated C++ class of an op: CamelCase of its name (leaky_relu -> LeakyRelu)."""
     return "".join(p.capitalize() for p in op.split("_"))
+
+
+def cpp_names(op: str) -> frozenset[str]:
+    """The names an op's generated header declares in namespace opforge (templates/op.h.j2) beside
+    its Function class: two ops whose sets meet cannot share a translation unit (one's formulas
+    calling the other includes its header)."""
+    cls = class_name(op)
+    return frozenset({cls, f"{cls}Attrs", f"{cls}ExprArgs", f"{cls}Expr"})

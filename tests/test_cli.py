@@ -185,7 +185,11 @@ def test_new_writes_specs_that_check(tmp_path: Path) -> None:
     (tmp_path / "mine" / "mul.yaml").rename(tmp_path / "mine" / "_mul.yaml")
     (tmp_path / "mine" / "_mul.yaml").write_text((tmp_path / "mine" / "_mul.yaml").read_text().replace("mul:", "_mul:", 1))
     r = run("check", str(tmp_path / "mine"))
-    assert r.returncode == 1 and "_mul: generates class Mul, as opforge's op 'mul' does" in r.stderr, r.stderr
+    assert r.returncode == 1 and "_mul: generates C++ name Mul, as opforge's op 'mul' does" in r.stderr, r.stderr
+    (tmp_path / "mine" / "_mul.yaml").write_text((tmp_path / "mine" / "_mul.yaml").read_text().replace("_mul:", "mul_expr:", 1))
+    (tmp_path / "mine" / "_mul.yaml").rename(tmp_path / "mine" / "mul_expr.yaml")
+    r = run("check", str(tmp_path / "mine"))
+    assert r.returncode == 1 and "mul_expr: generates C++ name MulExpr, as opforge's op 'mul' does" in r.stderr, r.stderr
     before = (specs / "my_expr.yaml").read_text()
     r = subprocess.run([sys.executable, "-m", "opforge", "new", "my_expr", "--dir", "op_specs"],
                        capture_output=True, text=True, cwd=tmp_path)

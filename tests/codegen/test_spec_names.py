@@ -13,8 +13,12 @@ def renamed(name: str, text: str = LEAKY) -> str:
 
 @pytest.mark.parametrize("files, expected", [
     pytest.param({"foo_bar": renamed("foo_bar"), "foo_bar_": renamed("foo_bar_")},
-                 "specs/foo_bar_.yaml:1:1: foo_bar_: generates class FooBar, as op 'foo_bar' does "
+                 "specs/foo_bar_.yaml:1:1: foo_bar_: generates C++ name FooBar, as op 'foo_bar' does "
                  "(specs/foo_bar.yaml)", id="class-name-collision"),
+    # (each op's header declares <Cls>Attrs, <Cls>Expr and <Cls>ExprArgs beside its class)
+    pytest.param({"foo": renamed("foo"), "foo_attrs": renamed("foo_attrs")},
+                 "specs/foo_attrs.yaml:1:1: foo_attrs: generates C++ name FooAttrs, as op 'foo' does "
+                 "(specs/foo.yaml)", id="attrs-struct-collision"),
     pytest.param({"tensor": renamed("tensor")},
                  "specs/tensor.yaml:1:1: tensor: 'tensor' would generate class Tensor, which the runtime "
                  "already defines", id="runtime-class"),
