@@ -124,10 +124,12 @@ def foreach(op: Any, *inputs: Any, out: Any = None, **attrs: Any) -> list[Any]:
     return result
 
 
-def op_info(name: str) -> list[dict[str, Any]]:
+def op_info(op: Any) -> list[dict[str, Any]]:
     """The op's registration entries, one per target, shaped like MindSpore's
-    ``CustomRegOp(...).get_op_info()``: op_name, inputs, outputs, attr, dtype_format, target."""
-    info: list[dict[str, Any]] = _C.op_info(name)
+    ``CustomRegOp(...).get_op_info()``: op_name, inputs, outputs, attr, dtype_format, target.
+    ``op``: a name (the latest registration of that name), or an op function (``opforge.ops.mul``,
+    ``mypkg.ops.my_op``: its own op, where two modules define ops of one name)."""
+    info: list[dict[str, Any]] = _C.op_info(op) if isinstance(op, str) else _C._op_info_of(op)
     return info
 
 

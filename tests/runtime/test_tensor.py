@@ -242,6 +242,11 @@ def test_list_ops_backend_and_op_info() -> None:
         {"name": "eps", "param_type": "optional", "value_type": "float", "default_value": "1e-05"}]
     targets = [i["target"] for i in opforge.op_info("mul")]
     assert targets == ["CPU", "GPU"]
+    # an op function's own registration (two modules may define ops of one name)
+    assert opforge.op_info(ops.where) == opforge.op_info("where")
+    assert opforge.op_info(opforge._C._meta.layer_norm)[0] == ln
+    with pytest.raises(TypeError, match=r"\[op_info\] takes an op function"):
+        opforge.op_info(len)
     with pytest.raises(ValueError, match=r"\[op_info\] unknown op 'mull'"):
         opforge.op_info("mull")
 
