@@ -267,7 +267,7 @@ class _Lowering:
         if f == "broadcasts":
             d = self.want(a[0], (DKind.DIMS,))
             e = self.want(a[1], (DKind.DIMS,))
-            return (f"shape_broadcasts({d}, {e})" if cpp else f"H.broadcasts({d}, {e})"), DKind.BOOL
+            return (f"broadcasts_to({d}, {e})" if cpp else f"H.broadcasts({d}, {e})"), DKind.BOOL
         if f == "broadcast":
             ts = [self.tensor(t) for t in a]
             names = [t.id for t in a if isinstance(t, Name)]  # (each a Name: self.tensor checked it)

@@ -328,15 +328,6 @@ Shape shape_drop(const char* op, Shape d, int64_t i) {
   return d;
 }
 
-bool shape_broadcasts(const Shape& d, const Shape& to) {
-  if (d.size() > to.size()) return false;
-  const size_t lead = to.size() - d.size();
-  for (size_t k = 0; k < d.size(); ++k) {
-    if (d[k] != 1 && d[k] != to[lead + k]) return false;
-  }
-  return true;
-}
-
 int64_t known(int64_t d) {
   if (d == kUnknownDim) throw UnknownShape();
   return d;

@@ -48,9 +48,7 @@ Shape shape_cat(Shape a, const Shape& b);
 // drop(d, i): d without dimension i, negative from the end (ValueError naming op when out of
 // range; empty d with i 0 or -1 stays empty: a 0-d tensor's axis 0 is no axis)
 Shape shape_drop(const char* op, Shape d, int64_t i);
-// broadcasts(d, to): whether dimensions d broadcast to dimensions to (NumPy's rule: d no longer,
-// each of its dimensions 1 or equal to to's, aligned from the end)
-bool shape_broadcasts(const Shape& d, const Shape& to);
+// (broadcasts(d, to) of checks is runtime/tensor.h's broadcasts_to)
 // + - * and unary - of dimensions (and int attrs) in shape rules and checks: ValueError naming op
 // where the result would overflow int64 (a wrapped size would pass for a valid one)
 int64_t shape_add(const char* op, int64_t a, int64_t b);
