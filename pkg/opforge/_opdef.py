@@ -116,11 +116,12 @@ class OpDef(NamedTuple):
 
 
 def axes(value: Any, rank: int) -> list[int]:
-    """An axis attr's value (an int, a list, or None: every axis) as sorted non-negative axes of a
-    rank-``rank`` shape (a 0-d tensor's axis 0 or -1 is no axis, as in the runtime)."""
-    if value is None or rank == 0:
+    """An axis attr's value (an int, a list, or None or an empty list: every axis, as the runtime's
+    normalize_axes takes them) as sorted non-negative axes of a rank-``rank`` shape (a 0-d tensor's
+    axis 0 or -1 is no axis, as in the runtime)."""
+    given = [] if value is None else [value] if isinstance(value, int) else list(value)
+    if not given or rank == 0:
         return list(range(rank))
-    given = [value] if isinstance(value, int) else list(value)
     return sorted({a + rank if a < 0 else a for a in given})
 
 
@@ -225,17 +226,14 @@ class ShapeHelpers:
     @staticmethod
     def reduce(op: str, shape: Sequence[Any], axis: Any, keepdims: bool) -> list[Any]:
         rank = len(shape)
-        given = [] if axis is None else [axis] if isinstance(axis, int) else list(axis)
-        named: set[int] = set()
-        for a in given:
+        seen: set[int] = set()
+        for a in [] if axis is None else [axis] if isinstance(axis, int) else list(axis):  # (check_axes')
             if not -max(rank, 1) <= a < max(rank, 1):
                 raise IndexError(f"[{op}] axis {a} is out of range for a tensor of rank {rank}")
-            if rank and (a + rank if a < 0 else a) in named:
+            if rank and a % rank in seen:
                 raise ValueError(f"[{op}] axis {a} is repeated")
-            if rank:
-                named.add(a + rank if a < 0 else a)
-        if not given:
-            named = set(range(rank))
+            seen.add(a % max(rank, 1))
+        named = axes(axis, rank)
         return [1 if k in named else n for k, n in enumerate(shape) if keepdims or k not in named]
 
     @classmethod

@@ -127,6 +127,16 @@ def test_a_step_exported_for_any_batch_size_runs_each_in_another_process(tmp_pat
             np.testing.assert_allclose(g, v, rtol=1e-6, atol=1e-6)
 
 
+def test_an_empty_axis_list_reduces_every_axis_on_symbolic_shapes() -> None:
+    """axis=[] is every axis, as the runtime takes it (the symbolic shape rule kept every dim)."""
+    b, c = jax.export.symbolic_shape("b, c")
+    with jax.default_device(CPU):
+        exported = oj.export(jax.jit(lambda x: oj.ops.sum(x, axis=[])))(jax.ShapeDtypeStruct((b, c), jnp.float32))
+        assert [str(a) for a in exported.out_avals] == ["float32[]"]
+        x = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+        assert float(exported.call(x)) == 15.0
+
+
 def test_symbolic_shapes_the_op_refuses_raise_naming_it_and_the_dims() -> None:
     b, c = jax.export.symbolic_shape("b, c")
     spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731

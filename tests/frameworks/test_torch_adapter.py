@@ -152,6 +152,16 @@ def test_a_product_of_too_many_elements_is_refused_by_its_shape_rule() -> None:
         ops.matmul(meta(2**31, 1, 2, 2), meta(1, 2**31, 2, 2))
 
 
+def test_an_empty_axis_list_reduces_every_axis_under_dynamic_shapes() -> None:
+    """axis=[] is every axis, as the runtime takes it: the fake kernel's symbolic shape kept every
+    dim, and a graph adding the sum to a vector failed to compile."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, y: ops.sum(x, axis=[]) + y, dynamic=True, fullgraph=True, backend="aot_eager")
+    for n, m in ((2, 5), (4, 7)):
+        x, y = torch.randn(n, 3), torch.randn(m)
+        torch.testing.assert_close(f(x, y), x.sum() + y)
+
+
 def test_data_dependent_sizes_under_compile() -> None:
     """x[x > 0] has a size known only when it runs (an unbacked SymInt): its checks take a stand-in
     (it raised 'data-dependent sizes are not supported', which eager does not)."""
