@@ -583,8 +583,9 @@ class _Helpers:
                 axes = tuple(range(rank))
             elif isinstance(axes, int):
                 axes = (axes,)
-            for a in sorted([a % rank for a in axes]):
-                g = _msops.expand_dims(g, a)
+            if rank > 0:  # (a 0-d tensor's axis 0 or -1 is no axis; [] is every axis: g is 0-d)
+                for a in sorted([a % rank for a in axes]):
+                    g = _msops.expand_dims(g, a)
         return _msops.broadcast_to(g, like.shape)
 
     @staticmethod

@@ -326,6 +326,15 @@ def test_gradients_of_broadcasting_ops_in_bfloat16(pynative) -> None:
     np.testing.assert_array_equal(gx.astype(ms.float32).asnumpy(), np.tile(np.arange(4.0), (3, 1)))
 
 
+def test_gradients_of_sums_over_no_axis_and_of_0d_tensors(pynative) -> None:
+    """axis=[] is every axis; a 0-d tensor's axis 0 is no axis (its gradient raised
+    ZeroDivisionError in the bprop's expand_reduced)."""
+    g0 = ms.grad(lambda t: om.functional.sum(t, axis=[0]))(Tensor(np.array(2.0)))
+    assert g0.shape == () and float(g0.asnumpy()) == 1.0
+    g = ms.grad(lambda t: om.functional.sum(t, axis=[]))(Tensor(np.ones((2, 3))))
+    np.testing.assert_array_equal(g.asnumpy(), np.ones((2, 3)))
+
+
 def test_optional_inputs(mode) -> None:
     rng = np.random.default_rng(0)
     x, w, b = rng.normal(size=(4, 3)), rng.normal(size=(2, 3)), rng.normal(size=(2,))
