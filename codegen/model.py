@@ -499,6 +499,7 @@ class _Builder:
         self.body: LocMap = doc[name]
         self.path = doc.loc.path
         self.errors: list[SpecError] = []
+        self.optional_attrs: frozenset[str] = frozenset()  # attrs that may be None (set with the attrs)
 
     # -- helpers
     def loc(self, *keys: Any, key: bool = False) -> Loc:
@@ -572,6 +573,7 @@ class _Builder:
                 self.err(("attrs", a.name), f"a required attr cannot follow one with a default "
                          f"('{attrs[k - 1].name}'): list required attrs first", key=True)
         attr_types = {a.name: a.type for a in attrs}
+        self.optional_attrs = frozenset(a.name for a in attrs if a.optional_value)
         for n in attr_types:
             if n in input_names:
                 self.err(("attrs", n), f"'{n}' names both an input and an attr", key=True)
@@ -708,14 +710,8 @@ class _Builder:
         return tuple(out)
 
     def dim_scope(self, inputs: Sequence[Input], attr_types: dict[str, AttrType]) -> dims.DimScope:
-        spec_attrs = self.body.get("attrs") or {}
-
-        def optional(n: str) -> bool:  # (as Attr.optional_value: not required, no default)
-            a = spec_attrs.get(n) or {}
-            return a.get("default") is None and not a.get("required", "default" not in a)
-
         return dims.DimScope(self.name, [i.name for i in inputs], {i.name for i in inputs if i.optional},
-                             {n: str(t) for n, t in attr_types.items()}, frozenset(filter(optional, attr_types)))
+                             {n: str(t) for n, t in attr_types.items()}, self.optional_attrs)
 
     def shape_rule(self, keys: tuple[Any, ...], text: str, inputs: list[Input],
                    attr_types: dict[str, AttrType], container: Optional[LocMap] = None) -> ShapeRule:
@@ -765,17 +761,11 @@ class _Builder:
                 want_input(a)
         elif kind == ShapeKind.REDUCE:
             want_input(args[0])
-            spec_attrs = self.body.get("attrs") or {}
-
-            def optional_attr(n: str) -> bool:
-                a = spec_attrs.get(n) or {}
-                return a.get("default") is None and a.get("required") is False
-
             if attr_types.get(args[1]) not in (AttrType.INT_LIST, AttrType.INT) or (
-                    attr_types.get(args[1]) == AttrType.INT and optional_attr(args[1])):
+                    attr_types.get(args[1]) == AttrType.INT and args[1] in self.optional_attrs):
                 self.err(keys, f"reduce() axis '{args[1]}' must be a list[int] attr or a non-optional int attr")
             if args[2] not in ("true", "false") and (attr_types.get(args[2]) != AttrType.BOOL
-                                                     or optional_attr(args[2])):
+                                                     or args[2] in self.optional_attrs):
                 self.err(keys, f"reduce() keepdims '{args[2]}' must be true, false or a non-optional bool attr")
         elif kind == ShapeKind.INFER:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", args[0]):

@@ -813,7 +813,7 @@ class _Op:
             if reference is None or any(x is not None and len(x) != len(reference)
                                         for i, x in enumerate(ins) if i in indexed):
                 return 0
-            named = axes_of(attrs[j], len(reference)) if attrs[j] != () else list(range(len(reference)))
+            named = axes_of(attrs[j], len(reference))
             if any(not 0 <= a < len(reference) for a in named):
                 return 0
             k = min([k, *named])
@@ -879,7 +879,7 @@ class _Op:
             if any(len(shapes[k]) != rank for k in rows):
                 return None
             for j in axis_attrs:
-                first = axes_of(attrs[j], rank) if attrs[j] != () else list(range(rank))
+                first = axes_of(attrs[j], rank)
                 if not first or min(first) < m or max(first) >= rank:
                     return None
             if any(s is not None and k not in rows and len(s) > rank - m for k, s in enumerate(shapes)):
@@ -889,7 +889,7 @@ class _Op:
             moved = list(attrs)
             for j in axis_attrs:
                 value = attrs[j]
-                named_axes = axes_of(value, rank) if value != () else list(range(rank))
+                named_axes = axes_of(value, rank)
                 moved[j] = named_axes[0] - m if isinstance(value, int) else tuple(a - m for a in named_axes)
             try:
                 one = self.meta(*(None if s is None else _C._meta_tensor(list(s[m:] if k in rows else s), d)

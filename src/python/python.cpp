@@ -359,28 +359,30 @@ bool overlap(const Tensor& a, const Tensor& b) {
   return a0 < b1 && b0 < a1;
 }
 
-int64_t checked_int(const char* op, PyObject* p);  // (below, beside InputConverter's use)
+int64_t checked_int(const char* op, const char* arg, PyObject* p);  // (below, beside InputConverter's use)
 bool int_fits(DType d, int64_t v);
 TensorPtr to_tensor_of(py::handle obj, const char* op, const char* arg, bool numbers);
 
-// A Python bool, int or float as a 0-d tensor of dtype, checked as an op's Python numbers are: a
-// float for a bool or integer dtype is a TypeError, an int out of the dtype's range a ValueError
-// (both naming op); an int is exact (not through a double: 2**53 + 1 stays itself in int64).
-TensorPtr number_tensor(const char* op, py::handle value, DType dtype) {
-  PyObject* p = value.ptr();
+// A Python number (kind 'f' float, 'i' int, 'b' bool; f or i its value) as a 0-d tensor of dtype,
+// checked as every face checks numbers: a float for a bool or integer dtype is a TypeError, an int
+// out of the dtype's range a ValueError, both naming op (and input `arg` and the input `bound_by`
+// that bound the dtype, where given); an int is exact (not through a double: 2**53 + 1 stays itself).
+TensorPtr number_tensor(const char* op, const char* arg, char kind, double f, int64_t i, DType dtype,
+                        const char* bound_by = nullptr) {
+  const char *a0 = arg ? "input '" : "", *a1 = arg ? arg : "", *a2 = arg ? "': " : "";
+  const char *b0 = bound_by ? " (bound by input '" : "", *b1 = bound_by ? bound_by : "", *b2 = bound_by ? "')" : "";
+  if (kind == 'f' && !is_floating(dtype)) {
+    fail<TypeError>(op, a0, a1, a2, "a Python float cannot be ", dtype_name(dtype), b0, b1, b2,
+                    "; pass an array of the intended dtype");
+  }
+  if (kind == 'i' && !is_floating(dtype) && !int_fits(dtype, i)) {
+    fail<ValueError>(op, a0, a1, a2, "the Python int ", i, " is out of range for ", dtype_name(dtype), b0, b1, b2);
+  }
   auto t = empty(dtype, {});
-  if (PyFloat_Check(p)) {
-    if (!is_floating(dtype)) {
-      fail<TypeError>(op, "a Python float cannot be ", dtype_name(dtype), "; pass an array of the intended dtype");
-    }
-    visit_dtype(dtype, [&](auto tag) { *t->data<decltype(tag)>() = convert<decltype(tag)>(PyFloat_AS_DOUBLE(p)); });
-    return t;
-  }
-  const int64_t v = PyBool_Check(p) ? (p == Py_True ? 1 : 0) : checked_int(op, p);
-  if (!is_floating(dtype) && !int_fits(dtype, v)) {
-    fail<ValueError>(op, "the Python int ", v, " is out of range for ", dtype_name(dtype));
-  }
-  visit_dtype(dtype, [&](auto tag) { *t->data<decltype(tag)>() = convert<decltype(tag)>(v); });
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    *t->data<T>() = kind == 'f' ? convert<T>(f) : convert<T>(i);
+  });
   return t;
 }
 
@@ -388,9 +390,14 @@ TensorPtr number_tensor(const char* op, py::handle value, DType dtype) {
 // and converted to x's dtype, written into x's memory from any device. Returns x.
 TensorPtr copy_from(const TensorPtr& dst, py::handle value) {
   const char* op = "copy_";
-  const bool scalar = PyBool_Check(value.ptr()) || PyLong_Check(value.ptr()) || PyFloat_Check(value.ptr());
+  PyObject* p = value.ptr();
+  const bool scalar = PyBool_Check(p) || PyLong_Check(p) || PyFloat_Check(p);
   // (given outlives the GIL's release: it may hold a Python object)
-  const TensorPtr given = scalar ? number_tensor(op, value, dst->dtype()) : to_tensor_of(value, op, "src", true);
+  const DType d = dst->dtype();
+  const TensorPtr given = PyFloat_Check(p) ? number_tensor(op, nullptr, 'f', PyFloat_AS_DOUBLE(p), 0, d)
+                          : PyBool_Check(p) ? number_tensor(op, nullptr, 'b', 0.0, p == Py_True, d)
+                          : PyLong_Check(p) ? number_tensor(op, nullptr, 'i', 0.0, checked_int(op, nullptr, p), d)
+                                            : to_tensor_of(value, op, "src", true);
   TensorPtr src = given;
   check_writable(op, "the tensor", *dst);
   if (broadcast_shapes(op, {dst.get(), src.get()}, {"self", "src"}) != dst->shape()) {
@@ -781,10 +788,7 @@ void InputConverter::add(py::handle obj) {
   if (PyBool_Check(p)) {
     pending_[n_pending_++] = {i, 0.0, p == Py_True ? 1 : 0, 'b'};
   } else if (PyLong_Check(p)) {
-    int overflow = 0;
-    const long long v = PyLong_AsLongLongAndOverflow(p, &overflow);
-    if (overflow) fail<ValueError>(info_.name, "input '", arg.name, "': the Python int is out of range for int64");
-    pending_[n_pending_++] = {i, 0.0, v, 'i'};
+    pending_[n_pending_++] = {i, 0.0, checked_int(info_.name, arg.name, p), 'i'};
   } else if (PyFloat_Check(p) && !PyArray_IsScalar(p, Generic)) {
     // (np.float64 subclasses float, but a NumPy scalar keeps its dtype: a 0-d array, below)
     pending_[n_pending_++] = {i, PyFloat_AS_DOUBLE(p), 0, 'f'};
@@ -809,11 +813,13 @@ InputConverter::~InputConverter() {
 
 namespace {
 
-// A Python int as int64_t: ValueError naming op past int64's range.
-int64_t checked_int(const char* op, PyObject* p) {
+// A Python int as int64_t: ValueError naming op (and input arg, where given) past int64's range.
+int64_t checked_int(const char* op, const char* arg, PyObject* p) {
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(p, &overflow);
-  if (overflow) fail<ValueError>(op, "the Python int is out of range for int64");
+  if (overflow) {
+    fail<ValueError>(op, arg ? "input '" : "", arg ? arg : "", arg ? "': " : "", "the Python int is out of range for int64");
+  }
   if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
   return v;
 }
@@ -854,24 +860,8 @@ void InputConverter::finish() {
       dtype = bound_by >= 0 ? tensors_[static_cast<size_t>(bound_by)]->dtype()
               : widest == 'f' ? DType::Float32 : widest == 'i' ? DType::Int64 : DType::Bool;
     }
-    const auto by = [&] {
-      return bound_by < 0 ? std::string()
-                          : std::string(" (bound by input '") + info_.inputs[static_cast<size_t>(bound_by)].name + "')";
-    };
-    if (p.kind == 'f' && !is_floating(dtype)) {
-      fail<TypeError>(info_.name, "input '", arg.name, "': a Python float cannot be ", dtype_name(dtype), by(),
-                      "; pass an array of the intended dtype");
-    }
-    if (p.kind == 'i' && !is_floating(dtype) && !int_fits(dtype, p.ivalue)) {
-      fail<ValueError>(info_.name, "input '", arg.name, "': the Python int ", p.ivalue, " is out of range for ",
-                       dtype_name(dtype), by());
-    }
-    auto t = empty(dtype, {});
-    visit_dtype(dtype, [&](auto tag) {
-      using T = decltype(tag);
-      *t->data<T>() = p.kind == 'f' ? convert<T>(p.fvalue) : convert<T>(p.ivalue);
-    });
-    tensors_[p.index] = std::move(t);
+    tensors_[p.index] = number_tensor(info_.name, arg.name, p.kind, p.fvalue, p.ivalue, dtype,
+                                      bound_by < 0 ? nullptr : info_.inputs[static_cast<size_t>(bound_by)].name);
   }
 }
 

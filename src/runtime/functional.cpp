@@ -73,15 +73,9 @@ std::vector<int64_t> normalize_axes(const char* op, const Axes& axes, int64_t nd
     for (int64_t i = 0; i < ndim; ++i) out.push_back(i);
     return out;
   }
-  for (int64_t a : *axes) {
-    if (a < -std::max<int64_t>(ndim, 1) || a >= std::max<int64_t>(ndim, 1)) {
-      fail<IndexError>(op, "axis ", a, " is out of range for a tensor of rank ", ndim);
-    }
-    if (ndim == 0) continue;
-    const int64_t n = a < 0 ? a + ndim : a;
-    if (std::find(out.begin(), out.end(), n) != out.end()) fail<ValueError>(op, "axis ", a, " is repeated");
-    out.push_back(n);
-  }
+  check_axes(op, axes->data(), axes->size(), ndim);
+  if (ndim == 0) return out;  // (a 0-d tensor's axis 0 or -1 is no axis)
+  for (int64_t a : *axes) out.push_back(a < 0 ? a + ndim : a);
   std::sort(out.begin(), out.end());
   return out;
 }
