@@ -129,8 +129,8 @@ class SGD(Optimizer):
         states: list[tuple[int, Tensor]] = []
         for first, group in groups.items():
             idx, ps, gs, bufs = (list(t) for t in zip(*group))
-            calls.append((ops.sgd_step, (ps, gs, bufs), dict(
-                lr=d["lr"], momentum=d["momentum"], dampening=d["dampening"], weight_decay=d["weight_decay"],
+            calls.append((ops.sgd_step, (ps, gs, bufs, d["lr"]), dict(
+                momentum=d["momentum"], dampening=d["dampening"], weight_decay=d["weight_decay"],
                 nesterov=d["nesterov"], first=first, out=(ps, bufs))))
             states += zip(idx, bufs)
         _run(calls)
@@ -167,11 +167,11 @@ class Adam(Optimizer):
         adam_states: list[tuple[int, int, Tensor, Tensor]] = []
         for step, group in groups.items():
             idx, ps, gs, m1s, m2s = (list(t) for t in zip(*group))
-            calls.append((ops.adam_step, (ps, gs, m1s, m2s), dict(
-                step_size=d["lr"] / (1 - beta1 ** step), bias_correction2_sqrt=math.sqrt(1 - beta2 ** step),
+            scalars = (d["lr"] / (1 - beta1 ** step), math.sqrt(1 - beta2 ** step),
+                       1 - d["lr"] * wd if self._decoupled else 1.0)  # step_size, bias_correction2_sqrt, param_scale
+            calls.append((ops.adam_step, (ps, gs, m1s, m2s, *scalars), dict(
                 exp_avg_weight=1 - beta1, beta2=beta2, exp_avg_sq_weight=1 - beta2, eps=d["eps"],
-                weight_decay=0.0 if self._decoupled else wd, param_scale=1 - d["lr"] * wd if self._decoupled else 1.0,
-                out=(ps, m1s, m2s))))
+                weight_decay=0.0 if self._decoupled else wd, out=(ps, m1s, m2s))))
             adam_states += [(i, step, m1, m2) for i, m1, m2 in zip(idx, m1s, m2s)]
         _run(calls)
         for i, step, m1, m2 in adam_states:  # (the state only once the step ran)

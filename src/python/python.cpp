@@ -386,6 +386,14 @@ TensorPtr number_tensor(const char* op, const char* arg, char kind, double f, in
   return t;
 }
 
+// Writes value (a host tensor of dst's dtype, of one element) into every element of dst, on dst's
+// device: a fill kernel on its current stream, the value passed by argument (no copy from host
+// memory, so a graph being captured records it).
+void fill_on_device(const char* op, const Tensor& dst, const Tensor& value) {
+  Device d = dst.device();
+  device_runtime(op, d).fill(op, d.index, dst.raw_data(), dst.numel(), itemsize(dst.dtype()), value.raw_data());
+}
+
 // x.copy_(src), torch's: src (a tensor, array, DLPack producer or Python scalar), broadcast to x's shape
 // and converted to x's dtype, written into x's memory from any device. Returns x.
 TensorPtr copy_from(const TensorPtr& dst, py::handle value) {
@@ -419,8 +427,7 @@ TensorPtr copy_from(const TensorPtr& dst, py::handle value) {
   ReleaseGil nogil;
   if (scalar && !dst->on_host()) {  // a fill on the device (no copy: capturable)
     note_device_use(*dst);
-    Device d = dst->device();
-    device_runtime(op, d).fill(op, d.index, dst->raw_data(), dst->numel(), itemsize(dst->dtype()), given->raw_data());
+    fill_on_device(op, *dst, *given);
     dst->mark_written();
     return dst;
   }
@@ -839,6 +846,16 @@ bool int_fits(DType d, int64_t v) {
 
 void InputConverter::finish() {
   static const auto rank = [](char kind) { return kind == 'f' ? 2 : kind == 'i' ? 1 : 0; };
+  if (n_pending_ == 0) return;
+  // numbers go to the call's device (its first tensor's, as check_call takes it), as torch's and
+  // JAX's scalars do: `ops.mul(cuda_tensor, 2.0)`
+  Device device;
+  for (size_t j = 0; j < n_; ++j) {
+    if (tensors_[j]) {
+      device = tensors_[j]->device();
+      break;
+    }
+  }
   for (size_t k = 0; k < n_pending_; ++k) {
     const Pending& p = pending_[k];
     const ArgInfo& arg = info_.inputs[p.index];
@@ -860,8 +877,14 @@ void InputConverter::finish() {
       dtype = bound_by >= 0 ? tensors_[static_cast<size_t>(bound_by)]->dtype()
               : widest == 'f' ? DType::Float32 : widest == 'i' ? DType::Int64 : DType::Bool;
     }
-    tensors_[p.index] = number_tensor(info_.name, arg.name, p.kind, p.fvalue, p.ivalue, dtype,
-                                      bound_by < 0 ? nullptr : info_.inputs[static_cast<size_t>(bound_by)].name);
+    TensorPtr t = number_tensor(info_.name, arg.name, p.kind, p.fvalue, p.ivalue, dtype,
+                                bound_by < 0 ? nullptr : info_.inputs[static_cast<size_t>(bound_by)].name);
+    if (device.type != DeviceType::CPU) {
+      TensorPtr on = empty(dtype, {}, Format::Default, device);
+      fill_on_device(info_.name, *on, *t);
+      t = std::move(on);
+    }
+    tensors_[p.index] = std::move(t);
   }
 }
 

@@ -217,6 +217,30 @@ def test_dlpack_with_torch_is_zero_copy_and_ordered() -> None:
     torch.testing.assert_close(torch.from_dlpack(c), a + a)
 
 
+def test_python_numbers_go_to_the_calls_device() -> None:
+    """A Python number beside cuda tensors becomes a 0-d tensor on their device (a fill there, as
+    torch's and JAX's scalars do; it was refused as an input on the cpu), checked as numbers are
+    on the cpu; opforge.optim's steps pass their scalars so."""
+    x = opforge.tensor(np.arange(4, dtype=np.float32), device="cuda")
+    np.testing.assert_array_equal(ops.mul(x, 2.0).cpu().numpy(), np.arange(4) * 2.0)
+    np.testing.assert_array_equal(ops.pow(2.0, x).cpu().numpy(), 2.0 ** np.arange(4))
+    where = ops.where(ops.greater(x, 1.5), 1.0, -1.0)  # (numbers alone of their type variable: float32)
+    assert where.device == "cuda:0" and where.dtype == "float32"
+    np.testing.assert_array_equal(where.cpu().numpy(), [-1.0, -1.0, 1.0, 1.0])
+    with pytest.raises(TypeError, match=re.escape("[mul] input 'y': a Python float cannot be int64")):
+        ops.mul(opforge.tensor(np.ones(4, np.int64), device="cuda"), 1.5)
+    rng = np.random.default_rng(2)
+    for make in (lambda ps: opforge.optim.SGD(ps, lr=0.1, momentum=0.9), lambda ps: opforge.optim.AdamW(ps, lr=0.01)):
+        w0, grad = rng.standard_normal((2, 5, 3)).astype(np.float32)
+        ws = [opforge.tensor(w0, device=d, requires_grad=True) for d in ("cpu", "cuda")]
+        opts = [make([w]) for w in ws]
+        for _ in range(3):
+            for w, opt in zip(ws, opts):
+                w.grad = opforge.tensor(grad, device=w.device)
+                opt.step()
+        np.testing.assert_allclose(ws[1].detach().cpu().numpy(), ws[0].detach().numpy(), rtol=1e-6)
+
+
 def test_mixed_devices_and_ops_without_cuda_rows_are_clear_errors() -> None:
     x = opforge.tensor(np.ones(4, np.float32), device="cuda")
     with pytest.raises(RuntimeError, match=r"\[mul\] inputs are on different devices: 'x' on cuda:0, 'y' on cpu"):

@@ -248,6 +248,44 @@ def test_jit_compiles_once_per_shape_and_attrs() -> None:
         oj._OWN._ops["leaky_relu"].meta = real
 
 
+def test_optimizer_steps_take_traced_learning_rates_and_step_counts() -> None:
+    """sgd_step's lr and adam_step's per-step scalars are inputs, not attrs: an lr schedule or the
+    step count is a traced value under jax.jit and lax.scan, one program for every value (as attrs
+    they could not be traced at all, and each new value compiled again)."""
+    rng = np.random.default_rng(5)
+    p, g, buf = (rng.standard_normal((4, 3)).astype(np.float32) for _ in range(3))
+    traces = []
+
+    @jax.jit
+    def sgd(p: Any, g: Any, buf: Any, lr: Any) -> Any:
+        traces.append(lr)
+        return oj.ops.sgd_step(p, g, buf, lr, momentum=0.9)
+
+    for lr in (0.1, 0.05, 0.01):
+        new_p, new_buf = sgd(p, g, buf, jnp.float32(lr))
+        np.testing.assert_allclose(new_buf, 0.9 * buf + g, rtol=1e-6)
+        np.testing.assert_allclose(new_p, p - np.float32(lr) * (0.9 * buf + g), rtol=1e-6, atol=1e-7)
+    assert len(traces) == 1
+
+    b1, b2, lr = 0.9, 0.999, 0.01
+
+    def adam(carry: Any, t: Any) -> Any:  # (t: the step count, traced)
+        w, m1, m2 = carry
+        return oj.ops.adam_step(w, g, m1, m2, lr / (1 - b1 ** t), jnp.sqrt(1 - b2 ** t), 1.0, exp_avg_weight=1 - b1,
+                                beta2=b2, exp_avg_sq_weight=1 - b2), None
+
+    zeros = np.zeros_like(p)
+    (w, m1, m2), _ = jax.jit(lambda c: jax.lax.scan(adam, c, jnp.arange(1.0, 4.0, dtype=jnp.float32)))((p, zeros, zeros))
+    # the same three steps by opforge.optim.Adam (its scalars computed in double, as torch.optim's)
+    want = opforge.tensor(p.copy(), requires_grad=True)
+    opt = opforge.optim.Adam([want], lr=lr, betas=(b1, b2))
+    for _ in range(3):
+        want.grad = g
+        opt.step()
+    np.testing.assert_allclose(w, want.detach().numpy(), rtol=1e-5)
+    np.testing.assert_allclose(m2, opt.state[0]["exp_avg_sq"].numpy(), rtol=1e-5)
+
+
 def test_forward_mode_leaves_out_the_terms_of_inputs_without_tangents() -> None:
     """(pow's jvp read log(x) times a zero tangent of the exponent: NaN at x < 0; see
     tests/ops/test_forward_mode.py)"""
@@ -495,15 +533,31 @@ def test_importing_opforge_jax_starts_no_backend() -> None:
     assert r.stdout.split("\n")[0] == "3 [0.0, 1.0, 4.0]"
 
 
-def test_calls_of_the_target_written_by_hand_are_checked_not_trusted() -> None:
+def test_calls_of_the_target_written_by_hand_are_checked_not_trusted(tmp_path: Any) -> None:
     """A program can reach the handler without opforge.jax's lowering (jax.ffi.ffi_call, an edited
     or foreign export): an attr it leaves out takes the op's default; a required input or attr
     left out, an attr of another type, a missing opforge.* attribute or a name of no op raise
     naming what is wrong, when the program is instantiated or run; nothing crashes."""
     x = -jnp.ones(4, jnp.float32)
+    (tmp_path / "jx_scaled.yaml").write_text("""
+jx_scaled:
+  doc: x times a required attr.
+  inputs:
+    x: T
+  attrs:
+    scale: {type: float, required: true}
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float32]
+  impl:
+    expr: x * scale
+""")
+    own = dict(oj._OWN._ops, **oj.register_module(
+        opforge.load("jx_scaled", [tmp_path / "jx_scaled.yaml"], build_dir=tmp_path / "cache"))._ops)
 
     def call(op: str, n_inputs: int, n_out: int = 1, **attrs: Any) -> Any:
-        o = oj._OWN._ops[op]
+        o = own[op]
         given = {"opforge.name": o.name, "opforge.abi": o.abi, "opforge.op": o.number,
                  "opforge.inputs": (1 << n_inputs) - 1, "opforge.widen": 0, "opforge.narrow": 0, **attrs}
         out = [jax.ShapeDtypeStruct(x.shape, x.dtype)] * n_out
@@ -515,8 +569,9 @@ def test_calls_of_the_target_written_by_hand_are_checked_not_trusted() -> None:
     np.testing.assert_allclose(call("leaky_relu", 1, alpha=0.5), np.full(4, -0.5))
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"\[leaky_relu\] attr 'alpha' is not a float"):
         call("leaky_relu", 1, alpha=np.int64(2))
-    with pytest.raises(jax.errors.JaxRuntimeError, match=r"\[sgd_step\] attr 'lr' is required"):
-        call("sgd_step", 3, n_out=2)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"\[jx_scaled\] attr 'scale' is required"):
+        call("jx_scaled", 1)
+    np.testing.assert_allclose(call("jx_scaled", 1, scale=3.0), np.full(4, -3.0))
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"\[mul\] input 'y' is required"):
         call("mul", 1)
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"a call without its opforge\.\* attributes"):

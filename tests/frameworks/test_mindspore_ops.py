@@ -300,6 +300,26 @@ def test_primitives_are_told_apart_by_attr_type_and_bits() -> None:
         list(map(lambda t: om.functional.mul(t, None), [x]))
 
 
+def test_optimizer_steps_take_their_per_step_scalars_as_inputs(pynative) -> None:
+    """sgd_step's lr and adam_step's step_size, bias_correction2_sqrt and param_scale are inputs:
+    a training loop whose step size changes every step uses one primitive (as attrs, each value
+    made a primitive MindSpore keeps, ~100 KB, for the process's life)."""
+    rng = np.random.default_rng(3)
+    p, g = (rng.standard_normal((3, 4)).astype(np.float32) for _ in range(2))
+    zeros = np.zeros((3, 4), np.float32)
+    before = om._primitive.cache_info().currsize
+    for t in (1, 2, 3):
+        scalars = [Tensor(np.float32(v)) for v in (0.01 / (1 - 0.9 ** t), (1 - 0.999 ** t) ** 0.5, 1.0)]
+        got = om.functional.adam_step(Tensor(p), Tensor(g), Tensor(zeros), Tensor(zeros), *scalars)
+        want = opforge.ops.adam_step(p, g, zeros, zeros, *(s.asnumpy() for s in scalars))
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a.asnumpy(), b.numpy(), rtol=1e-6)
+        lr = Tensor(np.float32(0.1 / t))
+        new_p, _ = om.functional.sgd_step(Tensor(p), Tensor(g), Tensor(zeros), lr)
+        np.testing.assert_allclose(new_p.asnumpy(), p - np.float32(0.1 / t) * g, rtol=1e-6)
+    assert om._primitive.cache_info().currsize - before <= 2  # (adam_step's and sgd_step's, at most)
+
+
 def test_functional_calls_with_keyword_attrs_inside_a_cell(mode) -> None:
     """(in Graph mode the functional form is compiled by MindSpore's parser: attrs given by keyword
     raised AttributeError, and after the attr keys a SIGSEGV, from kwargs.pop and a set

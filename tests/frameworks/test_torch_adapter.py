@@ -203,6 +203,32 @@ def test_data_dependent_sizes_under_compile() -> None:
         torch._dynamo.reset()
 
 
+def test_optimizer_steps_take_tensor_learning_rates_under_compile() -> None:
+    """sgd_step's lr and adam_step's per-step scalars are inputs: under torch.compile a tensor lr
+    (a schedule's, or the step's bias corrections) is one graph for every value, where an attr
+    was a constant the graph guarded on (a recompile per step)."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    p, g, buf = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4)
+    f = torch.compile(lambda p, g, buf, lr: ops.sgd_step(p, g, buf, lr, momentum=0.9), backend=counter,
+                      fullgraph=True)
+    for lr in (0.1, 0.05, 0.01):
+        new_p, new_buf = f(p, g, buf, torch.tensor(lr))
+        torch.testing.assert_close(new_buf, 0.9 * buf + g)
+        torch.testing.assert_close(new_p, p - lr * (0.9 * buf + g))
+    assert counter.frame_count == 1
+    adam = torch.compile(lambda p, g, m, v, t: ops.adam_step(p, g, m, v, 0.01 / (1 - 0.9 ** t), torch.sqrt(1 - 0.999 ** t),
+                                                             torch.ones(())), backend=counter, fullgraph=True)
+    for t in (1.0, 2.0):
+        got = adam(p, g, torch.zeros(3, 4), torch.zeros(3, 4), torch.tensor(t))
+        want = ops.adam_step(p, g, torch.zeros(3, 4), torch.zeros(3, 4), torch.tensor(0.01 / (1 - 0.9 ** t)),
+                             torch.tensor((1 - 0.999 ** t) ** 0.5), torch.tensor(1.0))
+        torch.testing.assert_close(got, want)
+    assert counter.frame_count == 2
+
+
 def test_an_op_named_as_an_attribute_of_torchs_namespaces_is_refused(tmp_path: Path) -> None:
     """torch.ops.<ns>.name is the namespace's name: an op named so could not be found (AttributeError
     from inside torch, the module's other ops left unregistered)"""

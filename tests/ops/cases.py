@@ -10,7 +10,7 @@ import numpy as np
 
 import opforge
 from opforge import _formulas  # (opforge's own ops: list_ops() also has ops that tests load)
-from opforge.codegen.model import OpSpec
+from opforge.codegen.model import DType, OpSpec
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 # (rtol, atol) of forward results per dtype, unless the spec says otherwise
@@ -88,7 +88,8 @@ def make_data(op: OpSpec, dtype: str, shapes: tuple, rng: np.random.Generator,
               contiguous: bool = True) -> list[Optional[np.ndarray]]:
     """Float64/int/bool NumPy inputs within the spec's domains (exact in dtype)."""
     domain = dict(op.tests.domain) if op.tests else {}
-    integral = not any(i.differentiable for i in op.inputs)  # comparisons: make ties likely
+    # comparisons (bool results of inputs without gradients): integers, to make ties likely
+    integral = not any(i.differentiable for i in op.inputs) and all(o.dtype == DType.BOOL for o in op.outputs)
     out: list[Optional[np.ndarray]] = []
     for inp, shape in zip(op.inputs, shapes):
         if shape is None:

@@ -143,8 +143,9 @@ def test_a_step_that_raises_leaves_parameters_and_state_as_they_were() -> None:
         frozen.grad = None
     adam = opforge.optim.Adam([opforge.tensor(np.ones(3, np.float32), requires_grad=True)])
     adam.params[0].grad = np.ones(3, np.float32)
-    adam.defaults["lr"] = opforge.tensor(0.1)
-    with pytest.raises(TypeError, match=re.escape("[adam_step] attr 'step_size' must be a float")):
+    adam.defaults["lr"] = opforge.tensor(0.1)  # (a float64 tensor: the step's scalars of a float32 parameter too)
+    with pytest.raises(TypeError, match=re.escape("[adam_step] inputs 'param' (float32) and 'step_size' (float64) "
+                                                  "must have the same dtype")):
         adam.step()
     assert adam.state == [{}]
 
