@@ -9,6 +9,7 @@
 #define PY_ARRAY_UNIQUE_SYMBOL opforge_ARRAY_API
 #include <numpy/arrayobject.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -844,7 +845,7 @@ bool int_fits(DType d, int64_t v) {
 
 }  // namespace
 
-void InputConverter::finish() {
+void InputConverter::finish(SharedNumbers* shared) {
   static const auto rank = [](char kind) { return kind == 'f' ? 2 : kind == 'i' ? 1 : 0; };
   if (n_pending_ == 0) return;
   // numbers go to the call's device (its first tensor's, as check_call takes it), as torch's and
@@ -877,6 +878,16 @@ void InputConverter::finish() {
       dtype = bound_by >= 0 ? tensors_[static_cast<size_t>(bound_by)]->dtype()
               : widest == 'f' ? DType::Float32 : widest == 'i' ? DType::Int64 : DType::Bool;
     }
+    const bool share = shared && (shared->inputs >> p.index & 1u);
+    if (share) {
+      const auto hit = std::find_if(shared->made.begin(), shared->made.end(), [&](const SharedNumbers::Entry& m) {
+        return m.index == p.index && m.dtype == dtype && m.device == device;
+      });
+      if (hit != shared->made.end()) {
+        tensors_[p.index] = hit->tensor;
+        continue;
+      }
+    }
     TensorPtr t = number_tensor(info_.name, arg.name, p.kind, p.fvalue, p.ivalue, dtype,
                                 bound_by < 0 ? nullptr : info_.inputs[static_cast<size_t>(bound_by)].name);
     if (device.type != DeviceType::CPU) {
@@ -884,6 +895,7 @@ void InputConverter::finish() {
       fill_on_device(info_.name, *on, *t);
       t = std::move(on);
     }
+    if (share) shared->made.push_back({p.index, dtype, device, t});
     tensors_[p.index] = std::move(t);
   }
 }
@@ -1175,13 +1187,15 @@ void run_into(const OpCaller& c, const TensorPtr* given, AttrValue* attrs, Tenso
 }
 
 // Converts the bound parameters and runs the op (or its meta rule).
-py::object run(const OpCaller& c, const py::handle* params, py::handle out = py::handle()) {
+// (shared: a foreach call's numbers, InputConverter::finish)
+py::object run(const OpCaller& c, const py::handle* params, py::handle out = py::handle(),
+               SharedNumbers* shared = nullptr) {
   const binding::OpEntry& e = *c.entry;
   const OpInfo& info = *e.info;
   const size_t n_in = info.inputs.size();
   InputConverter in(info);
   for (size_t i = 0; i < n_in; ++i) in.add(params[i]);
-  in.finish();
+  in.finish(shared);
   Slots<AttrValue, kMaxParams> attrs;
   for (size_t k = 0; k < info.attrs.size(); ++k) attrs.push(convert_attr(info, c, k, params[n_in + k]));
   const TensorPtr* inputs = &in[0];
@@ -1354,6 +1368,11 @@ py::object foreach_call(py::handle fn, py::tuple args, py::dict kwargs, bool che
       }
     }
   }
+  SharedNumbers shared;  // (an input given as one Python number: its tensor made once per dtype and device)
+  for (size_t k = 0; k < n_in; ++k) {
+    const PyObject* p = bound[k].ptr();
+    if (!listed[k] && (PyBool_Check(p) || PyLong_Check(p) || PyFloat_Check(p))) shared.inputs |= 1u << k;
+  }
   std::vector<py::object> held(n_in);  // (the i-th items, kept alive for the call)
   py::handle params[kMaxParams];
   const auto position = [&](size_t i) {
@@ -1373,7 +1392,7 @@ py::object foreach_call(py::handle fn, py::tuple args, py::dict kwargs, bool che
     position(i);
     InputConverter in(info);
     for (size_t k = 0; k < n_in; ++k) in.add(params[k]);
-    in.finish();
+    in.finish(&shared);
     Slots<AttrValue, kMaxParams> attrs;
     for (size_t k = 0; k < info.attrs.size(); ++k) attrs.push(convert_attr(info, *caller, k, params[n_in + k]));
     const std::vector<TensorMeta> metas = e.meta(&in[0], attrs.data());
@@ -1400,7 +1419,7 @@ py::object foreach_call(py::handle fn, py::tuple args, py::dict kwargs, bool che
         out_i = std::move(t);
       }
     }
-    results.append(run(*caller, params, out_i));
+    results.append(run(*caller, params, out_i, &shared));
   }
   return std::move(results);
 }

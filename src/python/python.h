@@ -47,7 +47,17 @@ OPFORGE_PY_API TensorPtr to_tensor(py::handle obj, const char* op, const char* a
 constexpr size_t kMaxParams = 16;  // inputs + attrs of one op
 constexpr size_t kMaxInputs = 8;
 
-// Converts the inputs of one call; Python scalars take the dtype their type variable is bound to.
+// The tensors of Python numbers that every position of an opforge.foreach call shares (an input
+// given as one number, not a list): made once per dtype and device, not once per position (on a
+// device each is a fill kernel).
+struct SharedNumbers {
+  struct Entry { size_t index; DType dtype; Device device; TensorPtr tensor; };
+  uint32_t inputs = 0;  // bit k: input k is one number every position shares
+  std::vector<Entry> made;
+};
+
+// Converts the inputs of one call; Python scalars take the dtype their type variable is bound to
+// and the device of the call's first tensor.
 // Allocation-free for up to kMaxInputs inputs (the common case on the per-call hot path).
 class OPFORGE_PY_API InputConverter {
  public:
@@ -59,8 +69,9 @@ class OPFORGE_PY_API InputConverter {
   InputConverter& operator=(const InputConverter&) = delete;
   // Converts the next input (None allowed only for optional inputs).
   void add(py::handle obj);
-  // Finishes scalar conversion; then operator[] gives the inputs (nullptr for absent ones).
-  void finish();
+  // Finishes scalar conversion (taking shared's numbers from it, where given); then operator[]
+  // gives the inputs (nullptr for absent ones).
+  void finish(SharedNumbers* shared = nullptr);
   const TensorPtr& operator[](size_t i) const { return tensors_[i]; }
   // Whether the call is big enough that its kernel should run without the GIL.
   bool release_gil() const { return elements_ >= kReleaseGilElements; }

@@ -48,6 +48,23 @@ def test_a_shared_input_and_results_without_out() -> None:
         np.testing.assert_array_equal(b_new.numpy(), want[1].numpy())
 
 
+def test_a_shared_number_takes_each_positions_dtype() -> None:
+    """An input given as one Python number (the lr) is made a tensor once per dtype and device and
+    shared by the positions of that dtype (one fill per step on a device, not one per parameter)."""
+    params = [opforge.tensor(np.ones(3, np.float32)), opforge.tensor(np.ones(2, np.float64)),
+              opforge.tensor(np.ones(4, np.float32))]
+    grads = [opforge.tensor(np.full(p.shape, 2.0, p.dtype)) for p in params]
+    bufs = [opforge.tensor(np.zeros(p.shape, p.dtype)) for p in params]
+    opforge.foreach(ops.sgd_step, params, grads, bufs, 0.25, out=(params, bufs))
+    for p in params:
+        np.testing.assert_array_equal(p.numpy(), np.full(p.shape, 0.5, p.dtype))
+    # numbers in a list are each position's own
+    out = opforge.foreach(ops.sgd_step, params[:2], grads[:2], bufs[:2], [0.5, 0.25])
+    np.testing.assert_array_equal(out[0][0].numpy(), np.full(3, -0.5, np.float32))
+    np.testing.assert_array_equal(out[1][0].numpy(), np.full(2, 0.0))
+    assert [o[0].dtype for o in out] == ["float32", "float64"]
+
+
 def test_adam_step_over_a_list() -> None:
     params, grads = tensors(6, SHAPES), tensors(7, SHAPES)
     m1 = [opforge.tensor(np.zeros(s, np.float32)) for s in SHAPES]
