@@ -50,12 +50,15 @@ import re
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
+
 try:
     import mindspore as ms
     from mindspore import nn
     from mindspore import ops as _msops
     from mindspore.ops import functional as _msF
     from mindspore.ops import CustomRegOp
+    from mindspore.ops import signature as _sig
 except ImportError as e:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
         "opforge.mindspore needs MindSpore: pip install mindspore==2.10.0 \"numpy<2\" "
@@ -64,7 +67,7 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess
 import opforge
 import opforge._C as _C
 import opforge._formulas as _formulas
-from opforge._opdef import OpDef, canonical_attr, plain_attr
+from opforge._opdef import OpDef, canonical_attr, check_number, plain_attr
 
 # MindSpore's AotExtra (the `extra` of an AOT call, an op's attrs) is read through a copy of its
 # class in src/aot/aot_extra.cpp: its header cannot be compiled outside MindSpore, so opforge calls
@@ -408,15 +411,71 @@ class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type 
         on every PyNative call of a C++ InferShape, about 60 µs here: the call goes to a twin of
         this primitive that takes its shapes from ``__infer__`` (Python, cached). Graph mode
         compiles this primitive itself (never calls it), with the C++ InferShape dynamic shapes need."""
+        args = _numbers_as_tensors(self.opdef, self._made[1], args)
         if not self._cpp:
             return super().__call__(*args)
         if self._eager is None:
-            self._eager = Primitive(*self._made, cpp_shapes=False)
+            self._eager = _new_primitive(*self._made, cpp_shapes=False)
         return self._eager(*args)
 
     def __infer__(self, *args: dict[str, Any]) -> dict[str, Any]:
         shape, dtype = self.infer(args)
         return {"shape": shape, "dtype": dtype, "value": None}
+
+
+def _new_primitive(op: OpDef, present: Sequence[bool], attrs: tuple[Any, ...], opset: Optional[OpSet] = None,
+                   cpp_shapes: Optional[bool] = None) -> Primitive:
+    """A Primitive whose class has the MindSpore signature of its present inputs (``_signed``)."""
+    names = tuple((i.name, op.typevars.index(i.dtype) if i.dtype in op.typevars else -1)
+                  for i, p in zip(op.inputs, present) if p)
+    prim = _signed(names)(op, present, attrs, opset, cpp_shapes)
+    if not prim._cpp:
+        # (its shapes come from __infer__, not the C++ InferShape; and MindSpore's PyNative calls
+        # take one signature for every Custom primitive of a process: PyNative calls convert
+        # numbers in Primitive.__call__)
+        prim.set_signatures(())
+    return prim
+
+
+_INT_BOUNDS = {n: (int(np.iinfo(n).min), int(np.iinfo(n).max)) for n in ("uint8", "int8", "int16", "int32", "int64")}
+
+
+def _numbers_as_tensors(op: OpDef, present: Sequence[bool], args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A PyNative call's Python numbers given for an input of a type variable, each a 0-d tensor of
+    the dtype of the first tensor given for that type variable, checked as opforge checks numbers
+    (Graph mode converts them by the primitive's signature, ``_signed``; PyNative calls go through
+    here instead: MindSpore caches one signature for every ``Custom`` primitive of a process)."""
+    if not any(isinstance(a, (bool, int, float)) for a in args):
+        return args
+    inputs = [i for i, p in zip(op.inputs, present) if p]
+    out = list(args)
+    for k, (inp, a) in enumerate(zip(inputs, args)):
+        if not isinstance(a, (bool, int, float)) or inp.dtype not in op.typevars:
+            continue
+        j = next((j for j, (o, b) in enumerate(zip(inputs, args)) if o.dtype == inp.dtype and isinstance(b, ms.Tensor)),
+                 None)
+        if j is None:
+            continue  # (no tensor binds it: MindSpore's default dtype, as in Graph mode)
+        name = _FROM_MS.get(str(args[j].dtype), str(args[j].dtype))
+        kind = "b" if name == "bool" else "i" if name in _INT_BOUNDS else "f"
+        check_number(op, inp.name, a, name, kind, _INT_BOUNDS.get(name, (0, 1)), f" (bound by input '{inputs[j].name}')",
+                     "a Tensor")
+        out[k] = ms.Tensor(a, args[j].dtype)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _signed(names: tuple[tuple[str, int], ...]) -> type[Primitive]:
+    """Primitive with the MindSpore signature (``__mindspore_signature__``) of inputs ``names``,
+    each with the index of its type variable (-1: a concrete dtype): the inputs of one type
+    variable are one dtype group (T, T1, ...), so MindSpore converts them as it converts its own
+    ops' operands (``ops.mul(x, 2.0)``) in both modes: a Python number becomes a 0-d tensor of its
+    partner's dtype, tensors of two dtypes are promoted to a common one. Without it a number
+    reached the op as a scalar, which MindSpore leaves out of the shapes it hands the C++
+    InferShape in Graph mode: the inputs after it read past MindSpore's arrays."""
+    groups = [_sig.sig_dtype.T] + [getattr(_sig.sig_dtype, f"T{k}") for k in range(1, 10)]
+    signature = tuple(_sig.make_sig(n, dtype=groups[g]) if g >= 0 else _sig.make_sig(n) for n, g in names)
+    return type("Primitive", (Primitive,), {"__mindspore_signature__": signature, "__module__": __name__})
 
 
 def _bprop(op: OpDef, present: Sequence[bool], attrs: tuple[Any, ...], F: Any) -> Callable[..., tuple[Any, ...]]:  # noqa: N803
@@ -645,7 +704,7 @@ class OpSet:
         values = tuple(_plain(a) for a in attrs)
         if op.composite is not None and op.bprop is None:
             return Composite(op, present, values, self)
-        return Primitive(op, present, values, self)
+        return _new_primitive(op, present, values, self)
 
     def primitive(self, name: str, *, without: Sequence[str] = (), **attrs: Any) -> Any:
         """The MindSpore primitive of op ``name`` with these attrs (the others at their defaults)

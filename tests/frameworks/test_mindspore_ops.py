@@ -428,6 +428,41 @@ def test_wrong_input_count(pynative) -> None:
         om.ops.mul(Tensor(np.ones(2)))
 
 
+def test_python_numbers_in_graph_mode_reach_the_op_as_tensors_of_their_partners_dtype(tmp_path) -> None:
+    """In Graph mode MindSpore hands the C++ InferShape the shapes of tensor inputs only: a Python
+    number given for an input was left out, and the inputs after it read past MindSpore's arrays
+    ("bad shape from the host", or a dimension of garbage, printed by the entry point). The
+    primitives' signature makes each number a 0-d tensor of its partner's dtype first, as
+    MindSpore's own ops do; PyNative calls convert them so too."""
+    code = """
+import numpy as np, mindspore as ms
+from mindspore import Tensor, nn
+import opforge.mindspore as om
+ms.set_context(mode=ms.GRAPH_MODE)
+class Step(nn.Cell):
+    def construct(self, p, q):
+        return (om.ops.sgd_step(q, q, q, 0.1)[0], om.ops.adam_step(q, q, q, q, 0.1, 0.3, 1.0)[0],
+                om.ops.mul(p, 2.0), om.ops.pow(2.0, p), om.ops.where(p > 0, 1.0, p), om.ops.mul(p, 2))
+p, q = Tensor(np.ones(3, np.float32)), Tensor(np.ones(3, np.float64))
+for r in Step()(p, q):  # (Graph mode takes a Python float as float32 first: 0.1 is 0.100000001...)
+    print(r.dtype, np.round(r.asnumpy(), 6).tolist())
+ms.set_context(mode=ms.PYNATIVE_MODE)
+for r in (om.ops.sgd_step(q, q, q, 0.1)[0], om.ops.adam_step(q, q, q, q, 0.1, 0.3, 1.0)[0], om.ops.mul(p, 2)):
+    print(r.dtype, np.round(r.asnumpy(), 6).tolist())
+"""
+    (tmp_path / "graph_numbers.py").write_text(code)  # (Graph mode compiles a file's source, not -c's)
+    r = subprocess.run([sys.executable, str(tmp_path / "graph_numbers.py")], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "opforge AOT entry point failed" not in r.stderr, r.stderr[-3000:]
+    assert r.stdout.split("\n")[:9] == [
+        "Float64 [0.9, 0.9, 0.9]", "Float64 [0.97, 0.97, 0.97]", "Float32 [2.0, 2.0, 2.0]", "Float32 [2.0, 2.0, 2.0]",
+        "Float32 [1.0, 1.0, 1.0]", "Float32 [2.0, 2.0, 2.0]",
+        "Float64 [0.9, 0.9, 0.9]", "Float64 [0.97, 0.97, 0.97]", "Float32 [2.0, 2.0, 2.0]"]
+    with pytest.raises(TypeError, match=r"\[mul\] input 'y': a Python float cannot be int64 \(bound by input 'x'\)"):
+        om.ops.mul(Tensor(np.ones(3, np.int64)), 1.5)
+
+
 def test_import_error_without_mindspore() -> None:
     code = ("import sys; sys.modules['mindspore'] = None\n"
             "try:\n    import opforge.mindspore\nexcept ImportError as e:\n    print(e)\n")
