@@ -90,6 +90,14 @@ def _real(v: Any) -> Optional[float]:
     return float(v)
 
 
+def _number(v: Any) -> Any:
+    """A hyperparameter as the optimizer ops take it: a NumPy number as a Python float (which takes
+    the parameter's dtype; a NumPy scalar keeps its own, an lr schedule's np.float64 beside float32
+    parameters was refused), anything else as it is."""
+    f = _real(v)
+    return v if f is None else f
+
+
 def _check(name: str, **values: Any) -> dict[str, float]:
     """The hyperparameters as Python floats (NumPy numbers taken), each finite and >= 0."""
     out = {}
@@ -129,7 +137,7 @@ class SGD(Optimizer):
         states: list[tuple[int, Tensor]] = []
         for first, group in groups.items():
             idx, ps, gs, bufs = (list(t) for t in zip(*group))
-            calls.append((ops.sgd_step, (ps, gs, bufs, d["lr"]), dict(
+            calls.append((ops.sgd_step, (ps, gs, bufs, _number(d["lr"])), dict(
                 momentum=d["momentum"], dampening=d["dampening"], weight_decay=d["weight_decay"],
                 nesterov=d["nesterov"], first=first, out=(ps, bufs))))
             states += zip(idx, bufs)
@@ -167,8 +175,9 @@ class Adam(Optimizer):
         adam_states: list[tuple[int, int, Tensor, Tensor]] = []
         for step, group in groups.items():
             idx, ps, gs, m1s, m2s = (list(t) for t in zip(*group))
-            scalars = (d["lr"] / (1 - beta1 ** step), math.sqrt(1 - beta2 ** step),
-                       1 - d["lr"] * wd if self._decoupled else 1.0)  # step_size, bias_correction2_sqrt, param_scale
+            lr = _number(d["lr"])
+            scalars = (lr / (1 - beta1 ** step), math.sqrt(1 - beta2 ** step),
+                       1 - lr * wd if self._decoupled else 1.0)  # step_size, bias_correction2_sqrt, param_scale
             calls.append((ops.adam_step, (ps, gs, m1s, m2s, *scalars), dict(
                 exp_avg_weight=1 - beta1, beta2=beta2, exp_avg_sq_weight=1 - beta2, eps=d["eps"],
                 weight_decay=0.0 if self._decoupled else wd, out=(ps, m1s, m2s))))

@@ -154,6 +154,12 @@ def test_hyperparameters_take_numpy_numbers_and_duplicates_warn() -> None:
     w = opforge.tensor(np.ones(3, np.float32), requires_grad=True)
     opt = opforge.optim.SGD([w], lr=np.float32(0.5))
     assert type(opt.defaults["lr"]) is float and opt.defaults["lr"] == 0.5
+    # a schedule's lr written into the defaults later: a NumPy float64 beside float32 parameters
+    for opt in (opforge.optim.SGD([w], lr=0.5), opforge.optim.AdamW([w], lr=0.5)):
+        opt.defaults["lr"] = np.cos(0.0) * 0.25
+        w.grad = np.ones(3, np.float32)
+        opt.step()
+    assert w.dtype == "float32" and np.isfinite(w.detach().numpy()).all()
     with pytest.raises(TypeError, match=re.escape("[SGD] lr must be a number, got str")):
         opforge.optim.SGD([w], lr="0.1")
     with pytest.raises(TypeError, match=re.escape("[SGD] params must be an iterable of opforge Tensors, got a Tensor")):
