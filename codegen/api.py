@@ -117,7 +117,13 @@ def signature(op: Callee) -> OpSignature:
         tuple((i.name, i.optional) for i in op.inputs),
         tuple((a.name, a.type, a.required, attr_cpp_default(a) or "", py_default(a)) for a in op.attrs),
         tuple(o.name for o in op.outputs),
+        _groups([v for v, _ in op.typevars], [str(i.dtype) for i in op.inputs]),
     )
+
+
+def _groups(typevars: Sequence[str], dtypes: Sequence[str]) -> tuple[int, ...]:
+    """Per input, the index of its type variable among typevars (-1: a concrete dtype)."""
+    return tuple(typevars.index(d) if d in typevars else -1 for d in dtypes)
 
 
 class _Named(Protocol):
@@ -128,6 +134,8 @@ class _Named(Protocol):
 class _InputRecord(_Named, Protocol):
     @property
     def optional(self) -> bool: ...
+    @property
+    def dtype(self) -> str: ...
 
 
 class _AttrRecord(_Named, Protocol):
@@ -142,6 +150,8 @@ class _AttrRecord(_Named, Protocol):
 class OpRecord(_Named, Protocol):
     """An op as the generated op table (``_formulas.py``, ``opforge/_opdef.py``'s OpDef) has it."""
 
+    @property
+    def typevars(self) -> Sequence[str]: ...
     @property
     def inputs(self) -> Sequence[_InputRecord]: ...
     @property
@@ -164,7 +174,7 @@ def record_signature(op: OpRecord) -> OpSignature:
             cpp, py = cpp_literal(t, v), py_literal(v)
         attrs.append((a.name, t, a.required, cpp, py))
     return OpSignature(op.name, tuple((i.name, i.optional) for i in op.inputs), tuple(attrs),
-                       tuple(o.name for o in op.outputs))
+                       tuple(o.name for o in op.outputs), _groups(op.typevars, [i.dtype for i in op.inputs]))
 
 
 # ---------------------------------------------------------------------------- the Python API

@@ -49,6 +49,8 @@ class OpSignature:
     inputs: tuple[tuple[str, bool], ...]          # (name, optional)
     attrs: tuple[tuple[str, str, bool, str, str], ...]  # (name, type (AttrType), required, C++ default, Python default)
     outputs: tuple[str, ...]
+    # per input, the index of its type variable (-1: a concrete dtype); empty: not known
+    groups: tuple[int, ...] = ()
 
     def outputs_text(self) -> str:
         return f"{len(self.outputs)} output{'s' if len(self.outputs) != 1 else ''} ({', '.join(self.outputs)})"
@@ -259,6 +261,24 @@ class _Lowering:
         for (code, kind), arg in zip(lowered, node.args):
             if not kind.is_tensor and (not kind.is_number or like is None):
                 raise self.error(arg.pos, f"{node.func}(): inputs must be tensors, got {kind}")
+        if sig.groups and like is not None:
+            # a number takes the dtype of a tensor given for an input of its type variable (as
+            # calls take numbers), not of any tensor: where(x > 0, 1.5, -2.5)'s numbers are not bool
+            partners = set()
+            for k, ((_, kind), arg) in enumerate(zip(lowered, node.args)):
+                if kind.is_tensor:
+                    continue
+                partner = next((j for j, (_, other) in enumerate(lowered) if other.is_tensor and sig.groups[k] >= 0
+                                and sig.groups[j] == sig.groups[k]), None)
+                if partner is None:
+                    raise self.error(arg.pos, f"{node.func}(): the number for input '{sig.inputs[k][0]}' has no "
+                                     "tensor of its type variable beside it to take a dtype from: write it as a "
+                                     "tensor (a tensor of the intended dtype times the number)")
+                partners.add(partner)
+            if len(partners) > 1:
+                raise self.error(node.pos, f"{node.func}(): numbers of two type variables in one call: write one "
+                                 "of them as a tensor")
+            like = partners.pop() if partners else like
         tail = [self.lang.null] * (len(sig.inputs) - len(node.args))
         args = self.op_attrs(node, sig)
 

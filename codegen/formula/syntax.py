@@ -185,8 +185,9 @@ class _Parser:
         if kind == "op" and text == "-":
             self.take()
             operand = self.unary()
-            if isinstance(operand, Num):
-                return Num(-operand.value, "-" + operand.text, pos)
+            if isinstance(operand, Num):  # (-(-3) is 3: its text may not read as C++'s decrement)
+                text = operand.text[1:] if operand.text.startswith("-") else "-" + operand.text
+                return Num(-operand.value, text, pos)
             return Unary("-", operand, pos)
         return self.primary()
 
@@ -194,6 +195,9 @@ class _Parser:
         kind, text, pos = self.take()
         if kind == "num":
             is_int = re.fullmatch(r"[0-9]+", text) is not None
+            if is_int and len(text) > 1 and text.startswith("0"):
+                # (C++ reads 010 as octal 8, Python refuses it)
+                raise FormulaSyntaxError(pos, f"integer {text} has a leading zero; write {int(text)}")
             value = int(text) if is_int else float(text)
             if (is_int and value > 2 ** 63 - 1) or (not is_int and not math.isfinite(value)):
                 raise FormulaSyntaxError(pos, f"number {text} is out of range")

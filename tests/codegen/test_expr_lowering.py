@@ -56,3 +56,11 @@ def test_shipped_ops() -> None:
     assert lowered_expr(ops["add"]).code == "fn::add(v_x, v_y)"  # int32 and int64 rows
     assert lowered_expr(ops["neg"]).code == "fn::neg(v_x)"
     assert "fn::" not in lowered_expr(ops["sigmoid"]).code.replace("fn::exp", "")  # floats only
+
+
+def test_a_negated_negative_literal_is_its_value(tmp_path: Path) -> None:
+    # (its text was "--3": C++'s decrement, which does not compile)
+    (tmp_path / "mix.yaml").write_text(SPEC.format(t="float32", u="float32").replace("-x / y + x * 2 - y",
+                                                                                     "x + -(-3) - -(-(-2))"))
+    (op,) = load_specs([tmp_path / "mix.yaml"], known=load_specs([ROOT / "op_specs"]))
+    assert lowered_expr(op).code == "((v_x + C(3)) - C(-2))"

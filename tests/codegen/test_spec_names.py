@@ -37,6 +37,9 @@ def renamed(name: str, text: str = LEAKY) -> str:
     pytest.param({"leaky": leaky("alpha * x)", "1e400 * x)")},
                  "specs/leaky.yaml:14:27: impl.expr: syntax error: number 1e400 is out of range",
                  id="literal-out-of-range"),
+    pytest.param({"leaky": leaky("alpha * x)", "010 * x)")},  # (C++ read it as octal: x * 8)
+                 "specs/leaky.yaml:14:27: impl.expr: syntax error: integer 010 has a leading zero; write 10",
+                 id="octal-looking-literal"),
     pytest.param({"leaky": leaky("alpha * x)", "-(" * 150 + "x" + ")" * 150 + ")")},
                  "specs/leaky.yaml:14:11: impl.expr: syntax error: formula nests more than 100 levels",
                  id="deep-nesting"),
@@ -145,3 +148,36 @@ def test_call_left_open_at_the_end_of_a_formula(spec_errors) -> None:
     # found by tests/fuzz/test_spec_fuzz.py: `dout(` raised IndexError in the formula parser
     assert spec_errors({"leaky": leaky("alpha * dout)", "alpha * dout(")}) == (
         "specs/leaky.yaml:16:40: bprop.x: syntax error: unexpected end of formula")
+
+
+COMPOSITE = """\
+pick:
+  doc: A composite with numbers beside tensors of other dtypes.
+  inputs:
+    x: T
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float32, float64]
+  impl:
+    composite: FORMULA
+"""
+
+
+def test_a_number_in_a_formula_takes_the_dtype_of_its_type_variables_tensor(in_tmp, real_ops, spec_errors) -> None:
+    """where(x > 0, x, 0)'s 0 is x's dtype, not the condition's (bool): it was, and the call raised
+    a dtype mismatch; where(x > 0, 1.5, -2.5) silently returned bools. Numbers with no tensor of
+    their type variable beside them are refused where the formula is."""
+    from codegen import load_specs
+    from codegen.gen import render_op
+
+    (in_tmp / "specs").mkdir()
+    (in_tmp / "specs" / "pick.yaml").write_text(COMPOSITE.replace("FORMULA", "where(x > 0, x, 0)"))
+    (op,) = load_specs(["specs"], known=real_ops)
+    cpp = next(r.text for r in render_op(op, {o.name: o for o in real_ops + [op]}, "specs/pick.yaml")
+               if r.name.endswith(".cpp"))
+    assert "scalar_like(0, v_x)" in cpp and "scalar_like(0, ops::greater" not in cpp
+    assert spec_errors({"pick": COMPOSITE.replace("FORMULA", "where(x > 0, 1.5, -2.5)")}) == (
+        "specs/pick.yaml:10:29: impl.composite: where(): the number for input 'x' has no tensor of its type "
+        "variable beside it to take a dtype from: write it as a tensor (a tensor of the intended dtype times the "
+        "number)")
