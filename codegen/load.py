@@ -16,7 +16,7 @@ from .api import Callee, lower_formulas
 from .errors import Loc, SpecError, SpecErrors, did_you_mean
 from .formula.graph import HELPERS
 from .formula.syntax import ops_in
-from .model import ImplKind, OpSpec
+from .model import CompositeImpl, ImplKind, OpSpec
 from .names import RESERVED, RUNTIME_CLASSES, class_name, cpp_names, reserved_identifier
 from .source import LocMap, display_path, key_path, locate, read_yaml
 from .targets import BUILDS, HOST, TARGETS, Backend, Build
@@ -325,6 +325,30 @@ def check_ops(ops: Sequence[OpSpec], extra: Sequence[Callee] = (),
             lower_formulas(op, table)  # formulas are checked by lowering them, as dest does
         except SpecError as exc:
             errors.append(exc)
+    return errors + composite_cycles(ops)
+
+
+def composite_cycles(ops: Sequence[OpSpec]) -> list[SpecError]:
+    """A composite op whose formula reaches itself through composite ops (r(x) + 1, or a calling b
+    calling a) would recurse until the stack overflows (the process crashed): refused, naming the
+    path."""
+    formulas = {o.name: o.impl.formula for o in ops if isinstance(o.impl, CompositeImpl)}
+    calls = {name: sorted(ops_in(f.ast) & formulas.keys()) for name, f in formulas.items()}
+    errors = []
+    for name in sorted(formulas):
+        paths = [[name, c] for c in calls[name]]
+        seen: set[str] = set()
+        while paths:
+            path = paths.pop(0)
+            if path[-1] == name:
+                f = formulas[name]
+                errors.append(SpecError(f.loc, f.key, "the composite formula calls itself"
+                                        + ("" if len(path) == 2 else f" through {' -> '.join(path[1:-1])}")
+                                        + ": it would recurse without end"))
+                break
+            if path[-1] not in seen:
+                seen.add(path[-1])
+                paths += [path + [c] for c in calls[path[-1]]]
     return errors
 
 

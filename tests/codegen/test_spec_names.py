@@ -181,3 +181,16 @@ def test_a_number_in_a_formula_takes_the_dtype_of_its_type_variables_tensor(in_t
         "specs/pick.yaml:10:29: impl.composite: where(): the number for input 'x' has no tensor of its type "
         "variable beside it to take a dtype from: write it as a tensor (a tensor of the intended dtype times the "
         "number)")
+
+
+def test_composites_that_call_themselves_are_refused(spec_errors) -> None:
+    """(each call recursed until the stack overflowed: SIGSEGV)"""
+    one = COMPOSITE.replace("FORMULA", "pick(x) + 1")
+    assert spec_errors({"pick": one}) == ("specs/pick.yaml:10:16: impl.composite: the composite formula calls "
+                                          "itself: it would recurse without end")
+    a = COMPOSITE.replace("pick:", "ra:").replace("FORMULA", "rb(x) + 1")
+    b = COMPOSITE.replace("pick:", "rb:").replace("FORMULA", "exp(ra(x))")
+    assert spec_errors({"ra": a, "rb": b, "pick": COMPOSITE.replace("FORMULA", "exp(x)")}) == (
+        "specs/ra.yaml:10:16: impl.composite: the composite formula calls itself through rb: it would recurse "
+        "without end\nspecs/rb.yaml:10:16: impl.composite: the composite formula calls itself through ra: it would "
+        "recurse without end")
