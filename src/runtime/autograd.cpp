@@ -30,6 +30,24 @@ void FwGradMode::set_enabled(bool enabled) { fw_grad_mode_enabled = enabled; }
 // ---------------------------------------------------------------------------- freeing graphs
 
 namespace {
+// Tensors that a node's apply or release lets go of while backward holds the node's lock: freed
+// after the lock (the memory of one may be a Python object whose release runs Python code, and
+// that code may reach the same node: a finalizer running backward).
+thread_local TensorList* t_free_later = nullptr;
+
+// frees t at once, or after the node lock it is released under (t_free_later)
+void free_later(TensorPtr&& t) {
+  if (!t) return;
+  if (t_free_later) {
+    try {
+      t_free_later->push_back(std::move(t));
+      return;
+    } catch (...) {  // (no memory for the list: freed now)
+    }
+  }
+  t.reset();
+}
+
 struct Graveyard {
   std::vector<std::shared_ptr<Node>> pending;  // last references of nodes to free
   bool draining = false;                       // the outermost release_node is freeing them
@@ -160,6 +178,7 @@ TensorList AutogradContext::GetSavedTensors() const {
 }
 
 void AutogradContext::release() {
+  for (Saved& v : saved_) free_later(std::move(v.tensor));
   saved_.clear();
   attrs_.reset();
   released_ = true;
@@ -258,14 +277,16 @@ TensorList AccumulateGrad::apply(TensorList grads) {
   if (!g) return {};
   // Without create_graph the stored gradient has no history (and may be reused in place).
   if (!GradMode::is_enabled()) g = owned(g->is_leaf() ? std::move(g) : detach(g));
-  TensorPtr previous;  // dies after the lock is let go: freeing a NumPy array's memory takes the
-                       // GIL, which a thread reading .grad holds while it waits for the lock
+  TensorPtr previous;  // freed after the grad lock and backward's node lock are let go: freeing a
+                       // NumPy array's memory takes the GIL, which a thread reading .grad holds
+                       // while it waits for the lock, and may run Python code (free_later)
   {
     std::lock_guard<std::mutex> lock(variable->grad_mutex());
     TensorPtr& slot = variable->grad_unlocked();
     TensorPtr sum = slot ? add_grad(slot, g) : std::move(g);
     previous = std::exchange(slot, std::move(sum));
   }
+  free_later(std::move(previous));
   return {};
 }
 
@@ -377,11 +398,19 @@ TensorList run_backward(const TensorList& roots, const TensorList& grad_roots, b
         }
       }
     }
+    TensorList freed;  // (declared before the lock: destroyed after it is let go)
     {
       // another thread's backward may be applying or releasing this node too (see Node)
       std::lock_guard<std::mutex> lock(node->mutex());
-      if (run) outs = node->apply(std::move(grads));
-      if (!retain_graph) node->release();
+      TensorList* outer = std::exchange(t_free_later, &freed);
+      try {
+        if (run) outs = node->apply(std::move(grads));
+        if (!retain_graph) node->release();
+      } catch (...) {
+        t_free_later = outer;
+        throw;
+      }
+      t_free_later = outer;
     }
     for (size_t k = 0; k < node->next_edges.size(); ++k) {
       const Edge& e = node->next_edges[k];

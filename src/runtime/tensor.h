@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/device.h"
@@ -97,8 +98,12 @@ class Tensor {
     return grad_;
   }
   void set_grad(TensorPtr g) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    grad_ = std::move(g);
+    TensorPtr previous;  // freed once the lock is let go: its memory may be a Python object
+                         // (a NumPy array), whose release runs Python code that may read .grad
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      previous = std::exchange(grad_, std::move(g));
+    }
   }
   std::mutex& grad_mutex() const { return mutex_; }
   TensorPtr& grad_unlocked() { return grad_; }

@@ -480,6 +480,38 @@ def test_freeing_a_deep_graph_does_not_overflow_the_stack() -> None:
     assert r.returncode == 0 and r.stdout.strip() == "freed 20001.0", (r.returncode, r.stdout, r.stderr[-2000:])
 
 
+# The old .grad's release runs Python code (a finalizer, an ndarray subclass's __del__) that reads
+# .grad or runs backward through the same leaf: it ran under .grad's lock (set_grad) and under
+# backward's node lock (AccumulateGrad), and the process hung (3 of 3 runs each).
+GRAD_RELEASE_RUNS_PYTHON = """
+import weakref, numpy as np, opforge
+from opforge import ops
+x = opforge.tensor(np.zeros(4, np.float32), requires_grad=True)
+class Logged(np.ndarray):
+    def __del__(self):
+        print("freed, grad", x.grad, flush=True)
+x.grad = np.ones(4, np.float32).view(Logged)
+x.grad = None
+w = opforge.tensor(np.ones(4, np.float32), requires_grad=True)
+g = np.zeros(4, np.float32)
+w.grad = g
+def again():
+    with opforge.enable_grad():
+        ops.sum(ops.mul(w, 3.0)).backward()
+weakref.finalize(g, again)
+del g
+ops.sum(ops.mul(w, 2.0)).backward()
+print("grad", w.grad.numpy().tolist(), flush=True)
+"""
+
+
+def test_python_code_run_by_releasing_the_old_grad_does_not_deadlock() -> None:
+    r = subprocess.run([sys.executable, "-c", GRAD_RELEASE_RUNS_PYTHON], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
+    # the finalizer's backward added 3 after the step's 2 (the step's sum replaced the old grad)
+    assert r.stdout.split("\n")[:2] == ["freed, grad None", "grad [5.0, 5.0, 5.0, 5.0]"], r.stdout
+
+
 # ---------------------------------------------------------------------------- interpreter exit
 
 
