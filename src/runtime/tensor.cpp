@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -22,6 +23,18 @@ const char* const kDTypeNames[] = {"bool", "uint8", "int8", "int16", "int32", "i
                                    "float16", "bfloat16", "float32", "float64"};
 const size_t kItemsize[] = {1, 1, 1, 2, 4, 8, 2, 2, 4, 8};
 const char* const kFormatNames[] = {"DefaultFormat", "NCHW", "NHWC"};
+
+#ifdef _OPENMP
+// libgomp's thread pool does not survive fork(): in the child, the forking thread's first parallel
+// region waits for pool threads that no longer exist (multiprocessing's default 'fork' start
+// method, after the parent ran an op big enough to split, hung on its first such op). The child's
+// forking thread runs opforge's kernels on one thread, as torch's DataLoader workers run torch's
+// (threads the child starts later get pools of their own).
+const bool kOneThreadAfterFork = [] {
+  pthread_atfork(nullptr, nullptr, [] { omp_set_num_threads(1); });
+  return true;
+}();
+#endif
 }  // namespace
 
 const char* dtype_name(DType d) { return kDTypeNames[static_cast<int>(d)]; }

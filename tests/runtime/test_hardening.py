@@ -512,6 +512,35 @@ def test_python_code_run_by_releasing_the_old_grad_does_not_deadlock() -> None:
     assert r.stdout.split("\n")[:2] == ["freed, grad None", "grad [5.0, 5.0, 5.0, 5.0]"], r.stdout
 
 
+# A process pool of the 'fork' start method (multiprocessing's default on Linux before Python
+# 3.14) after the parent ran ops big enough to use OpenMP's threads: each child hung in libgomp on
+# its first such op (5 runs of 5).
+FORK_AFTER_THREADS = """
+import concurrent.futures as cf, multiprocessing as mp, numpy as np, opforge
+from opforge import ops
+
+def work(i):
+    a = np.full((256, 256), float(i), np.float32)
+    x = opforge.tensor(np.full(1 << 18, float(i), np.float32), requires_grad=True)
+    ops.sum(ops.exp(ops.mul(x, 0.0))).backward()
+    return float(ops.sum(ops.matmul(a, a)).item()), float(x.grad.numpy()[0])
+
+if __name__ == "__main__":
+    print(work(1), flush=True)
+    with cf.ProcessPoolExecutor(2, mp_context=mp.get_context("fork")) as pool:
+        print(list(pool.map(work, range(3), timeout=60)), flush=True)
+    print(work(2), flush=True)  # (the parent keeps its threads)
+"""
+
+
+def test_children_forked_after_parallel_ops_run_ops(tmp_path) -> None:
+    (tmp_path / "pool.py").write_text(FORK_AFTER_THREADS)
+    r = subprocess.run([sys.executable, str(tmp_path / "pool.py")], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert r.stdout.split("\n")[:3] == ["(16777216.0, 0.0)", "[(0.0, 0.0), (16777216.0, 0.0), (67108864.0, 0.0)]",
+                                         "(67108864.0, 0.0)"], r.stdout
+
+
 # ---------------------------------------------------------------------------- interpreter exit
 
 
