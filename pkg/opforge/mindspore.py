@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import threading
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence
 
@@ -756,6 +757,7 @@ class OpSet:
 
 # the op sets by library (opforge's own and registered modules')
 _SETS: dict[str, OpSet] = {}
+_REGISTERING = threading.RLock()
 
 
 # (module-level, cached and called with constants only: Graph mode runs it while it compiles a
@@ -818,9 +820,10 @@ def register_module(module: Any) -> OpSet:
     if table is None or library is None:
         raise TypeError(f"[opforge.mindspore] {module!r} is not an opforge op module (no __opforge_formulas__): "
                         "pass what opforge.load returns or a package's <pkg>._ops")
-    opset = _SETS.get(library)
-    if opset is None or opset.table is not table:
-        if opset is not None:  # the same library, another table: no primitive of the old one stays
-            _primitive.cache_clear()
-        opset = OpSet(table, library, module, module._meta, f"opforge.mindspore: {module.__name__}", base=_OWN)
+    with _REGISTERING:  # (threads registering one module at once get one OpSet)
+        opset = _SETS.get(library)
+        if opset is None or opset.table is not table:
+            if opset is not None:  # the same library, another table: no primitive of the old one stays
+                _primitive.cache_clear()
+            opset = OpSet(table, library, module, module._meta, f"opforge.mindspore: {module.__name__}", base=_OWN)
     return opset

@@ -48,6 +48,7 @@ NHWC views, and its outputs of their shape come back channels_last.
 from __future__ import annotations
 
 import math
+import threading
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence
 
@@ -838,6 +839,7 @@ _LIB = _STATE["lib"]
 ops = getattr(torch.ops, NAMESPACE)
 
 _MODULES: dict[str, tuple[Any, Any]] = _STATE["modules"]  # namespace -> (op module, its torch library)
+_REGISTERING = _STATE.setdefault("registering", threading.RLock())  # (kept, as _MODULES, by a re-import)
 
 
 def register_module(module: Any, namespace: Optional[str] = None) -> Any:
@@ -854,12 +856,13 @@ def register_module(module: Any, namespace: Optional[str] = None) -> Any:
     namespace = namespace or module.__name__.split(".")[0]
     if namespace == NAMESPACE:
         raise ValueError(f"[opforge.torch] namespace '{NAMESPACE}' holds opforge's own ops; pick another")
-    if namespace in _MODULES:
-        if _MODULES[namespace][0] is module:
-            return getattr(torch.ops, namespace)
-        raise ValueError(f"[opforge.torch] namespace '{namespace}' already holds the ops of another module "
-                         f"({_MODULES[namespace][0].__name__}); torch cannot redefine operators: pass "
-                         "namespace='...'")
-    base = {name: getattr(ops, name).default for name in _formulas.OPS}
-    _MODULES[namespace] = (module, register_ops(table, module, module._meta, namespace, extern=base))
+    with _REGISTERING:  # (threads registering one module at once: the first registers, the others reuse it)
+        if namespace in _MODULES:
+            if _MODULES[namespace][0] is module:
+                return getattr(torch.ops, namespace)
+            raise ValueError(f"[opforge.torch] namespace '{namespace}' already holds the ops of another module "
+                             f"({_MODULES[namespace][0].__name__}); torch cannot redefine operators: pass "
+                             "namespace='...'")
+        base = {name: getattr(ops, name).default for name in _formulas.OPS}
+        _MODULES[namespace] = (module, register_ops(table, module, module._meta, namespace, extern=base))
     return getattr(torch.ops, namespace)

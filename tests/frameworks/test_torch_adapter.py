@@ -241,6 +241,33 @@ def test_an_op_named_as_an_attribute_of_torchs_namespaces_is_refused(tmp_path: P
         ot.register_module(m)
 
 
+def test_threads_registering_one_module_at_once_share_its_namespace(tmp_path: Path) -> None:
+    """(all but one raised torch's 'Only a single TORCH_LIBRARY can be used to register the
+    namespace': a check-then-register race)"""
+    import threading
+
+    (tmp_path / "plus_one.yaml").write_text(
+        "plus_one:\n  doc: x plus one.\n  inputs:\n    x: T\n  outputs:\n    out: {dtype: T, shape: same(x)}\n"
+        "  dtypes:\n    T: [float32]\n  impl:\n    expr: x + 1\n  tests:\n    reference: x + 1\n")
+    m = opforge.load("tthreads", specs=[str(tmp_path / "plus_one.yaml")], sources=[], build_dir=str(tmp_path / "build"))
+    barrier, got = threading.Barrier(4), []
+
+    def register() -> None:
+        barrier.wait()
+        try:
+            got.append(ot.register_module(m))
+        except Exception as e:  # noqa: BLE001  (what the assertion shows)
+            got.append(e)
+
+    threads = [threading.Thread(target=register) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [torch.ops.tthreads] * 4, got
+    torch.testing.assert_close(torch.ops.tthreads.plus_one(torch.ones(2)), torch.full((2,), 2.0))
+
+
 def test_importing_opforge_torch_again_reuses_its_ops() -> None:
     """(importlib.reload, or an import after removing the module from sys.modules, raised torch's
     'Only a single TORCH_LIBRARY can be used to register the namespace opforge')"""
