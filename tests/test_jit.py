@@ -234,6 +234,17 @@ def _int_pow(a: int, b: int, dtype: str) -> int:
 
 
 @pytest.mark.slow
+def test_a_module_named_as_an_importable_module_does_not_shadow_it(tmp_path: Path, cache: Path) -> None:
+    """(opforge.load("torch", ...) before `import torch` made the import give the op module)"""
+    code = (f"import sys, opforge\n"
+            f"m = opforge.load('colorsys', specs=[{str(write_spec(tmp_path, 'softplus_cs'))!r}], build_dir={str(cache)!r})\n"
+            "import colorsys\n"
+            "print(colorsys is not m, hasattr(colorsys, 'rgb_to_hsv'), round(float(m.softplus_cs(0.0).item()), 5))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "True", "0.69315"], r.stdout
+
+
 def test_integer_expressions_never_trap_and_wrap_as_numpy(tmp_path: Path, cache: Path) -> None:
     # an integer division by zero or of the smallest integer by -1 would kill the process (SIGFPE)
     (tmp_path / "int_div.yaml").write_text(INT_DIV)

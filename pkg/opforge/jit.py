@@ -732,6 +732,14 @@ def _shell(args: Sequence[str]) -> str:
 # ---------------------------------------------------------------------------- import
 
 
+def _importable(name: str) -> bool:
+    """Whether ``import name`` would find a module on sys.path (an op module never takes its name)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _import(name: str, path: Path) -> ModuleType:
     module = _loaded.get(path)
     if module is not None:
@@ -740,7 +748,8 @@ def _import(name: str, path: Path) -> ModuleType:
 
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
+    previous = sys.modules.get(name)
+    module = importlib.util.module_from_spec(spec)  # (an extension module: this puts it in sys.modules)
     spec.loader.exec_module(module)
     # its op table, for framework adapters (opforge.torch.register_module)
     fspec = importlib.util.spec_from_file_location(f"{name}_formulas", path.with_name(f"{name}_formulas.py"))
@@ -749,9 +758,15 @@ def _import(name: str, path: Path) -> ModuleType:
     fspec.loader.exec_module(formulas)
     module.__opforge_formulas__ = formulas.OPS  # type: ignore[attr-defined]
     module.__opforge_formulas_module__ = formulas  # type: ignore[attr-defined]
-    previous = sys.modules.get(name)
-    if previous is None or previous in _loaded.values():  # never shadows an unrelated module
+    # never shadows an unrelated module, imported or not yet (opforge.load("torch", ...) made a
+    # later `import torch` give the op module)
+    if previous in _loaded.values() or (previous is None and not _importable(name)):
         sys.modules[name] = module
+    elif sys.modules.get(name) is module:
+        if previous is None:
+            del sys.modules[name]
+        else:
+            sys.modules[name] = previous
     # importable by name too: MindSpore's Graph mode parses formula functions in their module
     previous = sys.modules.get(formulas.__name__)
     if previous is None or any(getattr(m, "__opforge_formulas_module__", None) is previous for m in _loaded.values()):
