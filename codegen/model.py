@@ -587,14 +587,18 @@ class _Builder:
             dtype_ok(("outputs", n, "dtype"), dtype)
             if dtype in declared and not any(i.dtype == dtype for i in inputs):
                 self.err(("outputs", n, "dtype"), f"type variable '{dtype}' is not bound by any input")
+            elif dtype in declared and not any(i.dtype == dtype and not i.optional for i in inputs):
+                # (a call without them left it unbound: the error named bool, which nothing passed)
+                self.err(("outputs", n, "dtype"), f"type variable '{dtype}' is bound only by optional inputs: "
+                         "a call without them could not tell the output's dtype")
             shape = self.shape_rule(("outputs", n, "shape"), spec["shape"], inputs, attr_types, spec)
             diff = spec.get("differentiable", dtype in declared or dtype in FLOAT_DTYPES)
             outputs.append(Output(n, dtype, shape, diff, spec.get("doc", ""),
                                   self.loc("outputs", n, key=True)))
         for o in outputs:
-            if o.grad_name in input_names or o.grad_name in attr_types:
+            if o.grad_name in input_names or o.grad_name in attr_types or o.grad_name in [p.name for p in outputs]:
                 self.err(("outputs", o.name), f"the gradient of output '{o.name}' is named "
-                         f"'{o.grad_name}' in formulas, which clashes with an input or attr", key=True)
+                         f"'{o.grad_name}' in formulas, which clashes with an input, attr or output", key=True)
         for v in declared:
             if v not in used_vars:
                 self.err(("dtypes", v), f"type variable '{v}' is not used by any input or output", key=True)
@@ -607,12 +611,13 @@ class _Builder:
         jvp = self.jvp(inputs, attrs, outputs, impl, bprop)
         tests = self.tests(inputs, attrs)
         inplace = self.inplace(inputs, outputs)
+        batch_inputs = self.batch_inputs(inputs)  # (before the errors are raised: it reports its own)
         if self.errors or impl is None:
             raise SpecErrors(self.errors)
         return OpSpec(self.name, self.path, self.doc.key_locs[self.name], b["doc"].strip(), tuple(inputs),
                       tuple(outputs), tuple(attrs), typevars, targets, impl, bprop, tests,
                       targets_derived="targets" not in b, jvp=jvp, checks=checks, autocast=b.get("autocast"),
-                      batch_inputs=self.batch_inputs(inputs), inplace=inplace, foreach=bool(b.get("foreach", False)))
+                      batch_inputs=batch_inputs, inplace=inplace, foreach=bool(b.get("foreach", False)))
 
     def attr(self, n: str, spec: LocMap) -> Attr:
         keys = ("attrs", n)

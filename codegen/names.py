@@ -20,15 +20,20 @@ TensorPtr TensorList Shape Axes DType Format Half BFloat16""".split())
 # as an identifier they expand or collide and the generated code stops compiling
 C_LIBRARY_NAMES = frozenset("""errno assert NULL EOF stdin stdout stderr offsetof setjmp longjmp va_arg
 va_start va_end va_copy va_list errno_t static_assert alignas alignof bool true false complex imaginary
-noreturn thread_local isnan isinf isfinite signbit fpclassify math_errhandling
+noreturn thread_local isnan isinf isfinite signbit fpclassify math_errhandling issubnormal iszero
+issignaling iscanonical isnormal alloca strdupa strndupa
 FILE BUFSIZ EXIT_SUCCESS EXIT_FAILURE RAND_MAX SIZE_MAX INFINITY NAN HUGE_VAL MB_CUR_MAX
 unix linux i386 main environ errno_location""".split())
 RESERVED = (frozenset(keyword.kwlist) | CPP_KEYWORDS | CPP_TYPES | C_LIBRARY_NAMES
-            | {"let", "self", "ctx", "attrs"})
+            | {"let", "self", "ctx", "attrs", "make_attrs"})
 # op classes are CamelCase of the op name and live beside the runtime's own classes
 RUNTIME_CLASSES = frozenset("""Tensor Storage Node Edge Function AutogradContext AccumulateGrad CppNode
 GradMode GradModeGuard NoGradGuard TensorMeta OpInfo ArgInfo AttrInfo RowInfo TargetInfo CallInfo Error
-TypeError ValueError IndexError RuntimeError Shape Format DType Device Half BFloat16 Axes""".split())
+TypeError ValueError IndexError RuntimeError Shape Format DType Device Half BFloat16 Axes MemoryError
+TensorList TensorPtr AttrValue DeviceOptional DeviceRuntime DeviceType DimsOf UnknownShape FwGradMode
+FwGradModeGuard StreamScope MetaLock CaptureKeeper CurrentOpScope BufferOffer BufferOfferScope
+MatmulLayout DenseSpans AxisView NormRows WeightGradShape InputConverter SharedNumbers ReleaseGil
+AcquireGil ShapeCall AttrSource RegisterOp OpEntry""".split())
 
 
 def reserved_identifier(name: str) -> bool:

@@ -258,7 +258,7 @@ CASES = [
          "specs/leaky.yaml:6:5: attrs.x: 'x' names both an input and an attr"),
     case("output-gradient-name-clash", "leaky", leaky("    x: T\n", "    x: T\n    dout: T\n"),
          """
-         specs/leaky.yaml:9:5: outputs.out: the gradient of output 'out' is named 'dout' in formulas, which clashes with an input or attr
+         specs/leaky.yaml:9:5: outputs.out: the gradient of output 'out' is named 'dout' in formulas, which clashes with an input, attr or output
          specs/leaky.yaml:9:28: outputs.out.shape: an expr op reads every input at each output position, so its output shape must cover all of them: 'dout' is left out (use broadcast(x, dout))
          specs/leaky.yaml:17:5: bprop: missing formula for differentiable input 'dout' (or mark it differentiable: false)
          """),

@@ -194,3 +194,28 @@ def test_composites_that_call_themselves_are_refused(spec_errors) -> None:
         "specs/ra.yaml:10:16: impl.composite: the composite formula calls itself through rb: it would recurse "
         "without end\nspecs/rb.yaml:10:16: impl.composite: the composite formula calls itself through ra: it would "
         "recurse without end")
+
+
+@pytest.mark.parametrize("edit,expected", [
+    pytest.param(lambda s: s.replace("  dtypes:", "  batch_inputs: [zz]\n  dtypes:"),
+                 "specs/leaky.yaml:9:18: batch_inputs.0: 'zz' is not an input", id="batch-inputs"),
+    pytest.param(lambda s: s.replace("    out: {dtype: T, shape: same(x)}",
+                                     "    out: {dtype: T, shape: same(x)}\n    dout: {dtype: T, shape: same(x)}"),
+                 "specs/leaky.yaml:8:5: outputs.out: the gradient of output 'out' is named 'dout' in formulas, which "
+                 "clashes with an input, attr or output", id="dout-output"),
+    pytest.param(lambda s: s.replace("    x: T\n", "    x: float64\n    w: {dtype: T, optional: true}\n")
+                 .replace("where(x > 0, x, alpha * x)", "x").replace("where(x > 0, dout, alpha * dout)", "dout"),
+                 "specs/leaky.yaml:9:18: outputs.out.dtype: type variable 'T' is bound only by optional inputs: a "
+                 "call without them could not tell the output's dtype", id="optional-binds-type"),
+])
+def test_spec_mistakes_found_by_an_op_author_hunt(spec_errors, edit, expected) -> None:
+    """(each passed `opforge check`: the first failed later with a traceback from opforge.torch, the
+    second did not compile, the third raised a TypeError naming bool at every call without w)"""
+    errors = spec_errors({"leaky": edit(leaky("alpha * x)", "alpha * x)"))})
+    assert errors.split("\n")[0] == expected, errors
+
+
+@pytest.mark.parametrize("name", ["memory_error", "tensor_list", "dims_of", "make_attrs", "issubnormal"])
+def test_op_names_the_runtime_or_the_c_library_takes_are_refused(spec_errors, name: str) -> None:
+    errors = spec_errors({name: leaky("alpha * x)", "alpha * x)").replace("leaky:", f"{name}:")})
+    assert f"{name}: '{name}' " in errors and ("already defines" in errors or "reserved word" in errors), errors
