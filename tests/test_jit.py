@@ -233,6 +233,34 @@ def _int_pow(a: int, b: int, dtype: str) -> int:
     return r - (1 << bits) if np.iinfo(dtype).min < 0 and r >= 1 << (bits - 1) else r
 
 
+OPT_STR = """\
+opt_str:
+  doc: x negated, kept or scaled by an optional str attr.
+  inputs:
+    x: T
+  attrs:
+    mode: {type: str, default: null, choices: [neg, pos]}
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float32, float64]
+  impl:
+    expr: if_given(mode, where(mode == "neg", -x, x), x * 10)
+"""
+
+
+@pytest.mark.slow
+def test_an_expr_reads_an_optional_str_attr(tmp_path: Path, cache: Path) -> None:
+    """(it passed opforge check, then did not compile: the kernel's arguments have no strings, and
+    the flag of mode == "neg" dereferenced an empty optional)"""
+    (tmp_path / "opt_str.yaml").write_text(OPT_STR)
+    m = opforge.load("jit_opt_str", specs=[tmp_path / "opt_str.yaml"], build_dir=cache)
+    x = np.array([1.0, -2.0])
+    np.testing.assert_array_equal(m.opt_str(x).numpy(), [10.0, -20.0])
+    np.testing.assert_array_equal(m.opt_str(x, mode="neg").numpy(), [-1.0, 2.0])
+    np.testing.assert_array_equal(m.opt_str(x, mode="pos").numpy(), [1.0, -2.0])
+
+
 @pytest.mark.slow
 def test_a_module_named_as_an_importable_module_does_not_shadow_it(tmp_path: Path, cache: Path) -> None:
     """(opforge.load("torch", ...) before `import torch` made the import give the op module)"""
@@ -245,6 +273,7 @@ def test_a_module_named_as_an_importable_module_does_not_shadow_it(tmp_path: Pat
     assert r.stdout.split() == ["True", "True", "0.69315"], r.stdout
 
 
+@pytest.mark.slow
 def test_integer_expressions_never_trap_and_wrap_as_numpy(tmp_path: Path, cache: Path) -> None:
     # an integer division by zero or of the smallest integer by -1 would kill the process (SIGFPE)
     (tmp_path / "int_div.yaml").write_text(INT_DIV)

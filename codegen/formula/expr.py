@@ -69,8 +69,10 @@ def lower_expr(formula: Formula, scope: ExprScope, flags: dict[str, str] | None 
             raise formula.error(lit.pos, f"'{lit.value}' is not a choice of attr '{name.id}' "
                                 f"({', '.join(map(str, allowed))}){did_you_mean(lit.value, map(str, allowed))}")
         member = "f_" + name.id + "_" + re.sub(r"\W", "_", lit.value) + f"_{len(flags)}"
-        value = f"*a.{name.id}" if name.id in scope.optional_attrs else f"a.{name.id}"
-        flags.setdefault(member, f"{value} == {escape.cpp_str(lit.value)}")
+        test = f"{'*' if name.id in scope.optional_attrs else ''}a.{name.id} == {escape.cpp_str(lit.value)}"
+        if name.id in scope.optional_attrs:  # (flags are set when the call starts, given or not)
+            test = f"a.{name.id}.has_value() && {test}"
+        flags.setdefault(member, test)
         return member if node.op == "==" else f"!{member}"
 
     def cast(code: str) -> str:
@@ -123,7 +125,11 @@ def lower_expr(formula: Formula, scope: ExprScope, flags: dict[str, str] | None 
             finally:
                 if not given:
                     present.discard(cond.id)
-            return f"(a.{cond.id} ? {cast(a)} : {cast(go(node.args[2]))})"
+            test = f"a.{cond.id}"
+            if scope.attrs.get(cond.id) == Kind.STR:  # (the kernel's arguments hold flags, not strings)
+                test = "f_" + cond.id + "_given"
+                flags.setdefault(test, f"a.{cond.id}.has_value()")
+            return f"({test} ? {cast(a)} : {cast(go(node.args[2]))})"
         if isinstance(node, Call):
             if node.func not in EXPR_FUNCTIONS:
                 raise formula.error(node.pos, f"unknown function '{node.func}' in an elementwise "
