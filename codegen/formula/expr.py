@@ -143,6 +143,8 @@ def lower_expr(formula: Formula, scope: ExprScope, flags: dict[str, str] | None 
             args = [go(a) for a in node.args]
             if node.func == "where":
                 return f"(({args[0]}) ? {cast(args[1])} : {cast(args[2])})"
+            if node.func == "pow":  # (fn::pow takes one type: pow(x + 1, 2) of int8 x is pow(int, signed char))
+                args = [a if a.startswith(("convert<C>(", "C(")) else cast(a) for a in args]
             return f"{cpp}({', '.join(args)})"
         if isinstance(node, Select):
             raise formula.error(node.pos, "an elementwise expression calls scalar functions, which have no "

@@ -64,3 +64,13 @@ def test_a_negated_negative_literal_is_its_value(tmp_path: Path) -> None:
                                                                                      "x + -(-3) - -(-(-2))"))
     (op,) = load_specs([tmp_path / "mix.yaml"], known=load_specs([ROOT / "op_specs"]))
     assert lowered_expr(op).code == "((v_x + C(3)) - C(-2))"
+
+
+def test_pow_takes_both_arguments_in_the_compute_type(tmp_path: Path) -> None:
+    # (fn::pow takes one type: pow(x + 1, 2) of int8 x was pow(int, signed char), and pow(x, x > 0)
+    # pow(float, bool): neither compiled)
+    (tmp_path / "mix.yaml").write_text(SPEC.format(t="int8, float32", u="bool").replace("-x / y + x * 2 - y",
+                                                                                        "pow(x + 1, 2) + pow(x, y)"))
+    (op,) = load_specs([tmp_path / "mix.yaml"], known=load_specs([ROOT / "op_specs"]))
+    assert lowered_expr(op).code == ("fn::add(fn::pow(convert<C>(fn::add(v_x, convert<C>(1))), convert<C>(2)), "
+                                     "fn::pow(convert<C>(v_x), convert<C>(v_y)))")
