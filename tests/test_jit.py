@@ -261,6 +261,37 @@ def test_an_expr_reads_an_optional_str_attr(tmp_path: Path, cache: Path) -> None
     np.testing.assert_array_equal(m.opt_str(x, mode="pos").numpy(), [1.0, -2.0])
 
 
+COMPOSITE_DTYPE = """\
+c_positive:
+  doc: Declared T, its formula gives bools.
+  inputs:
+    x: T
+  outputs:
+    out: {dtype: T, shape: same(x)}
+  dtypes:
+    T: [float64]
+  impl:
+    composite: x > 0
+"""
+
+
+@pytest.mark.slow
+def test_a_composite_whose_formula_breaks_its_spec_raises(tmp_path: Path, cache: Path) -> None:
+    """(it returned bools while its meta rule, which fake tensors and XLA take, said float64; a
+    formula of another shape wrote into every element of an out= tensor)"""
+    (tmp_path / "c_positive.yaml").write_text(COMPOSITE_DTYPE)
+    (tmp_path / "c_total.yaml").write_text(COMPOSITE_DTYPE.replace("c_positive", "c_total").replace("x > 0", "sum(x)"))
+    m = opforge.load("jit_composite_spec", specs=sorted(tmp_path.glob("*.yaml")), build_dir=cache)
+    with pytest.raises(RuntimeError, match=re.escape("[c_positive] its composite formula gives output 'out' of dtype "
+                                                     "bool and shape (2,); its spec says dtype float64 and shape (2,)")):
+        m.c_positive(np.array([1.0, -1.0]))
+    out = opforge.tensor(np.zeros(2))
+    with pytest.raises(RuntimeError, match=re.escape("[c_total] its composite formula gives output 'out' of dtype "
+                                                     "float64 and shape ()")):
+        m.c_total(np.array([1.0, 2.0]), out=out)
+    np.testing.assert_array_equal(out.numpy(), [0.0, 0.0])
+
+
 @pytest.mark.slow
 def test_a_module_named_as_an_importable_module_does_not_shadow_it(tmp_path: Path, cache: Path) -> None:
     """(opforge.load("torch", ...) before `import torch` made the import give the op module)"""

@@ -10,7 +10,7 @@ from .. import api, escape
 from ..formula import dims
 from ..formula.lang import CPP
 from ..api import Lowered, LoweredBprop
-from ..model import (AotImpl, Attr, AttrType, CppImpl, DType, ExprImpl, OpSpec, PyfuncImpl,
+from ..model import (AotImpl, Attr, AttrType, CompositeImpl, CppImpl, DType, ExprImpl, OpSpec, PyfuncImpl,
                      ShapeKind, ShapeRule)
 from ..targets import HOST as HOST_TARGET
 from ..targets import TARGETS, Backend, Build, TargetRow
@@ -274,7 +274,15 @@ def _forward(op: OpSpec, lowered: Lowered, build: Build) -> tuple[list[str], lis
             fwd.append(f"TensorPtr v_{o.name} = r[{k}];")
         return fwd, []
     fwd.append(f"TensorPtr v_{op.outputs[0].name} = {lowered.composite};")
+    fwd.append(composite_check(op))
     return fwd, []
+
+
+def composite_check(op: OpSpec) -> str:
+    """C++ checking a composite's result (v_<output>) against its dtype and shape rule."""
+    o = op.outputs[0]
+    return (f"check_composite_result(kName, {_cpp_str(o.name)}, v_{o.name}, {dtype_expr(op, o.dtype)}, "
+            f"{shape_expr(op, o.shape, o.name)});")
 
 
 def _saves(op: OpSpec, lb: LoweredBprop) -> list[str]:
@@ -449,6 +457,8 @@ def context(op: OpSpec, lowered: Lowered, build: Build) -> dict[str, Any]:
         "apply_args": ", ".join([f"v_{i.name}" for i in inputs] + ["attrs"]),
         "check_args": ", ".join(f"v_{i.name}.get()" for i in inputs),
         "composite_code": lowered.composite,
+        "composite_check": composite_check(op) if isinstance(op.impl, CompositeImpl) else "",
+        "composite_output": op.outputs[0].name,
         # the rules over dimensions that may be unknown (the AOT InferShape entry points, aot.cpp.j2)
         "dynamic_shape_rows": ([dynamic_shape_expr(op, o.shape, o.name) for o in op.outputs]
                                if all(o.shape.kind != ShapeKind.INFER for o in op.outputs) else []),

@@ -181,6 +181,8 @@ class ExprOp:
     inputs: Sequence[str]
     differentiable: Sequence[str]
     outputs: Sequence[tuple[str, Node]]   # output name -> its formula's tree
+    # the outputs with gradients (d<output>); None: every output
+    differentiable_outputs: Optional[Sequence[str]] = None
 
 
 def _refs_input(n: Node, inputs: Sequence[str]) -> bool:
@@ -455,9 +457,10 @@ def derive(op: ExprOp, mode: str, taken: set[str]) -> Derived:
     results: list[tuple[str, Node]] = []
     like0 = Name(op.differentiable[0], _P) if op.differentiable else Name(op.inputs[0], _P)
     if mode == "bprop":
+        graded = [o for o, _ in op.outputs if op.differentiable_outputs is None or o in op.differentiable_outputs]
         for x in op.differentiable:
             total: D = None
-            for o, _ in op.outputs:
+            for o in graded:  # (an output without a gradient, an index, has no d<output>)
                 total = add(total, scale(Name("d" + o, _P), partials[(o, x)], Name("d" + o, _P)))
             results.append((x, total if total is not None else call("zeros_like", Name(x, _P))))
     else:

@@ -627,4 +627,15 @@ TensorPtr scalar_like(double value, const TensorPtr& like) {
 }
 double numel(const TensorPtr& x) { return static_cast<double>(x->numel()); }
 
+void check_composite_result(const char* op, const char* output, const TensorPtr& result, DType dtype,
+                            const Shape& shape) {
+  if (result->dtype() != dtype || result->shape() != shape) {
+    fail<RuntimeError>(op, "its composite formula gives output '", output, "' of dtype ",
+                       dtype_name(result->dtype()), " and shape ", shape_str(result->shape()),
+                       "; its spec says dtype ", dtype_name(dtype), " and shape ", shape_str(shape),
+                       " (what its meta rule gives framework adapters): fix the formula or the output's "
+                       "dtype or shape rule");
+  }
+}
+
 }  // namespace opforge

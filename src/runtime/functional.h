@@ -123,6 +123,10 @@ TensorPtr zeros_like(const TensorPtr& x);
 TensorPtr ones_like(const TensorPtr& x);
 TensorPtr scalar_like(double value, const TensorPtr& like);
 double numel(const TensorPtr& x);
+// A composite op's result against its spec's dtype and shape rule (what its meta rule, and so
+// adapters' fake tensors and XLA, take): RuntimeError naming the op and output where they differ.
+void check_composite_result(const char* op, const char* output, const TensorPtr& result, DType dtype,
+                            const Shape& shape);
 
 // list[int] attr values passed where a list[float] attr is expected
 inline std::vector<double> to_float_list(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }

@@ -219,3 +219,17 @@ def test_spec_mistakes_found_by_an_op_author_hunt(spec_errors, edit, expected) -
 def test_op_names_the_runtime_or_the_c_library_takes_are_refused(spec_errors, name: str) -> None:
     errors = spec_errors({name: leaky("alpha * x)", "alpha * x)").replace("leaky:", f"{name}:")})
     assert f"{name}: '{name}' " in errors and ("already defines" in errors or "reserved word" in errors), errors
+
+
+def test_a_multi_output_expr_with_an_output_without_gradient_derives_its_bprop(in_tmp, real_ops) -> None:
+    """(an int64 output computed from x, or one marked differentiable: false, failed the check with
+    "unknown name 'di'": the derived bprop read the gradient of every output)"""
+    from codegen import load_specs
+
+    (in_tmp / "specs").mkdir()
+    (in_tmp / "specs" / "d_idx.yaml").write_text(
+        "d_idx:\n  doc: a value and its index.\n  inputs:\n    x: T\n  outputs:\n    y: {dtype: T, shape: same(x)}\n"
+        "    i: {dtype: int64, shape: same(x)}\n  dtypes:\n    T: [float32, float64]\n  impl:\n    expr:\n"
+        "      y: exp(x)\n      i: x * 4\n")
+    (op,) = load_specs(["specs"], known=real_ops)
+    assert [(k, f.text) for k, f in op.bprop.grads] == [("x", "dy * y")]
