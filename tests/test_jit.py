@@ -295,13 +295,19 @@ def test_a_composite_whose_formula_breaks_its_spec_raises(tmp_path: Path, cache:
 @pytest.mark.slow
 def test_a_module_named_as_an_importable_module_does_not_shadow_it(tmp_path: Path, cache: Path) -> None:
     """(opforge.load("torch", ...) before `import torch` made the import give the op module)"""
+    spec = str(write_spec(tmp_path, "softplus_cs"))
     code = (f"import sys, opforge\n"
-            f"m = opforge.load('colorsys', specs=[{str(write_spec(tmp_path, 'softplus_cs'))!r}], build_dir={str(cache)!r})\n"
+            f"m = opforge.load('colorsys', specs=[{spec!r}], build_dir={str(cache)!r})\n"
             "import colorsys\n"
-            "print(colorsys is not m, hasattr(colorsys, 'rgb_to_hsv'), round(float(m.softplus_cs(0.0).item()), 5))\n")
+            "print(colorsys is not m, hasattr(colorsys, 'rgb_to_hsv'), round(float(m.softplus_cs(0.0).item()), 5))\n"
+            # a name nothing else has is the op module's, also with the cache root on sys.path
+            f"sys.path.insert(0, {str(cache)!r})\n"
+            f"u = opforge.load('jit_unique_cs', specs=[{spec!r}], build_dir={str(cache)!r})\n"
+            "import jit_unique_cs, jit_unique_cs_formulas\n"
+            "print(jit_unique_cs is u, jit_unique_cs_formulas.OPS is u.__opforge_formulas__)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["True", "True", "0.69315"], r.stdout
+    assert r.stdout.split() == ["True", "True", "0.69315", "True", "True"], r.stdout
 
 
 @pytest.mark.slow

@@ -271,9 +271,10 @@ class _Lowering:
                 partner = next((j for j, (_, other) in enumerate(lowered) if other.is_tensor and sig.groups[k] >= 0
                                 and sig.groups[j] == sig.groups[k]), None)
                 if partner is None:
-                    raise self.error(arg.pos, f"{node.func}(): the number for input '{sig.inputs[k][0]}' has no "
-                                     "tensor of its type variable beside it to take a dtype from: write it as a "
-                                     "tensor (a tensor of the intended dtype times the number)")
+                    why = ("has no tensor of its type variable beside it to take a dtype from" if sig.groups[k] >= 0
+                           else "is an input of a fixed dtype, which a number does not take")
+                    raise self.error(arg.pos, f"{node.func}(): the number for input '{sig.inputs[k][0]}' {why}: "
+                                     "write it as a tensor (a tensor of the intended dtype times the number)")
                 partners.add(partner)
             if len(partners) > 1:
                 raise self.error(node.pos, f"{node.func}(): numbers of two type variables in one call: write one "

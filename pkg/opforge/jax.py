@@ -83,6 +83,7 @@ import hashlib
 import math
 import operator
 import re
+import threading
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence
 
@@ -1174,6 +1175,7 @@ _OWN = OpSet(_formulas.OPS, _C.ops, _C._meta, "opforge", None)
 ops = _OWN.ops
 
 _MODULES: dict[str, tuple[Any, OpSet]] = {}
+_REGISTERING = threading.RLock()
 
 
 def register_module(module: Any) -> OpSet:
@@ -1186,12 +1188,13 @@ def register_module(module: Any) -> OpSet:
     if table is None:
         raise TypeError(f"[opforge.jax] {module!r} is not an opforge op module (no __opforge_formulas__): "
                         "pass what opforge.load returns or a package's <pkg>._ops")
-    known = _MODULES.get(module.__name__)
-    if known is not None and known[0] is module:
-        return known[1]
-    base = {name: getattr(ops, name) for name in _formulas.OPS}
-    opset = OpSet(table, module, module._meta, f"{module.__name__}#{len(_MODULES)}", module.__name__, extern=base)
-    _MODULES[module.__name__] = (module, opset)
+    with _REGISTERING:  # (threads registering one module at once get one OpSet)
+        known = _MODULES.get(module.__name__)
+        if known is not None and known[0] is module:
+            return known[1]
+        base = {name: getattr(ops, name) for name in _formulas.OPS}
+        opset = OpSet(table, module, module._meta, f"{module.__name__}#{len(_MODULES)}", module.__name__, extern=base)
+        _MODULES[module.__name__] = (module, opset)
     return opset
 
 

@@ -732,12 +732,23 @@ def _shell(args: Sequence[str]) -> str:
 # ---------------------------------------------------------------------------- import
 
 
-def _importable(name: str) -> bool:
-    """Whether ``import name`` would find a module on sys.path (an op module never takes its name)."""
+def _free_name(name: str, path: Path) -> bool:
+    """Whether the op module at ``path`` may take ``name`` in sys.modules: no module has it, or an
+    op module of this process does, and ``import name`` would find nothing else on sys.path (the
+    module's own cache directory, a namespace package where the cache root is on sys.path, aside)."""
+    previous = sys.modules.get(name)
+    if previous is not None:
+        return previous in _loaded.values()
     try:
-        return importlib.util.find_spec(name) is not None
+        spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
-        return False
+        return True
+    if spec is None:
+        return True
+    if spec.origin is None:  # a namespace package: free where all its directories are in the cache
+        root = path.resolve().parents[1]
+        return all(Path(d).resolve().is_relative_to(root) for d in spec.submodule_search_locations or [])
+    return False
 
 
 def _import(name: str, path: Path) -> ModuleType:
@@ -748,8 +759,12 @@ def _import(name: str, path: Path) -> ModuleType:
 
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
-    previous = sys.modules.get(name)
-    module = importlib.util.module_from_spec(spec)  # (an extension module: this puts it in sys.modules)
+    # never shadows an unrelated module, imported or not yet (opforge.load("torch", ...) made a
+    # later `import torch` give the op module); decided before the import, which puts the module
+    # in sys.modules itself
+    previous, free = sys.modules.get(name), _free_name(name, path)
+    free_formulas = _free_name(f"{name}_formulas", path)
+    module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     # its op table, for framework adapters (opforge.torch.register_module)
     fspec = importlib.util.spec_from_file_location(f"{name}_formulas", path.with_name(f"{name}_formulas.py"))
@@ -758,9 +773,7 @@ def _import(name: str, path: Path) -> ModuleType:
     fspec.loader.exec_module(formulas)
     module.__opforge_formulas__ = formulas.OPS  # type: ignore[attr-defined]
     module.__opforge_formulas_module__ = formulas  # type: ignore[attr-defined]
-    # never shadows an unrelated module, imported or not yet (opforge.load("torch", ...) made a
-    # later `import torch` give the op module)
-    if previous in _loaded.values() or (previous is None and not _importable(name)):
+    if free:
         sys.modules[name] = module
     elif sys.modules.get(name) is module:
         if previous is None:
@@ -769,7 +782,7 @@ def _import(name: str, path: Path) -> ModuleType:
             sys.modules[name] = previous
     # importable by name too: MindSpore's Graph mode parses formula functions in their module
     previous = sys.modules.get(formulas.__name__)
-    if previous is None or any(getattr(m, "__opforge_formulas_module__", None) is previous for m in _loaded.values()):
+    if free_formulas or any(getattr(m, "__opforge_formulas_module__", None) is previous for m in _loaded.values()):
         sys.modules[formulas.__name__] = formulas
     _loaded[path] = module
     return module

@@ -175,9 +175,9 @@ class Adam(Optimizer):
         adam_states: list[tuple[int, int, Tensor, Tensor]] = []
         for step, group in groups.items():
             idx, ps, gs, m1s, m2s = (list(t) for t in zip(*group))
-            lr = _number(d["lr"])
-            scalars = (lr / (1 - beta1 ** step), math.sqrt(1 - beta2 ** step),
-                       1 - lr * wd if self._decoupled else 1.0)  # step_size, bias_correction2_sqrt, param_scale
+            lr = d["lr"]
+            scalars = tuple(_number(v) for v in (  # step_size, bias_correction2_sqrt, param_scale
+                lr / (1 - beta1 ** step), math.sqrt(1 - beta2 ** step), 1 - lr * wd if self._decoupled else 1.0))
             calls.append((ops.adam_step, (ps, gs, m1s, m2s, *scalars), dict(
                 exp_avg_weight=1 - beta1, beta2=beta2, exp_avg_sq_weight=1 - beta2, eps=d["eps"],
                 weight_decay=0.0 if self._decoupled else wd, out=(ps, m1s, m2s))))

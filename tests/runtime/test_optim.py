@@ -157,6 +157,8 @@ def test_hyperparameters_take_numpy_numbers_and_duplicates_warn() -> None:
     # a schedule's lr written into the defaults later: a NumPy float64 beside float32 parameters
     for opt in (opforge.optim.SGD([w], lr=0.5), opforge.optim.AdamW([w], lr=0.5)):
         opt.defaults["lr"] = np.cos(0.0) * 0.25
+        if "betas" in opt.defaults:  # (every per-step scalar computed from them, too)
+            opt.defaults.update(betas=(np.float64(0.9), np.float64(0.999)), weight_decay=np.float64(0.01))
         w.grad = np.ones(3, np.float32)
         opt.step()
     assert w.dtype == "float32" and np.isfinite(w.detach().numpy()).all()
