@@ -374,6 +374,7 @@ TensorList run_backward(const TensorList& roots, const TensorList& grad_roots, b
   for (const auto& n : root_nodes) {
     if (deps[n.get()] == 0 && queued.insert(n.get()).second) ready.push_back(n);
   }
+  TensorList freed;  // what each node's apply or release lets go of, freed after its lock (free_later)
   while (!ready.empty()) {
     std::shared_ptr<Node> node = std::move(ready.back());
     ready.pop_back();
@@ -398,7 +399,6 @@ TensorList run_backward(const TensorList& roots, const TensorList& grad_roots, b
         }
       }
     }
-    TensorList freed;  // (declared before the lock: destroyed after it is let go)
     {
       // another thread's backward may be applying or releasing this node too (see Node)
       std::lock_guard<std::mutex> lock(node->mutex());
@@ -412,6 +412,7 @@ TensorList run_backward(const TensorList& roots, const TensorList& grad_roots, b
       }
       t_free_later = outer;
     }
+    freed.clear();  // (after the lock; its capacity serves the next node)
     for (size_t k = 0; k < node->next_edges.size(); ++k) {
       const Edge& e = node->next_edges[k];
       if (!e.fn) continue;
