@@ -11,6 +11,7 @@ import ast as pyast
 import itertools
 import math
 import re
+import sys
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence, Union
@@ -636,6 +637,11 @@ class _Builder:
                 default = float(default)
             elif atype == AttrType.FLOAT_LIST:
                 default = [float(x) for x in default]
+            tiny = [x for x in (default if atype == AttrType.FLOAT_LIST else [default] if atype == AttrType.FLOAT else [])
+                    if _value_ok(AttrType.FLOAT, x) and x != 0 and abs(float(x)) < sys.float_info.min]
+            if tiny:  # (torch's schema parser reads its defaults with stod, which refuses them)
+                self.err(keys + ("default",), f"default {tiny[0]!r} is subnormal, which PyTorch's op schema cannot "
+                         "hold; use 0 or a float of at least 2.2250738585072014e-308 in magnitude")
         choices = spec.get("choices")
         if choices is not None:
             for i, c in enumerate(choices):

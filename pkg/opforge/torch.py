@@ -87,12 +87,17 @@ _FROM_NAME = {v: k for k, v in TORCH_DTYPES.items()}
 # ---------------------------------------------------------------------------- schema
 
 
+# torch's schema lexer reads C escapes: these, and other control characters as octal (\015);
+# a "\n" default written as it is broke the whole module's registration
+_SCHEMA_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t"}
+
+
 def _schema_default(atype: str, value: Any) -> str:
     if atype == "bool":
         return "True" if value else "False"
     if atype == "str":
-        text: str = value.replace("\\", "\\\\").replace('"', '\\"')
-        return f'"{text}"'
+        return '"' + "".join(_SCHEMA_ESCAPES.get(c) or (f"\\{ord(c):03o}" if ord(c) < 32 or ord(c) == 127 else c)
+                           for c in value) + '"'
     if atype in ("list[int]", "list[float]"):
         return "[" + ", ".join(repr(v) for v in value) + "]"
     return repr(value)

@@ -233,3 +233,11 @@ def test_a_multi_output_expr_with_an_output_without_gradient_derives_its_bprop(i
         "      y: exp(x)\n      i: x * 4\n")
     (op,) = load_specs(["specs"], known=real_ops)
     assert [(k, f.text) for k, f in op.bprop.grads] == [("x", "dy * y")]
+
+
+def test_a_subnormal_float_default_is_refused(spec_errors) -> None:
+    """(torch's schema parser reads defaults with stod, which refuses 1e-310: opforge.torch's
+    register_module failed for the whole module)"""
+    assert spec_errors({"leaky": leaky("default: 0.01", "default: 1.0e-310")}) == (
+        "specs/leaky.yaml:6:35: attrs.alpha.default: default 1e-310 is subnormal, which PyTorch's op schema cannot "
+        "hold; use 0 or a float of at least 2.2250738585072014e-308 in magnitude")

@@ -268,6 +268,21 @@ def test_threads_registering_one_module_at_once_share_its_namespace(tmp_path: Pa
     torch.testing.assert_close(torch.ops.tthreads.plus_one(torch.ones(2)), torch.full((2,), 2.0))
 
 
+def test_str_defaults_with_control_characters_reach_the_schema(tmp_path: Path) -> None:
+    """(a default with a line break was written into the schema as it is: torch's parser refused
+    it, and no op of the module was registered)"""
+    (tmp_path / "tagged.yaml").write_text(
+        "tagged:\n  doc: x plus one.\n  inputs:\n    x: T\n  attrs:\n"
+        "    tag: {type: str, default: \"a\\nb\\t\\\"c\\\\d\\e\\r\"}\n"
+        "  outputs:\n    out: {dtype: T, shape: same(x)}\n"
+        "  dtypes:\n    T: [float32]\n  impl:\n    expr: x + 1\n  tests:\n    reference: x + 1\n")
+    m = opforge.load("ttagged", specs=[str(tmp_path / "tagged.yaml")], sources=[], build_dir=str(tmp_path / "build"))
+    ot.register_module(m)
+    (tag,) = [a for a in torch.ops.ttagged.tagged.default._schema.arguments if a.name == "tag"]
+    assert tag.default_value == 'a\nb\t"c\\d\x1b\r'
+    torch.testing.assert_close(torch.ops.ttagged.tagged(torch.ones(2)), torch.full((2,), 2.0))
+
+
 def test_importing_opforge_torch_again_reuses_its_ops() -> None:
     """(importlib.reload, or an import after removing the module from sys.modules, raised torch's
     'Only a single TORCH_LIBRARY can be used to register the namespace opforge')"""
