@@ -401,7 +401,7 @@ class _Helpers(ShapeHelpers):
     @staticmethod
     def numel(t: Any) -> Any:
         if all(isinstance(d, (int, np.integer)) for d in t.shape):
-            return math.prod(t.shape)
+            return math.prod(t.shape) or math.nan  # (0 as NaN: see opforge.torch's numel)
         # (symbolic dims, jax.export's shape polymorphism: a weakly typed float, as a Python
         # number would be, so that a product past 2**31 does not wrap as int32 would)
         return functools.reduce(operator.mul, (d if isinstance(d, (int, np.integer)) else 1.0 * jnp.asarray(d)

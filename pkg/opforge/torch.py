@@ -454,7 +454,10 @@ class _Helpers(ShapeHelpers):
 
     @staticmethod
     def numel(t: torch.Tensor) -> Any:
-        return t.numel()
+        # (an empty tensor's 0 as NaN: formulas divide by it, mean's numel(out) / numel(x), and
+        # Python's division by 0 raises where C++'s gives inf; the factor only scales empty tensors)
+        n = t.numel()
+        return math.nan if isinstance(n, int) and n == 0 else n
 
     @staticmethod
     def expand_reduced(g: torch.Tensor, like: torch.Tensor, axes: Any, keepdims: bool) -> torch.Tensor:

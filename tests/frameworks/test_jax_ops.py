@@ -286,6 +286,12 @@ def test_optimizer_steps_take_traced_learning_rates_and_step_counts() -> None:
     np.testing.assert_allclose(m2, opt.state[0]["exp_avg_sq"].numpy(), rtol=1e-5)
 
 
+def test_the_gradient_of_a_mean_over_an_empty_axis_is_empty() -> None:
+    """(numel(out) / numel(x) in mean's bprop: Python's division by 0 raised ZeroDivisionError)"""
+    for shape in ((0, 3), (3, 0)):
+        assert jax.grad(lambda a: oj.ops.sum(oj.ops.mean(a, axis=[0])))(jnp.zeros(shape)).shape == shape
+
+
 def test_forward_mode_leaves_out_the_terms_of_inputs_without_tangents() -> None:
     """(pow's jvp read log(x) times a zero tangent of the exponent: NaN at x < 0; see
     tests/ops/test_forward_mode.py)"""

@@ -283,6 +283,15 @@ def test_str_defaults_with_control_characters_reach_the_schema(tmp_path: Path) -
     torch.testing.assert_close(torch.ops.ttagged.tagged(torch.ones(2)), torch.full((2,), 2.0))
 
 
+def test_the_gradient_of_a_mean_over_an_empty_axis_is_empty() -> None:
+    """(mean's bprop scales by numel(out) / numel(x): Python's division by 0 raised ZeroDivisionError,
+    where opforge's own backward gives an empty gradient)"""
+    for shape in ((0, 3), (3, 0)):
+        x = torch.zeros(shape, requires_grad=True)
+        ops.mean(x, axis=[0]).sum().backward()
+        assert x.grad is not None and x.grad.shape == shape
+
+
 def test_importing_opforge_torch_again_reuses_its_ops() -> None:
     """(importlib.reload, or an import after removing the module from sys.modules, raised torch's
     'Only a single TORCH_LIBRARY can be used to register the namespace opforge')"""
