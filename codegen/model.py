@@ -23,7 +23,7 @@ from .formula.expr import ExprScope, lower_expr
 from .formula.kinds import Kind
 from .formula import derive, dims
 from .formula.syntax import Binary, Formula, make_formula
-from .names import RESERVED, class_name, reserved_identifier
+from .names import RESERVED, RUNTIME_CLASSES, class_name, reserved_identifier
 from .source import LocMap, locate
 from .targets import HOST, Backend
 
@@ -781,6 +781,11 @@ class _Builder:
         elif kind == ShapeKind.INFER:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", args[0]):
                 self.err(keys, f"infer() needs a C++ function name, got '{args[0]}'")
+            elif (args[0] in RESERVED or args[0] in RUNTIME_CLASSES or reserved_identifier(args[0])
+                  or re.fullmatch(r"k[A-Z]\w*", args[0]) or args[0] in ("meta", "make_attrs", "check_shapes")):
+                # (a type, a macro, or a name the op's generated file defines: kName, kInfo, meta, ...)
+                self.err(keys, f"infer() function name '{args[0]}' is taken by C++, the runtime or the op's "
+                         "generated code; name the function after the op (infer_<op>_shape)")
         return ShapeRule(kind, args, text)
 
     def targets(self, declared: dict[str, tuple[DType, ...]]) -> tuple[Target, ...]:

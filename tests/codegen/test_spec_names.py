@@ -241,3 +241,11 @@ def test_a_subnormal_float_default_is_refused(spec_errors) -> None:
     assert spec_errors({"leaky": leaky("default: 0.01", "default: 1.0e-310")}) == (
         "specs/leaky.yaml:6:35: attrs.alpha.default: default 1e-310 is subnormal, which PyTorch's op schema cannot "
         "hold; use 0 or a float of at least 2.2250738585072014e-308 in magnitude")
+
+
+@pytest.mark.parametrize("fn", ["int", "kName", "Shape", "errno", "meta"])
+def test_an_infer_function_named_as_cpp_or_generated_code_is_refused(spec_errors, fn: str) -> None:
+    """(each passed opforge check, then did not compile, with the kernel file defining it)"""
+    errors = spec_errors({"leaky": leaky("same(x)", f"infer({fn})")})
+    assert (f"specs/leaky.yaml:8:28: outputs.out.shape: infer() function name '{fn}' is taken by C++, the runtime or "
+            "the op's generated code; name the function after the op (infer_<op>_shape)") in errors.split("\n"), errors
