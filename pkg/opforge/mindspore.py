@@ -60,6 +60,7 @@ try:
     from mindspore.ops import functional as _msF
     from mindspore.ops import CustomRegOp
     from mindspore.ops import signature as _sig
+    from mindspore._c_expression import prim_type as _prim_type
 except ImportError as e:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
         "opforge.mindspore needs MindSpore: pip install mindspore==2.10.0 \"numpy<2\" "
@@ -406,6 +407,9 @@ class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type 
             bprop=_bprop(op, present, attrs, opset.F),
             reg_info=_reg_info(op, present, attrs, getattr(opset.meta, op.name)),
         )
+        if self._cpp:
+            # Graph mode checks a call's arguments (__check__) before the C++ InferShape reads them
+            self.set_prim_type(_prim_type.py_infer_check)
 
     def __call__(self, *args: Any) -> Any:
         """A PyNative call. Its shapes are known, and MindSpore opens the library again (a dlopen)
@@ -418,6 +422,35 @@ class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type 
         if self._eager is None:
             self._eager = _new_primitive(*self._made, cpp_shapes=False)
         return self._eager(*args)
+
+    def __check__(self, *args: dict[str, Any]) -> None:
+        """Graph mode's check of a call's arguments, before MindSpore calls the C++ InferShape:
+        every one a tensor. MindSpore hands the InferShape the shapes of tensor arguments only, so
+        a number, None or a tuple there made the inputs after it read past MindSpore's arrays. A
+        Python number is converted only beside a tensor of its type variable (the signature,
+        ``_signed``); others are refused here, naming the input."""
+        op = self.opdef
+        names = [i.name for i, p in zip(op.inputs, self._made[1]) if p]
+        if len(args) != len(names):
+            raise TypeError(f"[{op.name}] this primitive takes {len(names)} inputs ({', '.join(names)}), "
+                            f"got {len(args)}")
+        for name, a in zip(names, args):
+            dtype = a.get("dtype")
+            if not isinstance(dtype, ms.dtype.TensorType):
+                value = a.get("value")
+                allowed = ", ".join(self._input_dtypes(name))
+                if isinstance(value, (bool, int, float)):
+                    raise TypeError(
+                        f"[{op.name}] input '{name}' must be a Tensor in Graph mode, got the number {value!r} "
+                        f"({dtype}): MindSpore makes a number a tensor only beside a tensor of its type "
+                        f"variable; pass ms.Tensor({value!r}, dtype), its dtypes: {allowed}")
+                raise TypeError(f"[{op.name}] input '{name}' must be a Tensor in Graph mode, got {dtype}; "
+                                f"its dtypes: {allowed}")
+
+    def _input_dtypes(self, name: str) -> list[str]:
+        k = self.opdef.input_index(name)
+        rows = _target_info(self.opdef, self.infer.meta)["dtype_format"]
+        return sorted({row[k][0] for row in rows})
 
     def __infer__(self, *args: dict[str, Any]) -> dict[str, Any]:
         shape, dtype = self.infer(args)

@@ -463,6 +463,52 @@ for r in (om.ops.sgd_step(q, q, q, 0.1)[0], om.ops.adam_step(q, q, q, q, 0.1, 0.
         om.ops.mul(Tensor(np.ones(3, np.int64)), 1.5)
 
 
+def test_graph_mode_refuses_arguments_that_are_not_tensors_before_the_shape_rule_reads_them(tmp_path) -> None:
+    """A number with no tensor of its type variable beside it (``where(c, 1.0, -1.0)``), or for an
+    input of a fixed dtype (indices), a None or a tuple: MindSpore leaves it a scalar and out of
+    the shapes it hands the C++ InferShape, whose later inputs read past MindSpore's arrays. Each
+    primitive's __check__ (which Graph mode runs first) refuses it, naming the op and input."""
+    code = """
+import numpy as np, mindspore as ms
+from mindspore import Tensor, nn
+import opforge.mindspore as om
+ms.set_context(mode=ms.GRAPH_MODE)
+class Where(nn.Cell):
+    def construct(self, c):
+        return om.ops.where(c, 1.0, -1.0)
+class Take(nn.Cell):
+    def construct(self, x):
+        return om.functional.take_along_axis(x, 0, axis=0)
+class Pair(nn.Cell):
+    def construct(self, x):
+        return om.ops.add((x, x), x)
+class Fine(nn.Cell):
+    def construct(self, c, x):
+        return om.ops.where(c, x, 0.0)
+c, x = Tensor(np.array([True, False])), Tensor(np.ones(2, np.float32))
+for net, args in ((Where(), (c,)), (Take(), (x,)), (Pair(), (x,))):
+    try:
+        net(*args)
+        print("ran")
+    except TypeError as e:
+        print(str(e).splitlines()[0])
+print(Fine()(c, x).asnumpy().tolist())
+"""
+    (tmp_path / "graph_scalars.py").write_text(code)  # (Graph mode compiles a file's source, not -c's)
+    r = subprocess.run([sys.executable, str(tmp_path / "graph_scalars.py")], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "opforge AOT entry point failed" not in r.stderr, r.stderr[-3000:]
+    lines = r.stdout.split("\n")
+    assert lines[0].startswith("[where] input 'x' must be a Tensor in Graph mode, got the number 1.0 (Float32)")
+    assert lines[0].endswith("pass ms.Tensor(1.0, dtype), its dtypes: bfloat16, bool, float16, float32, float64, "
+                             "int32, int64"), r.stdout
+    assert lines[1].startswith("[take_along_axis] input 'indices' must be a Tensor in Graph mode, got the number 0")
+    assert lines[1].endswith("its dtypes: int64"), r.stdout
+    assert lines[2].startswith("[add] input 'x' must be a Tensor in Graph mode, got (mindspore.tensor"), r.stdout
+    assert lines[3] == "[1.0, 0.0]", r.stdout + r.stderr[-3000:]
+
+
 def test_import_error_without_mindspore() -> None:
     code = ("import sys; sys.modules['mindspore'] = None\n"
             "try:\n    import opforge.mindspore\nexcept ImportError as e:\n    print(e)\n")
