@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 from pathlib import Path
@@ -55,6 +56,11 @@ except ImportError as exc:
     raise ImportError(f"opforge {_build_info.VERSION} cannot load its runtime dependencies ({exc}): "
                       f"pip install {' '.join(repr(r) for r in _requires)}") from exc
 from opforge._C import Tensor, from_dlpack, from_numpy, is_grad_enabled, list_ops
+
+# Before the interpreter finalizes, op calls running Python code on other (daemon) threads finish
+# and later ones park: CPython before 3.14 ends such a thread by an unwind through opforge's C++
+# frames (src/python/gil.h)
+atexit.register(_C._drain_at_exit)
 from opforge import cuda, ops, optim
 from opforge._autograd import enable_grad, grad, gradients, jacfwd, jvp, no_grad, set_grad_enabled, value_and_grad
 from opforge._build_info import VERSION as _VERSION

@@ -8,6 +8,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #define PY_ARRAY_UNIQUE_SYMBOL opforge_ARRAY_API
 #include <numpy/arrayobject.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <cmath>
@@ -949,6 +950,8 @@ namespace {
 void set_python_error() {
   try {
     throw;
+  } catch (abi::__forced_unwind&) {
+    throw;  // (a thread ended by pthread_exit: its unwind goes on)
   } catch (const Error& e) {
     set_error(e);
   } catch (py::error_already_set& e) {
@@ -1232,6 +1235,7 @@ py::object run(const OpCaller& c, const py::handle* params, py::handle out = py:
 
 // METH_FASTCALL entry of every op: binds positional and keyword arguments to parameter slots.
 PyObject* call_op(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  PythonScope scope;  // (reading the arguments, a pyfunc kernel and freeing may run Python code)
   auto* caller = static_cast<OpCaller*>(PyCapsule_GetPointer(self, "opforge.OpCaller"));
   const OpInfo& info = *caller->entry->info;
   const size_t n = info.inputs.size() + info.attrs.size();
@@ -1734,7 +1738,10 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
       .def("item", [](const TensorPtr& t) { return item(t); })
       .def("detach", [](const TensorPtr& t) { return detach(t); },
            "The same data without autograd history.")
-      .def("copy_", &copy_from, py::arg("src"),
+      .def("copy_", [](const TensorPtr& t, py::handle src) {
+        PythonScope scope;
+        return copy_from(t, src);
+      }, py::arg("src"),
            "Writes src (broadcast to this shape, converted to this dtype, from any device) into this "
            "tensor's memory and returns it (torch's copy_; no gradient is recorded).")
       .def("astype", [](const TensorPtr& t, py::handle d) { return cast(t, parse_dtype(d, "astype")); },
@@ -1749,6 +1756,7 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
         return out;
       }, py::arg("format"), "A view of the same data tagged with a layout format (NCHW, NHWC...).")
       .def("backward", [](const TensorPtr& t, py::object grad, py::object retain_graph, bool create_graph) {
+        PythonScope scope;
         TensorList grads{grad.is_none() ? nullptr : to_tensor(grad, "backward", "grad")};
         const bool retain = retain_graph.is_none() ? create_graph : retain_graph.cast<bool>();
         if (create_graph && PyErr_WarnEx(PyExc_UserWarning, kCreateGraphCycle, 1) != 0) {
@@ -1800,15 +1808,25 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     throw py::error_already_set();
   }
   PyType_Modified(tensor_type);
-  m.def("_foreach", [](py::handle fn, py::tuple args, py::dict kwargs) { return foreach_call(fn, args, kwargs); },
+  m.def("_foreach", [](py::handle fn, py::tuple args, py::dict kwargs) {
+    PythonScope scope;
+    return foreach_call(fn, args, kwargs);
+  },
         "opforge.foreach's work: op over lists of tensors (the op's spec says foreach: true).");
   m.def("_foreach_check",
-        [](py::handle fn, py::tuple args, py::dict kwargs) { return foreach_call(fn, args, kwargs, true); },
+        [](py::handle fn, py::tuple args, py::dict kwargs) {
+          PythonScope scope;
+          return foreach_call(fn, args, kwargs, true);
+        },
         "_foreach's checks of every position, raising what the call would raise, without running it "
         "(opforge.optim checks each group of a step before the first runs).");
-  m.def("from_numpy", [](py::handle a) { return to_tensor(a, "from_numpy", "array"); }, py::arg("array"),
+  m.def("from_numpy", [](py::handle a) {
+    PythonScope scope;
+    return to_tensor(a, "from_numpy", "array");
+  }, py::arg("array"),
         "Wrap a NumPy array (or any buffer-protocol object) without copying.");
   m.def("from_dlpack", [](py::handle a) {
+    PythonScope scope;
     if (py::isinstance<Tensor>(a)) return holder_of(a.ptr(), "from_dlpack", "x");
     if (PyCapsule_CheckExact(a.ptr())) return from_capsule(a, "from_dlpack", "x");
     if (!py::hasattr(a, "__dlpack__")) fail<TypeError>("from_dlpack", "object of type ", type_name(a), " has no __dlpack__");
@@ -1869,10 +1887,16 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     if (type == "int") return py::int_(aot::parse_int("aot", "attr", text));
     fail<ValueError>("_aot_attr_value", "type must be 'float' or 'int', got '", type, "'");
   }, py::arg("type"), py::arg("text"));
+  m.def("_drain_at_exit", [] { drain_at_exit(std::chrono::seconds(5)); },
+        "atexit hook: waits (at most 5 s) until no other thread runs Python code inside an op call, "
+        "and parks those that would start one (see src/python/gil.h).");
+  static const int atfork = pthread_atfork(nullptr, nullptr, [] { reset_drain_in_child(); });
+  (void)atfork;
   m.def("is_grad_enabled", &GradMode::is_enabled);
   m.def("set_grad_enabled", &GradMode::set_enabled, py::arg("enabled"));
   m.def("_run_backward", [](const TensorList& roots, std::vector<py::object> grads, bool retain_graph,
                             bool create_graph, const TensorList& inputs, bool allow_unused) {
+    PythonScope scope;
     TensorList gs;
     for (auto& g : grads) gs.push_back(g.is_none() ? nullptr : to_tensor(g, "backward", "grad"));
     ReleaseGil nogil;

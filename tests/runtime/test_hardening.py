@@ -568,6 +568,45 @@ def test_daemon_threads_inside_ops_at_interpreter_exit() -> None:
         assert r.returncode == 0 and r.stdout.strip() == "exiting", (r.returncode, r.stdout, r.stderr[-2000:])
 
 
+PYTHON_IN_OPS_AT_EXIT = """
+import threading, time, numpy as np, opforge
+from opforge import ops
+a = np.ones((4, 4))
+class Producer:  # (Python code run inside the op call, reading its argument)
+    def __dlpack__(self, stream=None, **kw):
+        s = 0
+        for i in range(3000):
+            s += i
+        return a.__dlpack__()
+    def __dlpack_device__(self):
+        return a.__dlpack_device__()
+b = np.random.rand(1500, 1500)
+def work(k):
+    while True:
+        ops.add(Producer(), 1.0) if k % 2 else opforge.from_dlpack(Producer())
+def gemm():  # (in OpenBLAS when the process exits: its teardown freed the buffers under it)
+    while True:
+        ops.matmul(b, b)
+for k in range(4):
+    threading.Thread(target=work, args=(k,), daemon=True).start()
+threading.Thread(target=gemm, daemon=True).start()
+time.sleep(0.2)
+print("exiting")
+"""
+
+
+def test_daemon_threads_running_python_code_inside_ops_at_interpreter_exit() -> None:
+    # the thread asked for the GIL inside the op's Python code: the forced unwind ran opforge's
+    # destructors (Python objects freed without the GIL) and catch (...) handlers: SIGSEGV or
+    # "FATAL: exception not rethrown" in 6 runs of 6; a thread in a matmul at exit: SIGSEGV in 2
+    # runs of 3 (OpenBLAS's teardown). An atexit hook now lets such calls finish and parks the
+    # threads before the interpreter finalizes
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", PYTHON_IN_OPS_AT_EXIT], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == "exiting", (r.returncode, r.stdout, r.stderr[-2000:])
+        assert "exception" not in r.stderr, r.stderr[-2000:]
+
+
 # ---------------------------------------------------------------------------- sizes
 
 
