@@ -148,44 +148,58 @@ Acc scaled(Acc acc, double scale) {
 template <typename In, typename Out>
 void sum_block(const In* x, Out* out, int64_t K1, int64_t R, int64_t K2, double scale) {
   // floats accumulate in their compute type across many independent partial sums (vectorized,
-  // like NumPy's and PyTorch's float32 sums); integers in int64
+  // like NumPy's and PyTorch's float32 sums), flushed into a double every block (a float32 sum of
+  // 2^24 ones stalled at 2^24, as NumPy's column sums do; PyTorch's cascade does not); integers
+  // in int64
   using C = compute_t<In>;
   using Acc = std::conditional_t<std::is_floating_point_v<C>, C, acc_t<C>>;
+  using Total = std::conditional_t<std::is_integral_v<Acc>, Acc, double>;  // exact int64 sums
   if (K2 == 1) {
-    // each output sums one contiguous row; 8 independent partial sums vectorize
+    // each output sums one contiguous row; 16 independent partial sums vectorize, flushed every
+    // kFlush elements
+    constexpr int64_t kFlush = 4096;
     parallel_for(K1, std::max<int64_t>(1, kParallelThreshold / std::max<int64_t>(R, 1)), [&](int64_t b, int64_t e) {
       for (int64_t k = b; k < e; ++k) {
         const In* row = x + k * R;
-        Acc part[16] = {};
-        int64_t r = 0;
-        for (; r + 16 <= R; r += 16) {
-          for (int j = 0; j < 16; ++j) part[j] = fn::add(part[j], static_cast<Acc>(convert<C>(row[r + j])));
-        }
-        using Total = std::conditional_t<std::is_integral_v<Acc>, Acc, double>;  // exact int64 sums
+        const int64_t full = R - R % 16;
         Total total = 0;
-        for (; r < R; ++r) total = fn::add(total, static_cast<Total>(convert<C>(row[r])));
-        for (int j = 0; j < 16; ++j) total = fn::add(total, static_cast<Total>(part[j]));
+        for (int64_t b0 = 0; b0 < full; b0 += kFlush) {
+          Acc part[16] = {};
+          const int64_t b1 = std::min(full, b0 + kFlush);
+          for (int64_t r = b0; r < b1; r += 16) {
+            for (int j = 0; j < 16; ++j) part[j] = fn::add(part[j], static_cast<Acc>(convert<C>(row[r + j])));
+          }
+          for (int j = 0; j < 16; ++j) total = fn::add(total, static_cast<Total>(part[j]));
+        }
+        for (int64_t r = full; r < R; ++r) total = fn::add(total, static_cast<Total>(convert<C>(row[r])));
         out[k] = convert<Out>(scaled(total, scale));
       }
     });
     return;
   }
-  // columns: accumulate R rows of K2 contiguous values (vectorized over k2)
+  // columns: accumulate R rows of K2 contiguous values (vectorized over k2), kRows rows at a time
+  // flushed into the totals
+  constexpr int64_t kRows = 128;
   const int64_t blocks = K1 * ((K2 + 1023) / 1024);
   parallel_for(blocks, std::max<int64_t>(1, kParallelThreshold / std::max<int64_t>(R * 1024, 1)),
                [&](int64_t b, int64_t e) {
     std::vector<Acc> acc(1024);
+    std::vector<Total> total(1024);
     for (int64_t blk = b; blk < e; ++blk) {
       const int64_t k1 = blk / ((K2 + 1023) / 1024);
       const int64_t c0 = (blk % ((K2 + 1023) / 1024)) * 1024;
       const int64_t width = std::min<int64_t>(1024, K2 - c0);
-      std::fill(acc.begin(), acc.begin() + width, Acc(0));
-      for (int64_t r = 0; r < R; ++r) {
-        const In* row = x + (k1 * R + r) * K2 + c0;
-        for (int64_t c = 0; c < width; ++c) acc[c] = fn::add(acc[c], static_cast<Acc>(convert<compute_t<In>>(row[c])));
+      std::fill(total.begin(), total.begin() + width, Total(0));
+      for (int64_t r0 = 0; r0 < R; r0 += kRows) {
+        std::fill(acc.begin(), acc.begin() + width, Acc(0));
+        for (int64_t r = r0, r1 = std::min(R, r0 + kRows); r < r1; ++r) {
+          const In* row = x + (k1 * R + r) * K2 + c0;
+          for (int64_t c = 0; c < width; ++c) acc[c] = fn::add(acc[c], static_cast<Acc>(convert<C>(row[c])));
+        }
+        for (int64_t c = 0; c < width; ++c) total[c] = fn::add(total[c], static_cast<Total>(acc[c]));
       }
       Out* o = out + k1 * K2 + c0;
-      for (int64_t c = 0; c < width; ++c) o[c] = convert<Out>(scaled(acc[c], scale));
+      for (int64_t c = 0; c < width; ++c) o[c] = convert<Out>(scaled(total[c], scale));
     }
   });
 }

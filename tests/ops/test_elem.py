@@ -243,6 +243,45 @@ def test_clamp_bounds_and_gradient_mask() -> None:
     np.testing.assert_array_equal(g.numpy(), [0, 1, 1, 1, 0, 0])  # bounds included, like PyTorch
 
 
+def test_clamp_with_a_nan_bound_gives_nan_as_numpy_and_torch() -> None:
+    # (every comparison with NaN is false: the selects returned x unchanged, with a zero gradient)
+    x = np.array([-2.0, 0.5, 3.0, np.nan])
+    for kw in ({"min": math.nan}, {"max": math.nan}, {"min": math.nan, "max": 1.0}, {"min": -1.0, "max": math.nan}):
+        ref = np.minimum(np.maximum(x, kw.get("min", -np.inf)), kw.get("max", np.inf))
+        for dtype in ("float64", "float32", "float16", "bfloat16"):
+            out = ops.clamp(opforge.tensor(x, dtype=dtype), **kw)
+            np.testing.assert_array_equal(out.astype("float64").numpy(), ref)
+    np.testing.assert_array_equal(ops.clamp(x, min=-1.0, max=1.0).numpy(), [-1.0, 0.5, 1.0, np.nan])
+
+
+@pytest.mark.parametrize("dtype, x, y", [("float16", 1.0, 300.0), ("float16", 100.0, 1000.0),
+                                          ("float32", 1e20, 1e20), ("float32", 1e-30, 1e-30),
+                                          ("bfloat16", 1e20, 1e20)])
+def test_div_gradient_and_tangent_in_y_do_not_square_y(dtype: str, x: float, y: float) -> None:
+    # the derived -(dout * x / (y * y)) rounded y * y to the dtype: 0 in float16 for |y| > 256,
+    # 0 or -inf in float32 at 1e20 or 1e-30 (torch: -grad * (x / y) / y)
+    exact = -x / (y * y)
+    xt = opforge.tensor(np.array([x]), dtype=dtype)
+    yt = opforge.tensor(np.array([y]), dtype=dtype, requires_grad=True)
+    (g,) = opforge.gradients(ops.div(xt, yt), [yt], [opforge.tensor(np.ones(1), dtype=dtype)])
+    _, tangent = opforge.jvp(lambda v: ops.div(xt, v), (yt.detach(),), (opforge.tensor(np.ones(1), dtype=dtype),))
+    for got in (g, tangent):
+        assert abs(float(got.astype("float64").numpy()[0]) / exact - 1) < 1e-2, (got, exact)
+
+
+def test_long_float_sums_are_accurate_in_every_layout() -> None:
+    # float32 partial sums are flushed into a double every block: a column sum of 2^24 + 2^22 ones
+    # stalled at 2^24 (mean 0.84, as NumPy's column sums), and 2^24 row elements lost digits
+    n = (1 << 24) + (1 << 22)
+    ones = np.ones((n, 2), np.float16)
+    np.testing.assert_array_equal(ops.mean(ones, axis=[0]).numpy(), [1.0, 1.0])
+    np.testing.assert_array_equal(ops.sum(ones[:, :1].astype(np.float32), axis=[0]).numpy(), [n])
+    del ones
+    x = (np.random.default_rng(0).standard_normal(1 << 24) + 3).astype(np.float32)
+    exact = x.astype(np.float64).sum()
+    assert abs(float(ops.sum(x).numpy()) / exact - 1) < 1e-7  # (was 5.7e-7; torch's: 1.2e-8)
+
+
 def test_pow_gradient_in_y_at_zero_base() -> None:
     x = opforge.tensor(np.array([0.0, 0.0, 2.0]), requires_grad=True)
     y = opforge.tensor(np.array([2.0, 0.0, 3.0]), requires_grad=True)
