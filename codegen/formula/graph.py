@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Optional
 from ..errors import SpecError, did_you_mean
 from .kinds import BOOL, EMPTY_LIST, FLOAT, FLOAT_LIST, INT, INT_LIST, NUMBER, OUTPUTS, STR, TENSOR, Kind, VType
 from .lang import CPP, CppLang
-from .syntax import (COMPARE_OPS, OPERATOR_OPS, Binary, BoolLit, Call, Formula, ListLit, Name, Node, Num, Select,
+from .syntax import (ARITHMETIC_OPS, COMPARE_OPS, OPERATOR_OPS, Binary, BoolLit, Call, Formula, ListLit, Name, Node, Num, Select,
                      Str, Unary)
 
 
@@ -220,6 +220,10 @@ class _Lowering:
         fn = self.need_op(OPERATOR_OPS[op], node.pos, f"operator {op!r}").name
         if lk.is_tensor and rk.is_tensor:
             return lang.op(fn, [lc, rc]), TENSOR
+        if op in ARITHMETIC_OPS:  # (computed as the op's kernel computes its dtype: 16-bit floats in float32)
+            if lk.is_tensor:
+                return lang.with_number(fn, lc, rc, number_first=False), TENSOR
+            return lang.with_number(fn, rc, lc, number_first=True), TENSOR
         if lk.is_tensor:
             return self.bind_like(lc, lambda t: lang.op(fn, [t, lang.scalar_like(rc, t)])), TENSOR
         return self.bind_like(rc, lambda t: lang.op(fn, [lang.scalar_like(lc, t), t])), TENSOR

@@ -25,6 +25,13 @@ class CppLang:
     def scalar_like(self, value: str, like: str) -> str:
         return f"scalar_like({value}, {like})"
 
+    def with_number(self, fn: str, tensor: str, number: str, number_first: bool) -> str:
+        """``tensor <op> number`` (or ``number <op> tensor``) by op fn, with the number in the
+        compute type of the tensor's dtype (functional.h's with_number)."""
+        a, b = ("num_s", "num_t") if number_first else ("num_t", "num_s")
+        return (f"with_number({tensor}, {number}, [&](const TensorPtr& num_t, const TensorPtr& num_s) "
+                f"{{ return ops::{fn}({a}, {b}); }})")
+
     def output(self, outputs: str, k: int) -> str:
         """Output k of a multi-output op's call (a TensorList in C++, a tuple in Python)."""
         return f"{outputs}[{k}]"
@@ -143,6 +150,10 @@ class PyLang(CppLang):
 
     def scalar_like(self, value: str, like: str) -> str:
         return f"H.scalar_like({value}, {like})"
+
+    def with_number(self, fn: str, tensor: str, number: str, number_first: bool) -> str:
+        a, b = ("num_s", "num_t") if number_first else ("num_t", "num_s")
+        return f"H.with_number({tensor}, {number}, lambda num_t, num_s: F.{fn}({a}, {b}))"
 
     def bind_like(self, code: str, name: str, body: str) -> str:
         return f"(lambda {name}: {body})({code})"

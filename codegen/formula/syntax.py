@@ -347,6 +347,11 @@ def ops_in(node: Node) -> set[str]:
 # ---------------------------------------------------------------------------- operators
 
 # arithmetic in graph formulas is sugar for these ops
+# the operators whose number operand, beside a 16-bit float tensor, is computed in float32 (the
+# tensor widened, the result rounded once: what the op's kernel does with two tensors), not
+# rounded to the tensor's dtype first (1/n in mean's gradient is subnormal in float16 past n = 16384)
+ARITHMETIC_OPS = frozenset({"+", "-", "*", "/"})
+
 OPERATOR_OPS: Mapping[str, str] = {
     "+": "add", "-": "sub", "*": "mul", "/": "div", "neg": "neg",
     ">": "greater", "<": "less", ">=": "greater_equal", "<=": "less_equal",

@@ -395,6 +395,12 @@ class _Helpers(ShapeHelpers):
     def scalar_like(value: Any, like: Any) -> Any:
         return jnp.asarray(value, dtype=like.dtype)
 
+    @staticmethod
+    def with_number(t: Any, value: Any, fn: Callable[[Any, Any], Any]) -> Any:
+        if t.dtype == jnp.float16 or t.dtype == jnp.bfloat16:
+            return fn(t.astype(jnp.float32), jnp.asarray(value, dtype=jnp.float32)).astype(t.dtype)
+        return fn(t, jnp.asarray(value, dtype=t.dtype))
+
     zeros_like = staticmethod(jnp.zeros_like)
     ones_like = staticmethod(jnp.ones_like)
 

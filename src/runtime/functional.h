@@ -122,6 +122,18 @@ TensorPtr make_dual(const TensorPtr& primal, const TensorPtr& tangent);
 TensorPtr zeros_like(const TensorPtr& x);
 TensorPtr ones_like(const TensorPtr& x);
 TensorPtr scalar_like(double value, const TensorPtr& like);
+// op(t, value) for a formula's `t * 0.5` (op(num_t, num_s) takes t and value as a 0-d tensor):
+// beside a 16-bit float tensor the number is a float32 and t is widened, the result rounded once
+// to t's dtype, as the op's kernel computes two 16-bit tensors (not the number rounded to t's
+// dtype first: 1/n in mean's gradient is subnormal in float16 past n = 16384, 0 past 2^25).
+template <typename Op>
+TensorPtr with_number(const TensorPtr& t, double value, Op&& op) {
+  if (t->dtype() == DType::Float16 || t->dtype() == DType::BFloat16) {
+    TensorPtr wide = cast(t, DType::Float32);
+    return cast(op(wide, scalar_like(value, wide)), t->dtype());
+  }
+  return op(t, scalar_like(value, t));
+}
 double numel(const TensorPtr& x);
 // A composite op's result against its spec's dtype and shape rule (what its meta rule, and so
 // adapters' fake tensors and XLA, take): RuntimeError naming the op and output where they differ.

@@ -283,6 +283,16 @@ def test_str_defaults_with_control_characters_reach_the_schema(tmp_path: Path) -
     torch.testing.assert_close(torch.ops.ttagged.tagged(torch.ones(2)), torch.full((2,), 2.0))
 
 
+def test_numbers_in_gradient_formulas_are_computed_in_float32_beside_16_bit_tensors() -> None:
+    # mean's gradient scales by 1/n: rounded to float16 first it was 1.3% off at n = 1e6 and 0
+    # past 2^25 (torch's own mean: exact to rounding); now the number is a float32 and dout widened
+    for dtype in (torch.float16, torch.bfloat16):
+        x = torch.ones(1_000_000, dtype=dtype, requires_grad=True)
+        (g,) = torch.autograd.grad(ops.mean(x), [x], torch.tensor(1024.0, dtype=dtype))
+        (ref,) = torch.autograd.grad(torch.mean(x), [x], torch.tensor(1024.0, dtype=dtype))
+        assert g.dtype == dtype and torch.equal(g, ref), (dtype, g[0].item(), ref[0].item())
+
+
 def test_the_gradient_of_a_mean_over_an_empty_axis_is_empty() -> None:
     """(mean's bprop scales by numel(out) / numel(x): Python's division by 0 raised ZeroDivisionError,
     where opforge's own backward gives an empty gradient)"""

@@ -269,6 +269,18 @@ def test_div_gradient_and_tangent_in_y_do_not_square_y(dtype: str, x: float, y: 
         assert abs(float(got.astype("float64").numpy()[0]) / exact - 1) < 1e-2, (got, exact)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_numbers_in_gradient_formulas_are_computed_in_float32_beside_16_bit_tensors(dtype: str) -> None:
+    # mean's gradient scales by 1/n: rounded to float16 first it was 1.3% off at n = 1e6 (and 0
+    # past 2^25); the number is a float32 and dout widened, the result rounded once
+    n = 1_000_000
+    x = opforge.tensor(np.ones(n), dtype=dtype, requires_grad=True)
+    (g,) = opforge.gradients(ops.mean(x), [x], [opforge.tensor(np.array(1024.0), dtype=dtype)])
+    exact = opforge.tensor(np.array(1024.0 / n)).astype(dtype).astype("float64").numpy()
+    assert g.dtype == dtype
+    np.testing.assert_array_equal(g.astype("float64").numpy()[:3], [exact] * 3)
+
+
 def test_long_float_sums_are_accurate_in_every_layout() -> None:
     # float32 partial sums are flushed into a double every block: a column sum of 2^24 + 2^22 ones
     # stalled at 2^24 (mean 0.84, as NumPy's column sums), and 2^24 row elements lost digits

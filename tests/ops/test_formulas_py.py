@@ -32,6 +32,12 @@ class H(ShapeHelpers):
         return opforge.tensor(np.array(value, dtype=np.float64)).astype(like.dtype)
 
     @staticmethod
+    def with_number(t: opforge.Tensor, value: Any, fn: Any) -> opforge.Tensor:
+        if t.dtype in ("float16", "bfloat16"):
+            return fn(t.astype("float32"), H.scalar_like(value, t.astype("float32"))).astype(t.dtype)
+        return fn(t, H.scalar_like(value, t))
+
+    @staticmethod
     def zeros_like(t: opforge.Tensor) -> opforge.Tensor:
         return _C._zeros_like(t)
 
