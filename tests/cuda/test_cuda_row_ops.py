@@ -342,6 +342,19 @@ def test_labels_and_indices_out_of_range_raise_on_cuda(bad: int) -> None:
     assert host(ops.cross_entropy(logits, cuda(np.array([0, 1, 4])))) == pytest.approx(np.log(5))
 
 
+def test_indices_into_empty_rows_or_an_empty_axis_raise_on_cuda_as_on_cpu() -> None:
+    # (a (5, 0) table has rows of no elements, an axis of size 0 has no position: the cuda kernels
+    # had no element to check an index at and returned empty results silently; a review's point)
+    idx = np.array([0, 7, 2])
+    for device in ("cpu", "cuda"):
+        with pytest.raises(IndexError, match=r"\[embedding\] index 7 is out of range for weight with 5 rows"):
+            ops.embedding(opforge.tensor(idx, device=device), opforge.tensor(np.ones((5, 0)), device=device))
+        with pytest.raises(IndexError, match=r"\[scatter_add_along_axis\] index 0 is out of range for axis 0 of size 0"):
+            ops.scatter_add_along_axis(opforge.tensor(np.ones(3), device=device), opforge.tensor(idx, device=device),
+                                       opforge.tensor(np.ones(0), device=device), axis=0)
+    assert ops.embedding(cuda(np.array([0, 4])), cuda(np.ones((5, 0)))).shape == (2, 0)
+
+
 def test_index_checks_off_skip_the_wait_and_touch_nothing() -> None:
     # opforge.cuda.set_index_checks(False): no IndexError; a bad label's loss is NaN and its row's
     # gradient the softmax alone, a bad index's row zeros; nothing read or written out of bounds

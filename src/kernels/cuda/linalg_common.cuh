@@ -398,12 +398,13 @@ bool linear_bias_lt(const Blas& blas, int64_t rows, int64_t n_out, int64_t n_in,
   int found = 0;
   const cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(lt, desc.h, a_desc.h, b_desc.h, d_desc.h, d_desc.h, pref.h,
                                                           1, &result, &found);
-  if (h == CUBLAS_STATUS_NOT_SUPPORTED || (h == CUBLAS_STATUS_SUCCESS && found == 0)) return false;
-  check(op, h, "cublasLtMatmulAlgoGetHeuristic");
+  // (any refusal of the heuristic: the plain GEMM then a bias pass. PyTorch keeps cuBLASLt away
+  // from matrices with a dimension of 1, for which the heuristic answered CUBLAS_STATUS_INVALID_VALUE)
+  if (h != CUBLAS_STATUS_SUCCESS || found == 0) return false;
   const typename Ty::Scale alpha = 1, beta = 0;
   const cublasStatus_t r = cublasLtMatmul(lt, desc.h, &alpha, w, a_desc.h, x, b_desc.h, &beta, out, d_desc.h, out,
                                           d_desc.h, &result.algo, blas.workspace, blas.workspace_size, blas.stream);
-  if (r == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  if (r == CUBLAS_STATUS_NOT_SUPPORTED || r == CUBLAS_STATUS_INVALID_VALUE) return false;  // (nothing launched)
   check(op, r, "cublasLtMatmul");
   return true;
 }

@@ -46,22 +46,28 @@ void scatter_add_along_axis(const TensorPtr& src, const TensorPtr& indices, cons
   const elem::AxisView v(x->shape(), axis);
   const Device dev = out->device();
   if (indices->device() != dev) fail<ValueError>(op, "indices are on ", indices->device().str(), " but src on ", dev.str());
-  if (out->numel() == 0) return;
+  // (an empty out with indices: an axis of size 0, where every index is out of range; the lanes
+  // run to check them, as the cpu does, and write nothing)
+  if (out->numel() == 0 && indices->numel() == 0) return;
   using A = compute_t<T>;
   constexpr bool kSame = std::is_same_v<A, T>;
   const rows::IndexCheck chk(op, dev);
   {
     ::opforge::cuda::DeviceGuard guard(op, dev.index);
     const cudaStream_t stream = ::opforge::cuda::current_stream(op, dev);
-    const TensorPtr acc = kSame ? out : ::opforge::cuda::scratch(dev, static_cast<size_t>(out->numel()) * sizeof(A));
+    const TensorPtr acc = kSame || out->numel() == 0
+                              ? out
+                              : ::opforge::cuda::scratch(dev, static_cast<size_t>(out->numel()) * sizeof(A));
     A* ap = static_cast<A*>(acc->raw_data());
     scatter_lanes<T, A><<<::opforge::cuda::detail::blocks_for(v.outer * v.inner), ::opforge::cuda::kThreads, 0, stream>>>(
         v.outer, k, v.size, v.inner, indices->data<int64_t>(), src->data<T>(), ap, chk.flag());
     ::opforge::cuda::check(op, cudaGetLastError());
     if constexpr (!kSame) {
-      rows::store_cols<T, A><<<::opforge::cuda::detail::blocks_for(out->numel()), ::opforge::cuda::kThreads, 0, stream>>>(
-          out->numel(), ap, out->data<T>());
-      ::opforge::cuda::check(op, cudaGetLastError());
+      if (out->numel() > 0) {
+        rows::store_cols<T, A><<<::opforge::cuda::detail::blocks_for(out->numel()), ::opforge::cuda::kThreads, 0,
+                                 stream>>>(out->numel(), ap, out->data<T>());
+        ::opforge::cuda::check(op, cudaGetLastError());
+      }
     }
   }
   chk.raise_if_bad(indices->data<int64_t>(),
