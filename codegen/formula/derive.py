@@ -301,8 +301,9 @@ def scale(g: Node, p: D, like: Node) -> D:
         return call(p.func, p.args[0], a if a is not None else zero, b if b is not None else zero)
     if isinstance(p, Binary) and p.op == "*":  # (a number times a where/if_given: a tie's ½)
         for k, q in ((p.left, p.right), (p.right, p.left)):
-            if isinstance(k, Num) and isinstance(q, Call) and q.func in ("where", "if_given"):
-                return scale(mul(g, k), q, like)
+            gk = mul(g, k)
+            if isinstance(k, Num) and isinstance(q, Call) and q.func in ("where", "if_given") and gk is not None:
+                return scale(gk, q, like)
     return mul(g, p) if not is_num(p, 1) else g
 
 
