@@ -417,6 +417,29 @@ def test_take_and_scatter_along_axis_and_transpose() -> None:
         np.testing.assert_array_equal(ops.transpose(cuda(a)).cpu().numpy(), np.swapaxes(a, -1, -2))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int64"])
+@pytest.mark.parametrize("xs,srcs,axis", [((1000,), (2_000_000,), 0), ((3, 5000), (3, 40_000), 1),
+                                          ((2, 300, 4), (2, 5000, 4), 1), ((7,), (3000,), 0)], ids=str)
+def test_scatter_of_few_long_lanes_matches_the_cpu(xs: tuple, srcs: tuple, axis: int, dtype: str) -> None:
+    # (few lanes, long ones: sorted (lane, index) runs, a thread per output element, where a thread
+    # per lane ran a 1-D scatter on one thread; the sums in the cpu's order)
+    rng = np.random.default_rng(11)
+    src = rng.integers(-50, 50, srcs) if dtype == "int64" else rng.standard_normal(srcs)
+    idx = rng.integers(0, xs[axis], srcs)
+    idx[(0,) * len(srcs)] = xs[axis] - 1
+    x = np.zeros(xs)
+    want = ops.scatter_add_along_axis(opforge.tensor(src, dtype=dtype), idx, opforge.tensor(x, dtype=dtype), axis=axis)
+    got = ops.scatter_add_along_axis(cuda(src, dtype), cuda(idx), cuda(x, dtype), axis=axis)
+    if dtype == "float16":
+        np.testing.assert_allclose(host(got), want.astype("float64").numpy(), rtol=1e-3, atol=1e-2)
+    else:
+        np.testing.assert_array_equal(host(got), want.astype("float64").numpy())
+    bad = idx.copy()
+    bad[tuple(5 if d == axis else 0 for d in range(len(srcs)))] = xs[axis]
+    with pytest.raises(IndexError, match=rf"\[scatter_add_along_axis\] index {xs[axis]} is out of range"):
+        ops.scatter_add_along_axis(cuda(src, dtype), cuda(bad), cuda(x, dtype), axis=axis)
+
+
 @pytest.mark.parametrize("shape", [(5000, 7), (5000, 1000), (3000, 1024), (600, 4096), (200, 6144), (300, 8192),
                                    (40, 8200), (3, 100_003), (0, 64)], ids=str)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])

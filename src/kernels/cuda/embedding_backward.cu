@@ -22,16 +22,6 @@ __global__ void check_and_number(int64_t n, int64_t rows, const int64_t* idx, in
   }
 }
 
-__device__ __forceinline__ int64_t lower_bound(const int64_t* keys, int64_t n, int64_t key) {
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (keys[mid] < key) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-
 // grad[r, :] = sum over the sorted positions p with keys[p] == r of dout[pos[p], :], in order
 template <typename T>
 __global__ void sum_rows(int64_t rows, int64_t dim, int64_t n, const int64_t* keys, const int64_t* pos, const T* dout,
@@ -40,7 +30,7 @@ __global__ void sum_rows(int64_t rows, int64_t dim, int64_t n, const int64_t* ke
   __shared__ int64_t span[2];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     __syncthreads();
-    if (threadIdx.x < 2) span[threadIdx.x] = lower_bound(keys, n, r + threadIdx.x);
+    if (threadIdx.x < 2) span[threadIdx.x] = rows::lower_bound(keys, n, r + threadIdx.x);
     __syncthreads();
     const int64_t b = span[0], e = span[1];
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {

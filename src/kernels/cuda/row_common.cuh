@@ -724,4 +724,15 @@ __device__ __forceinline__ bool index_ok(int64_t idx, int64_t limit, int64_t i, 
   return false;
 }
 
+// In a kernel: the first place in sorted keys[0, n) whose key is not below key.
+__device__ __forceinline__ int64_t lower_bound(const int64_t* keys, int64_t n, int64_t key) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (keys[mid] < key) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
 }  // namespace opforge::kernels::cuda::rows

@@ -1,9 +1,14 @@
 // Kernel of op `scatter_add_along_axis` on cuda: a thread per lane (an outer index and an inner
 // position) zeroes its lane, then adds src along the axis in position order, so repeated positions
 // never race and sums run in a fixed order (in float for 16-bit floats, then stored): deterministic,
-// as on the cpu. Indices are checked on the device (row_common.cuh's IndexCheck): a bad index adds
-// nothing and the call raises IndexError naming the op.
+// as on the cpu. Few long lanes (a 1-D scatter is one lane: one thread for all of it) go another
+// way with the same sums: the (lane, index) key of every source element sorted with its position
+// (CUB's stable radix sort), then a thread per output element sums its run in position order.
+// Indices are checked on the device (row_common.cuh's IndexCheck): a bad index adds nothing and
+// the call raises IndexError naming the op.
 #include "scatter_add_along_axis.h"
+
+#include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cpu/elem_common.h"
 #include "row_common.cuh"
@@ -30,6 +35,36 @@ __global__ void scatter_lanes(int64_t outer, int64_t k, int64_t size, int64_t in
   }
 }
 
+// Source element e = (o * k + p) * inner + j: its key, (o * inner + j) * size + i for its index i
+// (the lane's run of output element (o, i, j)), or the largest int64 for a bad index (never an
+// output's), and its position e.
+__global__ void lane_keys(int64_t n, int64_t k, int64_t size, int64_t inner, const int64_t* idx, int64_t* keys,
+                          int64_t* pos, unsigned long long* bad) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t o = e / (k * inner), j = e % inner;
+    const int64_t i = idx[e];
+    keys[e] = rows::index_ok(i, size, e, bad) ? (o * inner + j) * size + i : INT64_MAX;
+    pos[e] = e;
+  }
+}
+
+// out[(o * size + i) * inner + j] = the sum of src over the run of its key in the sorted keys, in
+// position order (the lanes kernel's order)
+template <typename T, typename A>
+__global__ void sum_runs(int64_t total, int64_t size, int64_t inner, int64_t n, const int64_t* keys, const int64_t* pos,
+                         const T* src, T* out) {
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = t % inner, oi = t / inner;
+    const int64_t i = oi % size, o = oi / size;
+    const int64_t key = (o * inner + j) * size + i;
+    A acc = A(0);
+    for (int64_t p = rows::lower_bound(keys, n, key); p < n && keys[p] == key; ++p) {
+      acc = fn::add(acc, static_cast<A>(convert<compute_t<T>>(src[pos[p]])));  // (ints wrap)
+    }
+    out[t] = convert<T>(acc);
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -52,6 +87,34 @@ void scatter_add_along_axis(const TensorPtr& src, const TensorPtr& indices, cons
   using A = compute_t<T>;
   constexpr bool kSame = std::is_same_v<A, T>;
   const rows::IndexCheck chk(op, dev);
+  const int64_t lanes = v.outer * v.inner, n = indices->numel();
+  if (lanes < 8192 && v.size + k >= 1024 && out->numel() > 0) {  // few long lanes: sorted runs
+    ::opforge::cuda::DeviceGuard guard(op, dev.index);
+    const cudaStream_t stream = ::opforge::cuda::current_stream(op, dev);
+    const size_t nn = static_cast<size_t>(std::max<int64_t>(n, 1));
+    const TensorPtr buf = ::opforge::cuda::scratch(dev, 4 * nn * sizeof(int64_t));
+    int64_t* keys_in = static_cast<int64_t*>(buf->raw_data());
+    int64_t* pos_in = keys_in + nn;
+    int64_t* keys = pos_in + nn;
+    int64_t* pos = keys + nn;
+    if (n > 0) {
+      lane_keys<<<::opforge::cuda::detail::blocks_for(n), ::opforge::cuda::kThreads, 0, stream>>>(
+          n, k, v.size, v.inner, indices->data<int64_t>(), keys_in, pos_in, chk.flag());
+      ::opforge::cuda::check(op, cudaGetLastError());
+      size_t bytes = 0;
+      ::opforge::cuda::check(op, cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys_in, keys, pos_in, pos, n, 0, 64,
+                                                                 stream));
+      const TensorPtr temp = ::opforge::cuda::scratch(dev, bytes);
+      ::opforge::cuda::check(op, cub::DeviceRadixSort::SortPairs(temp->raw_data(), bytes, keys_in, keys, pos_in, pos, n,
+                                                                 0, 64, stream));
+    }
+    sum_runs<T, A><<<::opforge::cuda::detail::blocks_for(out->numel()), ::opforge::cuda::kThreads, 0, stream>>>(
+        out->numel(), v.size, v.inner, n, keys, pos, src->data<T>(), out->data<T>());
+    ::opforge::cuda::check(op, cudaGetLastError());
+    chk.raise_if_bad(indices->data<int64_t>(),
+                     "axis " + std::to_string(attrs.axis) + " of size " + std::to_string(v.size));
+    return;
+  }
   {
     ::opforge::cuda::DeviceGuard guard(op, dev.index);
     const cudaStream_t stream = ::opforge::cuda::current_stream(op, dev);
