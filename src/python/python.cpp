@@ -1887,9 +1887,9 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
     if (type == "int") return py::int_(aot::parse_int("aot", "attr", text));
     fail<ValueError>("_aot_attr_value", "type must be 'float' or 'int', got '", type, "'");
   }, py::arg("type"), py::arg("text"));
-  m.def("_drain_at_exit", [] { drain_at_exit(std::chrono::seconds(5)); },
-        "atexit hook: waits (at most 5 s) until no other thread runs Python code inside an op call, "
-        "and parks those that would start one (see src/python/gil.h).");
+  m.def("_drain_at_exit", [] { drain_at_exit(std::chrono::seconds(2)); },
+        "atexit hook: waits (at most 2 s) until no other thread is inside an op call, and parks daemon "
+        "threads that would start one (see src/python/gil.h).");
   static const int atfork = pthread_atfork(nullptr, nullptr, [] { reset_drain_in_child(); });
   (void)atfork;
   m.def("is_grad_enabled", &GradMode::is_enabled);

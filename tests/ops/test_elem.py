@@ -252,6 +252,10 @@ def test_clamp_with_a_nan_bound_gives_nan_as_numpy_and_torch() -> None:
             out = ops.clamp(opforge.tensor(x, dtype=dtype), **kw)
             np.testing.assert_array_equal(out.astype("float64").numpy(), ref)
     np.testing.assert_array_equal(ops.clamp(x, min=-1.0, max=1.0).numpy(), [-1.0, 0.5, 1.0, np.nan])
+    # ties give x, as PyTorch's clamp (NumPy's minimum/maximum give the bound)
+    for v, kw, negative in ((-0.0, {"min": 0.0}, True), (0.0, {"min": -0.0}, False), (0.0, {"max": -0.0}, False),
+                            (-0.0, {"max": 0.0}, True)):
+        assert np.signbit(ops.clamp(np.array([v]), **kw).numpy()[0]) == negative, (v, kw)
 
 
 @pytest.mark.parametrize("dtype, x, y", [("float16", 1.0, 300.0), ("float16", 100.0, 1000.0),
@@ -279,6 +283,17 @@ def test_numbers_in_gradient_formulas_are_computed_in_float32_beside_16_bit_tens
     exact = opforge.tensor(np.array(1024.0 / n)).astype(dtype).astype("float64").numpy()
     assert g.dtype == dtype
     np.testing.assert_array_equal(g.astype("float64").numpy()[:3], [exact] * 3)
+
+
+def test_div_gradient_does_not_read_the_quotient_an_in_place_op_changed() -> None:
+    # (the written dy read out: z = div(x, y); z.add_(10) then backward raised "shares its memory
+    # with a tensor saved for backward"; torch's formula reads x and y)
+    x = opforge.tensor(np.array([2.0]), requires_grad=True)
+    y = opforge.tensor(np.array([2.0]), requires_grad=True)
+    z = ops.div(x, y)
+    ops.add_(z, np.array([10.0]))
+    gx, gy = opforge.gradients(ops.sum(z), [x, y])
+    assert (gx.numpy()[0], gy.numpy()[0]) == (0.5, -0.5)
 
 
 def test_long_float_sums_are_accurate_in_every_layout() -> None:
