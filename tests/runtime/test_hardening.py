@@ -607,6 +607,49 @@ def test_daemon_threads_running_python_code_inside_ops_at_interpreter_exit() -> 
         assert "exception" not in r.stderr, r.stderr[-2000:]
 
 
+HANDLERS_WAIT_FOR_OP_THREADS = """
+import atexit, queue, threading, time
+q, lock = queue.Queue(), threading.Lock()
+def writer():  # (a daemon writer thread an atexit handler flushes and joins)
+    while True:
+        item = q.get()
+        if item is None:
+            return
+        import opforge
+        opforge.ops.add(item, item)
+writer_thread = threading.Thread(target=writer, daemon=True)
+writer_thread.start()
+def flush():
+    import opforge, numpy as np
+    q.put(opforge.tensor(np.ones(3, np.float32)))
+    q.put(None)
+    writer_thread.join()
+    print("flushed", flush=True)
+def final():
+    with lock:
+        print("got the lock", flush=True)
+atexit.register(flush)  # (registered before opforge's import: they run after its drain)
+atexit.register(final)
+import opforge, numpy as np
+x = opforge.tensor(np.ones(3, np.float32))
+def locked():
+    while True:
+        with lock:
+            opforge.ops.add(x, x)
+threading.Thread(target=locked, daemon=True).start()
+time.sleep(0.2)
+print("done", flush=True)
+"""
+
+
+def test_atexit_handlers_that_wait_for_threads_calling_ops_do_not_hang() -> None:
+    # (the first drain parked every other thread at its next op call: a handler joining a daemon
+    # writer, or taking a lock a daemon thread held while calling ops, hung the exit; found by review)
+    r = subprocess.run([sys.executable, "-c", HANDLERS_WAIT_FOR_OP_THREADS], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert r.stdout.split("\n")[:3] == ["done", "got the lock", "flushed"], r.stdout
+
+
 # ---------------------------------------------------------------------------- sizes
 
 
