@@ -153,7 +153,7 @@ class PyLang(CppLang):
 
     def with_number(self, fn: str, tensor: str, number: str, number_first: bool) -> str:
         a, b = ("num_s", "num_t") if number_first else ("num_t", "num_s")
-        return f"H.with_number({tensor}, {number}, lambda num_t, num_s: F.{fn}({a}, {b}))"
+        return f"H.with_number({tensor}, {number}, lambda f, num_t, num_s: f.{fn}({a}, {b}), F)"
 
     def bind_like(self, code: str, name: str, body: str) -> str:
         return f"(lambda {name}: {body})({code})"

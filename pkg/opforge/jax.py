@@ -396,10 +396,10 @@ class _Helpers(ShapeHelpers):
         return jnp.asarray(value, dtype=like.dtype)
 
     @staticmethod
-    def with_number(t: Any, value: Any, fn: Callable[[Any, Any], Any]) -> Any:
+    def with_number(t: Any, value: Any, fn: Callable[..., Any], F: Any) -> Any:  # noqa: N803
         if t.dtype == jnp.float16 or t.dtype == jnp.bfloat16:
-            return fn(t.astype(jnp.float32), jnp.asarray(value, dtype=jnp.float32)).astype(t.dtype)
-        return fn(t, jnp.asarray(value, dtype=t.dtype))
+            return fn(F, t.astype(jnp.float32), jnp.asarray(value, dtype=jnp.float32)).astype(t.dtype)
+        return fn(F, t, jnp.asarray(value, dtype=t.dtype))
 
     zeros_like = staticmethod(jnp.zeros_like)
     ones_like = staticmethod(jnp.ones_like)

@@ -661,11 +661,16 @@ class _Helpers:
         return ms.Tensor(value, like.dtype)
 
     @staticmethod
-    def with_number(t: Any, value: Any, fn: Callable[[Any, Any], Any]) -> Any:
+    def with_number(t: Any, value: Any, fn: Callable[..., Any], F: Any) -> Any:  # noqa: N803
+        # a number computed from numel()s is a tensor, which with dynamic shapes holds a value known
+        # only when the graph runs: MindSpore's own ops take it there (an opforge primitive beside it
+        # is inferred again at run time, which MindSpore cannot do in Python: "The prim is not a
+        # PrimitivePy")
+        ns = _ARITHMETIC if isinstance(value, ms.Tensor) else F
         if t.dtype == ms.float16 or t.dtype == ms.bfloat16:
             wide = _msops.cast(t, ms.float32)
-            return _msops.cast(fn(wide, _Helpers.scalar_like(value, wide)), t.dtype)
-        return fn(t, _Helpers.scalar_like(value, t))
+            return _msops.cast(fn(ns, wide, _Helpers.scalar_like(value, wide)), t.dtype)
+        return fn(ns, t, _Helpers.scalar_like(value, t))
 
     zeros_like = staticmethod(_msops.zeros_like)
     ones_like = staticmethod(_msops.ones_like)
@@ -673,11 +678,20 @@ class _Helpers:
     @staticmethod
     def numel(t: Any) -> Any:
         # a float64 0-d tensor, not an int: Graph mode computes with Python numbers in float32
+        if not _msF.isconstant(t.shape):
+            # (sizes known only when it runs: their product by MindSpore's ops, as a tensor of the
+            # Python number t.size then has a type known only at run time, and the opforge
+            # primitives after it were compiled then: "The prim is not a PrimitivePy")
+            return _msops.prod(_msops.cast(_msops.dyn_shape(t), ms.float64))
         return ms.Tensor(t.size, ms.float64)
 
     @staticmethod
     def expand_reduced(g: Any, like: Any, axes: Any, keepdims: bool) -> Any:
         if not keepdims:
+            if _msF.is_sequence_shape_unknown(like.shape):
+                raise ValueError("[opforge.mindspore] the gradient of a reduction without keepdims needs its "
+                                 "input's rank, which a Tensor(shape=None) input leaves unknown: declare the "
+                                 "input with its rank (None for each size) in set_inputs")
             rank = len(like.shape)
             if axes is None:
                 axes = tuple(range(rank))
@@ -686,6 +700,12 @@ class _Helpers:
             if rank > 0:  # (a 0-d tensor's axis 0 or -1 is no axis; [] is every axis: g is 0-d)
                 for a in sorted([a % rank for a in axes]):
                     g = _msops.expand_dims(g, a)
+        if not _msF.isconstant(like.shape):
+            # (sizes known only when it runs: broadcast by a product with ones, as BroadcastTo to a
+            # shape computed when the graph runs refuses 1 -> 0, and an opforge primitive after it
+            # was inferred again at run time, which MindSpore cannot do: "The prim is not a
+            # PrimitivePy")
+            return _msops.mul(g, _msops.ones_like(like))
         return _msops.broadcast_to(g, like.shape)
 
     @staticmethod
@@ -712,6 +732,8 @@ class _Helpers:
 
 
 H = _Helpers()
+# MindSpore's own arithmetic, for numbers known only when a graph runs (_Helpers.with_number)
+_ARITHMETIC = SimpleNamespace(add=_msops.add, sub=_msops.sub, mul=_msops.mul, div=_msops.div)
 
 
 class OpSet:

@@ -447,14 +447,16 @@ class _Helpers(ShapeHelpers):
 
     @staticmethod
     def scalar_like(value: Any, like: torch.Tensor) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):  # (a number computed from symbolic numel()s)
+            return value.to(dtype=like.dtype, device=like.device)
         return torch.full((), value, dtype=like.dtype, device=like.device)
 
     @staticmethod
-    def with_number(t: torch.Tensor, value: Any, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def with_number(t: torch.Tensor, value: Any, fn: Callable[..., torch.Tensor], F: Any) -> torch.Tensor:  # noqa: N803
         if t.dtype == torch.float16 or t.dtype == torch.bfloat16:
             wide = t.to(torch.float32)
-            return fn(wide, torch.full((), value, dtype=torch.float32, device=t.device)).to(t.dtype)
-        return fn(t, torch.full((), value, dtype=t.dtype, device=t.device))
+            return fn(F, wide, _Helpers.scalar_like(value, wide)).to(t.dtype)
+        return fn(F, t, _Helpers.scalar_like(value, t))
 
     zeros_like = staticmethod(torch.zeros_like)
     ones_like = staticmethod(torch.ones_like)
@@ -464,7 +466,11 @@ class _Helpers(ShapeHelpers):
         # (an empty tensor's 0 as NaN: formulas divide by it, mean's numel(out) / numel(x), and
         # Python's division by 0 raises where C++'s gives inf; the factor only scales empty tensors)
         n = t.numel()
-        return math.nan if isinstance(n, int) and n == 0 else n
+        if isinstance(n, int):
+            return math.nan if n == 0 else n
+        # (a symbolic size, under torch.compile: a 0-d float64 tensor, whose division by 0 is NaN
+        # or inf where Python's raised ZeroDivisionError, and which asks nothing of the size)
+        return torch.scalar_tensor(n, dtype=torch.float64, device=t.device)
 
     @staticmethod
     def expand_reduced(g: torch.Tensor, like: torch.Tensor, axes: Any, keepdims: bool) -> torch.Tensor:

@@ -176,6 +176,49 @@ def test_gradients_taken_inside_a_graph_take_changing_batch_sizes(graph) -> None
             np.testing.assert_allclose(g.asnumpy(), e.numpy(), rtol=1e-10, atol=1e-14)
 
 
+class _MeanNet(nn.Cell):  # type: ignore[misc]
+    def construct(self, x: Any) -> Any:
+        return om.ops.mean(x)
+
+
+class _SumNet(nn.Cell):  # type: ignore[misc]
+    def construct(self, x: Any) -> Any:
+        return om.ops.sum(x)
+
+
+class _InputGrad(nn.Cell):  # type: ignore[misc]
+    def __init__(self, net: Any) -> None:
+        super().__init__()
+        self.g = ms.grad(net)
+
+    def construct(self, x: Any) -> Any:
+        return self.g(x)
+
+
+def test_reduction_gradients_inside_a_graph_take_unknown_sizes_and_empty_dims(graph) -> None:
+    """(mean's 1/n from sizes known only when the graph runs was a tensor of a type known only then,
+    and the opforge primitives after it failed at the launch, 'The prim is not a PrimitivePy',
+    then MindSpore aborted at exit; MindSpore's BroadcastTo to a shape known only then refused
+    1 -> 0: the gradient of a reduction over an input with an empty dimension raised; both found
+    by a dynamic-shapes hunt)"""
+    for net, scale in ((_MeanNet(), True), (_SumNet(), False)):
+        cell = _InputGrad(net)
+        cell.set_inputs(Tensor(shape=[None, None, None], dtype=ms.float32))
+        for shape in ((2, 3, 4), (0, 3, 4), (3, 0, 2), (1, 5, 2)):
+            got = cell(Tensor(np.ones(shape, np.float32))).asnumpy()
+            want = np.full(shape, 1 / max(1, int(np.prod(shape))) if scale else 1.0, np.float32)
+            assert got.shape == shape
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_the_gradient_of_a_reduction_of_unknown_rank_says_why_it_cannot_be_taken(graph) -> None:
+    """(a bare NameError: name 'rank' is not defined)"""
+    cell = _InputGrad(_SumNet())
+    cell.set_inputs(Tensor(shape=None, dtype=ms.float32))
+    with pytest.raises(ValueError, match=r"the gradient of a reduction without keepdims needs its input's rank"):
+        cell(Tensor(np.ones((2, 3), np.float32)))
+
+
 def test_a_launch_whose_shapes_do_not_fit_raises(graph, capfd) -> None:
     """Shapes that only the launch shows to be wrong: MindSpore reports the failed shape
     inference, opforge's message (on stderr, where MindSpore cannot carry it) names the op."""

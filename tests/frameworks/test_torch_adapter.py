@@ -302,6 +302,33 @@ def test_the_gradient_of_a_mean_over_an_empty_axis_is_empty() -> None:
         assert x.grad is not None and x.grad.shape == shape
 
 
+def test_compiled_mean_gradients_of_empty_and_data_dependent_sizes() -> None:
+    """(under torch.compile numel is a symbolic size: mean's numel(out) / numel(x) divided by 0 in
+    Python, ZeroDivisionError, for an empty input or an empty data-dependent selection; found by a
+    dynamic-shapes hunt)"""
+    def f(x):  # type: ignore[no-untyped-def]
+        return ops.mean(x, axis=[1], keepdims=True).sum()
+
+    cf = torch.compile(f, backend="aot_eager", dynamic=True, fullgraph=True)
+    x = torch.randn(3, 0, 2, requires_grad=True)
+    cf(x).backward()
+    assert x.grad is not None and x.grad.shape == (3, 0, 2)
+
+    def g(x):  # type: ignore[no-untyped-def]
+        return ops.mean(x[x > 0.5], axis=[0], keepdims=True).sum()
+
+    import torch._dynamo.config as dynamo_config
+    with dynamo_config.patch(capture_dynamic_output_shape_ops=True):  # (x[x > 0.5]: an unbacked size)
+        cg = torch.compile(g, backend="aot_eager", fullgraph=True)
+        for values, want_out, want_grad in (([0.9, 0.1, 0.7], 0.8, [0.5, 0.0, 0.5]),
+                                            ([0.1, 0.2, 0.3], None, [0.0, 0.0, 0.0])):
+            x = torch.tensor(values, requires_grad=True)
+            out = cg(x)
+            out.backward()
+            assert torch.isnan(out).item() if want_out is None else out.item() == pytest.approx(want_out)
+            assert x.grad is not None and x.grad.tolist() == pytest.approx(want_grad)
+
+
 def test_importing_opforge_torch_again_reuses_its_ops() -> None:
     """(importlib.reload, or an import after removing the module from sys.modules, raised torch's
     'Only a single TORCH_LIBRARY can be used to register the namespace opforge')"""

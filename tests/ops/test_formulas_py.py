@@ -32,10 +32,10 @@ class H(ShapeHelpers):
         return opforge.tensor(np.array(value, dtype=np.float64)).astype(like.dtype)
 
     @staticmethod
-    def with_number(t: opforge.Tensor, value: Any, fn: Any) -> opforge.Tensor:
+    def with_number(t: opforge.Tensor, value: Any, fn: Any, F: Any) -> opforge.Tensor:  # noqa: N803
         if t.dtype in ("float16", "bfloat16"):
-            return fn(t.astype("float32"), H.scalar_like(value, t.astype("float32"))).astype(t.dtype)
-        return fn(t, H.scalar_like(value, t))
+            return fn(F, t.astype("float32"), H.scalar_like(value, t.astype("float32"))).astype(t.dtype)
+        return fn(F, t, H.scalar_like(value, t))
 
     @staticmethod
     def zeros_like(t: opforge.Tensor) -> opforge.Tensor:
