@@ -465,7 +465,7 @@ class _Helpers(ShapeHelpers):
     def numel(t: torch.Tensor) -> Any:
         # (an empty tensor's 0 as NaN: formulas divide by it, mean's numel(out) / numel(x), and
         # Python's division by 0 raises where C++'s gives inf; the factor only scales empty tensors)
-        n = t.numel()
+        n: Any = t.numel()  # (an int, or a SymInt under torch.compile)
         if isinstance(n, int):
             return math.nan if n == 0 else n
         # (a symbolic size, under torch.compile: a 0-d float64 tensor, whose division by 0 is NaN
