@@ -168,6 +168,8 @@ class _Lowering:
                 return f"dim_compare({lc}, {rc}, {_CPP_COMPARE[node.op]}())", DKind.BOOL
             if self.dynamic and lk == DKind.DIMS:
                 return f"dims_compare({lc}, {rc}, {'true' if node.op == '==' else 'false'})", DKind.BOOL
+            if not self.cpp and lk == DKind.DIMS:  # (one test of symbolic sizes: no guard on each)
+                return f"H.{'dims_equal' if node.op == '==' else 'dims_differ'}({lc}, {rc})", DKind.BOOL
             return f"({lc} {node.op} {rc})", DKind.BOOL
         if node.op == "+" and lk == rk == DKind.DIMS:
             return (f"shape_cat({lc}, {rc})" if self.cpp else f"({lc} + {rc})"), DKind.DIMS

@@ -191,6 +191,21 @@ class ShapeHelpers:
         return all(tests)
 
     @staticmethod
+    def _not(test: Any) -> Any:
+        return not test
+
+    @classmethod
+    def dims_equal(cls, a: Sequence[Any], b: Sequence[Any]) -> Any:
+        """A check's ``shape(a) == shape(b)``: one test over the sizes (for torch a SymBool, a
+        constraint checked at run time, where list equality asked a yes or no of each size)."""
+        a, b = list(a), list(b)
+        return len(a) == len(b) and cls._all([x == y for x, y in zip(a, b)])
+
+    @classmethod
+    def dims_differ(cls, a: Sequence[Any], b: Sequence[Any]) -> Any:
+        return cls._not(cls.dims_equal(a, b))
+
+    @staticmethod
     def drop(op: str, d: Sequence[Any], i: int) -> list[Any]:
         d = list(d)
         if not d and i in (0, -1):

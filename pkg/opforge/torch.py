@@ -499,6 +499,10 @@ class _Helpers(ShapeHelpers):
         return sym_and(True, *tests)
 
     @staticmethod
+    def _not(test: Any) -> Any:
+        return torch.sym_not(test)
+
+    @staticmethod
     def reduce_grad(g: torch.Tensor, meta: tuple[torch.Size, torch.dtype]) -> torch.Tensor:
         shape, dtype = meta
         if g.shape != shape:

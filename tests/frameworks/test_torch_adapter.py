@@ -329,6 +329,28 @@ def test_compiled_mean_gradients_of_empty_and_data_dependent_sizes() -> None:
             assert x.grad is not None and x.grad.tolist() == pytest.approx(want_grad)
 
 
+def test_checks_comparing_two_data_dependent_sizes_compile() -> None:
+    """(a check's shape(a) == shape(b) compared lists, which asked for a yes or no of each size:
+    torch's GuardOnDataDependentSymNode for cross_entropy(x[m], labels[m2]); found by a
+    dynamic-shapes hunt. Now one SymBool, a constraint torch checks at run time)"""
+    import torch._dynamo.config as dynamo_config
+
+    def f(x, labels, m, m2):  # type: ignore[no-untyped-def]
+        return ops.cross_entropy(x[m], labels[m2]), ops.take_along_axis(x[m], labels[m2].unsqueeze(1), axis=1)
+
+    x, labels = torch.randn(6, 4), torch.randint(0, 4, (6,))
+    m = torch.tensor([1, 1, 0, 1, 0, 1], dtype=torch.bool)
+    with dynamo_config.patch(capture_dynamic_output_shape_ops=True):
+        cf = torch.compile(f, backend="aot_eager", fullgraph=True)
+        for got, want in zip(cf(x, labels, m, m), f(x, labels, m, m)):
+            assert torch.equal(got, want)
+        other = torch.tensor([1, 1, 0, 1, 0, 0], dtype=torch.bool)
+        with pytest.raises(ValueError, match=r"\[cross_entropy\] labels must have shape \(N,\)"):
+            f(x, labels, m, other)
+        with pytest.raises(RuntimeError, match=r"Runtime assertion failed"):  # (torch's words, not the op's)
+            cf(x, labels, m, other)
+
+
 def test_importing_opforge_torch_again_reuses_its_ops() -> None:
     """(importlib.reload, or an import after removing the module from sys.modules, raised torch's
     'Only a single TORCH_LIBRARY can be used to register the namespace opforge')"""
