@@ -500,7 +500,7 @@ class _Helpers(ShapeHelpers):
 
     @staticmethod
     def _not(test: Any) -> Any:
-        return torch.sym_not(test)
+        return torch.sym_not(test)  # type: ignore[no-untyped-call]
 
     @staticmethod
     def reduce_grad(g: torch.Tensor, meta: tuple[torch.Size, torch.dtype]) -> torch.Tensor:
