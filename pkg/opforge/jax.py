@@ -179,18 +179,23 @@ def _stand_in_envs(op: str, shapes: Sequence[Sequence[Any]]) -> list[dict[str, i
                     variables.setdefault(v, d.scope)
     if not variables:
         return []
+    bounds = {v: _bounds(jax.export.symbolic_shape(v, scope=scope)[0]) for v, scope in variables.items()}
+    names = sorted(variables)
     envs = []
     for base, step in ((1009, 4), (1201, 6)):
-        env = {}
-        for k, (v, scope) in enumerate(sorted(variables.items())):
-            low, high = _bounds(jax.export.symbolic_shape(v, scope=scope)[0])
-            env[v] = int(min(max(base + step * k, low), high))
-        if any(n < 1 for shape in shapes for n in _at(shape, env)):
+        # the variables in their names' order, else in the reverse one (constraints relating two
+        # variables, b >= c + 1, ask for one of them the larger: the names' order alone refused
+        # such a program by how its variables were named)
+        for order in (names, names[::-1]):
+            env = {v: int(min(max(base + step * k, bounds[v][0]), bounds[v][1])) for k, v in enumerate(order)}
+            if all(n >= 1 for shape in shapes for n in _at(shape, env)):
+                envs.append(env)
+                break
+        else:
             raise NotImplementedError(
                 f"[{op}] no sizes of {', '.join(variables)} within their constraints give the shapes "
                 f"{', '.join(str(tuple(s)) for s in shapes)} sizes of at least 1 to check the call at; export with "
                 "concrete shapes")
-        envs.append(env)
     return envs
 
 

@@ -272,3 +272,19 @@ def test_programs_of_opforge_ops_hit_jaxs_persistent_compilation_cache(tmp_path:
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr[-3000:]
     first, second = (r.stdout.strip().splitlines()[-1] for r in runs)
     assert first == second and "jit__lambda" in first, (first, second)  # (the entry the first run wrote, reused)
+
+
+@pytest.mark.parametrize("names", ["b, c", "c, b"])
+def test_symbolic_sizes_related_by_a_constraint_export_whatever_their_names(names: str) -> None:
+    """(the meta rule's stand-in sizes took the variables in their names' order: with b >= c + 1,
+    x[:b - c] was refused as 'no sizes ... give sizes of at least 1', and with the names swapped
+    the same program exported; found by a dynamic-shapes hunt)"""
+    first, second = names.split(", ")
+    dims = dict(zip((first, second), jax.export.symbolic_shape(names, constraints=[f"{first} >= {second} + 1"])))
+
+    def f(x: Any, y: Any) -> Any:
+        return oj.ops.exp(x[: x.shape[0] - y.shape[0]])
+
+    args = (jax.ShapeDtypeStruct((dims[first],), jnp.float32), jax.ShapeDtypeStruct((dims[second],), jnp.float32))
+    exported = oj.export(jax.jit(f))(*args)
+    np.testing.assert_allclose(exported.call(np.zeros(5, np.float32), np.ones(2, np.float32)), np.ones(3))
