@@ -21,13 +21,6 @@ __global__ void gather_rows(int64_t n, int64_t units, int64_t rows, const int64_
   }
 }
 
-// rows of no elements (weight (rows, 0)): the indices checked alone, as the cpu checks them
-__global__ void check_rows(int64_t n, int64_t rows, const int64_t* idx, unsigned long long* bad) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    rows::index_ok(idx[i], rows, i, bad);
-  }
-}
-
 }  // namespace
 
 template <typename T>
@@ -45,8 +38,8 @@ void embedding(const TensorPtr& indices, const TensorPtr& weight, const TensorPt
   {
     ::opforge::cuda::DeviceGuard guard(op, dev.index);
     const cudaStream_t stream = ::opforge::cuda::current_stream(op, dev);
-    if (dim == 0) {
-      check_rows<<<::opforge::cuda::detail::blocks_for(n), ::opforge::cuda::kThreads, 0, stream>>>(
+    if (dim == 0) {  // (rows of no elements: the indices checked alone, as the cpu checks them)
+      rows::check_indices<<<::opforge::cuda::detail::blocks_for(n), ::opforge::cuda::kThreads, 0, stream>>>(
           n, rows, indices->data<int64_t>(), chk.flag());
       ::opforge::cuda::check(op, cudaGetLastError());
       chk.raise_if_bad(indices->data<int64_t>(), "weight with " + std::to_string(rows) + " rows");

@@ -6,10 +6,9 @@
 // a row, and the call raises IndexError naming the op.
 #include "embedding_backward.h"
 
-#include <cub/device/device_radix_sort.cuh>
-
 #include "kernels/layout.h"
 #include "row_common.cuh"
+#include "sort_pairs.cuh"
 
 namespace opforge::kernels::cuda {
 
@@ -58,10 +57,8 @@ void embedding_backward(const TensorPtr& dout, const TensorPtr& indices, const T
     if (n > 0) {  // (every index is out of range)
       const rows::IndexCheck chk(op, dev);
       ::opforge::cuda::DeviceGuard guard(op, dev.index);
-      const TensorPtr pos = ::opforge::cuda::scratch(dev, static_cast<size_t>(n) * sizeof(int64_t));
-      check_and_number<<<::opforge::cuda::detail::blocks_for(n), ::opforge::cuda::kThreads, 0,
-                         ::opforge::cuda::current_stream(op, dev)>>>(n, rows, indices->data<int64_t>(),
-                                                                     static_cast<int64_t*>(pos->raw_data()), chk.flag());
+      rows::check_indices<<<::opforge::cuda::detail::blocks_for(n), ::opforge::cuda::kThreads, 0,
+                            ::opforge::cuda::current_stream(op, dev)>>>(n, rows, indices->data<int64_t>(), chk.flag());
       ::opforge::cuda::check(op, cudaGetLastError());
       chk.raise_if_bad(indices->data<int64_t>(), "weight with " + std::to_string(rows) + " rows");
     }
@@ -80,12 +77,7 @@ void embedding_backward(const TensorPtr& dout, const TensorPtr& indices, const T
       check_and_number<<<::opforge::cuda::detail::blocks_for(n), ::opforge::cuda::kThreads, 0, stream>>>(
           n, rows, indices->data<int64_t>(), pos_in, chk.flag());
       ::opforge::cuda::check(op, cudaGetLastError());
-      size_t bytes = 0;
-      ::opforge::cuda::check(op, cub::DeviceRadixSort::SortPairs(nullptr, bytes, indices->data<int64_t>(), keys, pos_in,
-                                                                 pos, n, 0, 64, stream));
-      const TensorPtr temp = ::opforge::cuda::scratch(dev, bytes);
-      ::opforge::cuda::check(op, cub::DeviceRadixSort::SortPairs(temp->raw_data(), bytes, indices->data<int64_t>(), keys,
-                                                                 pos_in, pos, n, 0, 64, stream));
+      rows::sort_pairs(op, dev, stream, indices->data<int64_t>(), keys, pos_in, pos, n);
     }
     const int threads = static_cast<int>(std::min<int64_t>(256, ((dim + 31) / 32) * 32));
     sum_rows<T><<<static_cast<unsigned>(std::min<int64_t>(rows, int64_t(1) << 20)), threads, 0, stream>>>(

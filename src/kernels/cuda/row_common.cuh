@@ -724,6 +724,15 @@ __device__ __forceinline__ bool index_ok(int64_t idx, int64_t limit, int64_t i, 
   return false;
 }
 
+// Every index of idx[0, n) checked against [0, limit) (a call with no element to check it at: a
+// table of empty rows, an axis of size 0). (A template: one kernel however many files include this.)
+template <typename Index = int64_t>
+__global__ void check_indices(int64_t n, int64_t limit, const Index* idx, unsigned long long* bad) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    index_ok(idx[i], limit, i, bad);
+  }
+}
+
 // In a kernel: the first place in sorted keys[0, n) whose key is not below key.
 __device__ __forceinline__ int64_t lower_bound(const int64_t* keys, int64_t n, int64_t key) {
   int64_t lo = 0, hi = n;

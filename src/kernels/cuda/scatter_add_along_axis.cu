@@ -8,10 +8,9 @@
 // the call raises IndexError naming the op.
 #include "scatter_add_along_axis.h"
 
-#include <cub/device/device_radix_sort.cuh>
-
 #include "kernels/cpu/elem_common.h"
 #include "row_common.cuh"
+#include "sort_pairs.cuh"
 
 namespace opforge::kernels::cuda {
 
@@ -101,12 +100,7 @@ void scatter_add_along_axis(const TensorPtr& src, const TensorPtr& indices, cons
       lane_keys<<<::opforge::cuda::detail::blocks_for(n), ::opforge::cuda::kThreads, 0, stream>>>(
           n, k, v.size, v.inner, indices->data<int64_t>(), keys_in, pos_in, chk.flag());
       ::opforge::cuda::check(op, cudaGetLastError());
-      size_t bytes = 0;
-      ::opforge::cuda::check(op, cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys_in, keys, pos_in, pos, n, 0, 64,
-                                                                 stream));
-      const TensorPtr temp = ::opforge::cuda::scratch(dev, bytes);
-      ::opforge::cuda::check(op, cub::DeviceRadixSort::SortPairs(temp->raw_data(), bytes, keys_in, keys, pos_in, pos, n,
-                                                                 0, 64, stream));
+      rows::sort_pairs(op, dev, stream, keys_in, keys, pos_in, pos, n);
     }
     sum_runs<T, A><<<::opforge::cuda::detail::blocks_for(out->numel()), ::opforge::cuda::kThreads, 0, stream>>>(
         out->numel(), v.size, v.inner, n, keys, pos, src->data<T>(), out->data<T>());
