@@ -155,7 +155,7 @@ inline void check_same_shape(const char* op, const char* a, const TensorPtr& x, 
   }
 }
 
-// Cross-entropy inputs: logits (N, C), labels (N,) with every label in [0, C).
+// Cross-entropy inputs: logits (N, C), labels (N,) (each in [0, C) or ignore_index: the kernels check it).
 inline void check_logits_labels(const char* op, const TensorPtr& logits, const TensorPtr& labels) {
   if (logits->dim() != 2) {
     fail<ValueError>(op, "logits must have shape (N, C), got ", shape_str(logits->shape()));
@@ -172,9 +172,10 @@ inline void check_loss_grad(const char* op, const TensorPtr& dy, int64_t rows) {
     fail<ValueError>(op, "dy must have shape () or (N,) = (", rows, ",), got ", shape_str(dy->shape()));
   }
 }
-// The factor of each row's gradient: 1 / N for reduction mean, else 1.
-inline double reduction_scale(const std::string& reduction, int64_t rows) {
-  return reduction == "mean" ? 1.0 / static_cast<double>(rows) : 1.0;
+// The factor of each row's gradient: 1 / (the rows kept: not ignore_index) for reduction mean,
+// else 1. (No row kept: inf, which no row then reads.)
+inline double reduction_scale(const std::string& reduction, int64_t kept) {
+  return reduction == "mean" ? 1.0 / static_cast<double>(kept) : 1.0;
 }
 
 // The weight gradient dy * (x - mean) * rstd of norm_weight_grad and norm_affine_grad: the shape

@@ -170,13 +170,15 @@ def embedding(sample: Any) -> tuple[list[Any], dict[str, Any]]:
 
 
 def cross_entropy(sample: Any) -> tuple[list[Any], dict[str, Any]]:
-    """F.cross_entropy(logits, target, reduction=...) with class labels of 2-D logits."""
+    """F.cross_entropy(logits, target, reduction=..., ignore_index=..., label_smoothing=...) with
+    class labels of 2-D logits."""
     target = sample.args[0]
     if sample.input.dim() != 2 or target.dtype != torch.int64:
         raise NotMapped("not (N, C) logits with class labels")
-    if {k for k in sample.kwargs if k != "reduction"}:
-        raise NotMapped("weight, ignore_index or label_smoothing")
-    return [sample.input, target], {"reduction": sample.kwargs.get("reduction", "mean")}
+    mapped = {"reduction", "ignore_index", "label_smoothing"}
+    if {k for k in sample.kwargs if k not in mapped} or sample.kwargs.get("weight") is not None:
+        raise NotMapped("weight")
+    return [sample.input, target], {k: v for k, v in sample.kwargs.items() if k in mapped}
 
 
 def softmax_backward(sample: Any) -> tuple[list[Any], dict[str, Any]]:
@@ -264,8 +266,8 @@ DIFFERENCES: dict[tuple[str, str], str] = {
     ("cross_entropy", "not (N, C) logits with class labels"):
         "opforge's cross_entropy takes (N, C) logits and int64 class labels (no K-dimensional logits, no "
         "class-probability targets)",
-    ("cross_entropy", "weight, ignore_index or label_smoothing"):
-        "opforge's cross_entropy has only reduction (no weight, ignore_index or label_smoothing)",
+    ("cross_entropy", "weight"):
+        "opforge's cross_entropy has reduction, ignore_index and label_smoothing (no per-class weight)",
 }
 
 

@@ -319,6 +319,47 @@ def test_cross_entropy_and_gradient(classes: int, dtype: str) -> None:
     np.testing.assert_allclose(host(g), want, rtol=rtol * 10, atol={"float64": 1e-14, "float32": 1e-7, "bfloat16": 1e-3}[dtype])
 
 
+@pytest.mark.parametrize("classes", [5, 1500, 32_000])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_ignore_index_and_label_smoothing_match_the_cpu(classes: int, dtype: str) -> None:
+    # (rows left out are not read, mean counts the rows kept on the device, the smoothing term sums
+    # the row in a pass of its own: the same numbers as the cpu kernels)
+    rng = np.random.default_rng(classes + 1)
+    logits, labels = rng.standard_normal((64, classes)) * 3, rng.integers(0, classes, 64)
+    labels[::5] = -100
+    dy = rng.standard_normal(64)
+    rtol, atol = {"float64": (1e-12, 1e-14), "float32": (1e-5, 1e-7), "bfloat16": (2e-2, 1e-3)}[dtype]
+    for kw in ({"label_smoothing": 0.1}, {"ignore_index": int(labels[1])}, {"label_smoothing": 1.0}, {}):
+        for reduction in ("none", "sum", "mean"):
+            lab = labels if "ignore_index" not in kw else np.where(labels == -100, 0, labels)
+            got = host(ops.cross_entropy(cuda(logits, dtype), cuda(lab), reduction=reduction, **kw))
+            want_cpu = host(ops.cross_entropy(cuda(logits, dtype).cpu(), opforge.tensor(lab), reduction=reduction, **kw))
+            np.testing.assert_allclose(got, want_cpu, rtol=rtol, atol=atol, err_msg=f"{kw} {reduction}")
+            d = dy if reduction == "none" else np.array(1.5)
+            g = host(ops.cross_entropy_backward(cuda(d, dtype), cuda(logits, dtype), cuda(lab), reduction=reduction, **kw))
+            g_cpu = host(ops.cross_entropy_backward(cuda(d, dtype).cpu(), cuda(logits, dtype).cpu(), opforge.tensor(lab),
+                                                    reduction=reduction, **kw))
+            np.testing.assert_allclose(g, g_cpu, rtol=rtol * 10, atol=atol * 10, err_msg=f"grad {kw} {reduction}")
+            ignore = kw.get("ignore_index", -100)
+            assert not g[lab == ignore].any()
+            s = host(ops.cross_entropy_grad_scale(cuda(d, dtype), cuda(logits, dtype), cuda(lab), reduction=reduction,
+                                                  ignore_index=ignore))
+            s_cpu = host(ops.cross_entropy_grad_scale(cuda(d, dtype).cpu(), cuda(logits, dtype).cpu(), opforge.tensor(lab),
+                                                      reduction=reduction, ignore_index=ignore))
+            np.testing.assert_array_equal(s, s_cpu)
+
+
+def test_cross_entropy_with_every_row_ignored_on_cuda() -> None:
+    logits, labels = cuda(np.array([[1.0, np.inf], [np.nan, 0.0]])), cuda(np.array([-100, -100]))
+    assert np.isnan(host(ops.cross_entropy(logits, labels)))  # 0 / 0 rows kept, as torch and the cpu
+    assert host(ops.cross_entropy(logits, labels, reduction="sum")) == 0.0
+    np.testing.assert_array_equal(host(ops.cross_entropy(logits, labels, reduction="none")), [0.0, 0.0])
+    np.testing.assert_array_equal(host(ops.cross_entropy_backward(cuda(np.ones(())), logits, labels)), np.zeros((2, 2)))
+    np.testing.assert_array_equal(host(ops.cross_entropy_grad_scale(cuda(np.ones(())), logits, labels)), np.zeros((2, 2)))
+    with pytest.raises(IndexError, match=r"\[cross_entropy\] label -1 is out of range for 2 classes"):
+        ops.cross_entropy(logits, cuda(np.array([-100, -1])))
+
+
 @pytest.mark.parametrize("bad", [5, -1, 1 << 40])
 def test_labels_and_indices_out_of_range_raise_on_cuda(bad: int) -> None:
     logits, labels = cuda(np.zeros((3, 5))), cuda(np.array([0, bad, 4]))

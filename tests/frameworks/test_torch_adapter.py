@@ -568,3 +568,35 @@ def test_channels_last_runs_layout_ops_as_nhwc() -> None:
     torch.library.opcheck(torch.ops.opforge.bias_add.default, (x, b), test_utils=("test_schema", "test_faketensor"))
     # NHWC given explicitly: x's last axis is its channel axis, as always
     torch.testing.assert_close(ot.ops.bias_add(x, torch.randn(5, dtype=torch.float64), format="NHWC").shape, x.shape)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_cross_entropy_with_padding_labels_and_label_smoothing_matches_torch(compiled: bool) -> None:
+    # a language model's loss: padded positions labelled -100, smoothed targets (F.cross_entropy's
+    # ignore_index and label_smoothing), forward and gradient, eager and compiled
+    torch.manual_seed(0)
+    logits = torch.randn(12, 7, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([3, 0, -100, 6, 2, -100, 1, 1, 5, -100, 4, 0])
+    dy = torch.randn(12, dtype=torch.float64)
+
+    def ours(x, y, reduction, smoothing):  # type: ignore[no-untyped-def]
+        return ot.ops.cross_entropy(x, y, reduction=reduction, ignore_index=-100, label_smoothing=smoothing)
+
+    run = torch.compile(ours, fullgraph=True, backend="aot_eager") if compiled else ours
+    for reduction in ("mean", "sum", "none"):
+        for smoothing in (0.0, 0.1):
+            got = run(logits, labels, reduction, smoothing)
+            want = torch.nn.functional.cross_entropy(logits, labels, reduction=reduction, label_smoothing=smoothing)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+            g = dy if reduction == "none" else dy[0]
+            (ga,) = torch.autograd.grad(got, logits, g)
+            (gb,) = torch.autograd.grad(want, logits, g)
+            torch.testing.assert_close(ga, gb, rtol=1e-12, atol=1e-14)
+    # second order: the gradient's gradient, as torch's
+    x = logits.detach().requires_grad_()
+    for f in (ours, lambda x, y, r, s: torch.nn.functional.cross_entropy(x, y, reduction=r, label_smoothing=s)):
+        (gx,) = torch.autograd.grad(f(x, labels, "mean", 0.1), x, create_graph=True)
+        (h,) = torch.autograd.grad((gx * gx).sum(), x)
+        if f is ours:
+            ours_h = h
+    torch.testing.assert_close(ours_h, h, rtol=1e-10, atol=1e-13)

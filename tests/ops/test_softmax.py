@@ -75,7 +75,14 @@ def test_bad_cross_entropy_shapes_and_types() -> None:
         ops.cross_entropy_backward(np.float32(1), np.zeros((2, 2, 5), np.float32), LABELS[:2])
     with pytest.raises(ValueError, match=re.escape(
             "[cross_entropy_grad_scale] dy must have shape () or (N,) = (4,), got (2, 2)")):
-        ops.cross_entropy_grad_scale(np.ones((2, 2), np.float32), X)
+        ops.cross_entropy_grad_scale(np.ones((2, 2), np.float32), X, LABELS)
+    with pytest.raises(ValueError, match=re.escape(
+            "[cross_entropy_grad_scale] labels must have shape (N,) = (4,) to match logits (4, 5), got (3,)")):
+        ops.cross_entropy_grad_scale(np.float32(1), X, LABELS[:3])
+    with pytest.raises(ValueError, match=re.escape("[cross_entropy] attr 'label_smoothing'")):
+        ops.cross_entropy(X, LABELS, label_smoothing=1.5)
+    with pytest.raises(ValueError, match=re.escape("[cross_entropy_backward] attr 'label_smoothing'")):
+        ops.cross_entropy_backward(np.float32(1), X, LABELS, label_smoothing=-0.1)
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
@@ -141,6 +148,62 @@ def test_cross_entropy_without_rows() -> None:
     assert ops.cross_entropy(logits, labels, reduction="sum").item() == 0.0
     assert ops.cross_entropy(logits, labels, reduction="none").shape == (0,)
     assert ops.cross_entropy_backward(np.float32(1), logits, labels).shape == (0, 5)
+
+
+def np_cross_entropy_rows(x, labels, ignore_index=-100, label_smoothing=0.0):
+    """torch's per-row loss: 0 where the label is ignore_index; the target (1 - e) onehot + e / C."""
+    kept = labels != ignore_index
+    lsm = np_log_softmax(x.astype(np.float64))
+    nll = -lsm[np.arange(len(labels)), np.where(kept, labels, 0)]
+    return np.where(kept, (1 - label_smoothing) * nll - label_smoothing * lsm.mean(1), 0.0), kept
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.2, 1.0])
+@pytest.mark.parametrize("ignore_index", [-100, 2])
+def test_ignore_index_and_label_smoothing(ignore_index: int, smoothing: float) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((9, 6)).astype(np.float64)
+    labels = np.array([0, 2, -100, 5, 2, 1, -100, 3, 2])
+    if ignore_index == 2:
+        labels = np.where(labels == -100, 4, labels)  # -100 is no label then
+    rows, kept = np_cross_entropy_rows(x, labels, ignore_index, smoothing)
+    kw = {"ignore_index": ignore_index, "label_smoothing": smoothing}
+    np.testing.assert_allclose(ops.cross_entropy(x, labels, reduction="none", **kw).numpy(), rows, rtol=1e-12)
+    np.testing.assert_allclose(ops.cross_entropy(x, labels, reduction="sum", **kw).item(), rows.sum(), rtol=1e-12)
+    mean = ops.cross_entropy(x, labels, **kw).item()
+    assert mean == pytest.approx(rows.sum() / kept.sum(), rel=1e-12)  # over the rows kept, as torch
+    # the gradient: softmax - (1 - e) onehot - e / C in the rows kept, over the rows kept for mean
+    xt = opforge.from_numpy(x.copy())
+    xt.requires_grad = True
+    (g,) = opforge.gradients(ops.cross_entropy(xt, labels, **kw), [xt])
+    onehot = np.eye(6)[np.where(kept, labels, 0)]
+    expected = (np_softmax(x) - (1 - smoothing) * onehot - smoothing / 6) * kept[:, None] / kept.sum()
+    np.testing.assert_allclose(g.numpy(), expected, rtol=1e-12, atol=1e-15)
+    assert not g.numpy()[~kept].any()
+
+
+def test_cross_entropy_with_every_row_ignored() -> None:
+    x = np.array([[1.0, np.inf], [np.nan, 0.0]], np.float32)
+    labels = np.array([-100, -100])
+    assert np.isnan(ops.cross_entropy(x, labels).item())  # 0 / 0 rows kept, as torch
+    assert ops.cross_entropy(x, labels, reduction="sum").item() == 0.0
+    assert not ops.cross_entropy(x, labels, reduction="none").numpy().any()  # rows not read: no NaN
+    for reduction in ("mean", "sum", "none"):
+        dx = ops.cross_entropy_backward(np.float32(1), x, labels, reduction=reduction, label_smoothing=0.5)
+        np.testing.assert_array_equal(dx.numpy(), np.zeros((2, 2), np.float32))
+        scale = ops.cross_entropy_grad_scale(np.float32(1), x, labels, reduction=reduction)
+        np.testing.assert_array_equal(scale.numpy(), np.zeros((2, 2), np.float32))
+
+
+def test_labels_beside_ignore_index_are_still_checked() -> None:
+    with pytest.raises(IndexError, match=re.escape("[cross_entropy] label -1 is out of range for 5 classes")):
+        ops.cross_entropy(X, np.array([0, -100, -1, 1]))
+    with pytest.raises(IndexError, match=re.escape("[cross_entropy_backward] label -100 is out of range for 5")):
+        ops.cross_entropy_backward(np.float32(1), X, np.array([0, -100, 1, 1]), ignore_index=-1)
+    # an ignore_index among the classes leaves that class's rows out
+    x = np.arange(20, dtype=np.float64).reshape(4, 5) % 3
+    rows, _ = np_cross_entropy_rows(x, LABELS, ignore_index=1)
+    np.testing.assert_allclose(ops.cross_entropy(x, LABELS, ignore_index=1).item(), rows.sum() / 3, rtol=1e-12)
 
 
 def test_large_and_infinite_values() -> None:

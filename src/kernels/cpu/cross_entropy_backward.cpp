@@ -1,6 +1,7 @@
-// Kernel of op `cross_entropy_backward` on cpu: per row w = dy (or dy[i]) / (N for mean), then
-// dlogits = w * softmax(logits) (the online softmax row of softmax_common.h) and
-// dlogits[label] -= w. Shapes and labels are checked before any row is read.
+// Kernel of op `cross_entropy_backward` on cpu: per row w = dy (or dy[i]) / (the rows kept for
+// mean), then dlogits = w * softmax(logits) (the online softmax row of softmax_common.h),
+// dlogits[label] -= (1 - e) w and, for a label_smoothing e > 0, every element -= e w / C. A row
+// whose label is ignore_index is 0. Shapes and labels are checked before any row is read.
 #include "cross_entropy_backward.h"
 
 #include "softmax_common.h"
@@ -16,9 +17,11 @@ void cross_entropy_backward(const TensorPtr& dy, const TensorPtr& logits, const 
   smx::check_logits_labels(kOp, logits, labels);
   const int64_t rows = logits->shape()[0], classes = logits->shape()[1];
   smx::check_loss_grad(kOp, dy, rows);
-  const std::vector<int64_t> owned = smx::checked_labels(kOp, labels, classes);
-  const int64_t* lab = owned.data();
-  const double scale = smx::reduction_scale(attrs.reduction, rows);
+  const smx::CheckedLabels owned = smx::checked_labels(kOp, labels, classes, attrs.ignore_index);
+  const int64_t* lab = owned.values.data();
+  const int64_t ignore = attrs.ignore_index;
+  const double eps = attrs.label_smoothing;
+  const double scale = smx::reduction_scale(attrs.reduction, owned.kept);
   const T* g = dy->data<T>();
   const bool one = dy->numel() == 1;
   const T* x = logits->data<T>();
@@ -32,7 +35,12 @@ void cross_entropy_backward(const TensorPtr& dy, const TensorPtr& logits, const 
     std::vector<E> scratch(classes / smx::kChunk + 2);
 #pragma omp for schedule(dynamic, grab)
     for (int64_t i = 0; i < rows; ++i) {
-      const E w = static_cast<E>(convert<double>(g[one ? 0 : i]) * scale);
+      if (lab[i] == ignore) {
+        std::fill(dx + i * classes, dx + (i + 1) * classes, convert<T>(0.0));
+        continue;
+      }
+      const double wd = convert<double>(g[one ? 0 : i]) * scale;
+      const E w = static_cast<E>(wd);
       const E *row, *next;
       E* y;
       if constexpr (kConvert) {
@@ -45,7 +53,13 @@ void cross_entropy_backward(const TensorPtr& dy, const TensorPtr& logits, const 
         y = dx + i * classes;
       }
       smx::softmax_row(P, row, y, classes, scratch.data(), next, w);
-      y[lab[i]] -= w;
+      if (eps > 0) {
+        const E u = static_cast<E>(wd * eps / static_cast<double>(classes));
+        for (int64_t c = 0; c < classes; ++c) y[c] -= u;
+        y[lab[i]] -= static_cast<E>(wd * (1 - eps));
+      } else {
+        y[lab[i]] -= w;
+      }
       if constexpr (kConvert) smx::store_row(y, dx + i * classes, classes);
     }
   }

@@ -341,12 +341,19 @@ void map_axis(const std::array<const T*, NIn>& in, T* out, const AxisView& v, co
 }
 
 // The labels copied once into memory of this call and checked (another thread may write the
-// caller's array while the kernel runs with the GIL released: see elem::checked_indices).
-inline std::vector<int64_t> checked_labels(const char* op, const TensorPtr& labels, int64_t classes) {
+// caller's array while the kernel runs with the GIL released: see elem::checked_indices): each in
+// [0, classes) or `ignore` (a row left out, as torch's ignore_index); kept counts the others.
+struct CheckedLabels {
+  std::vector<int64_t> values;
+  int64_t kept = 0;
+};
+inline CheckedLabels checked_labels(const char* op, const TensorPtr& labels, int64_t classes, int64_t ignore) {
   const int64_t* src = labels->data<int64_t>();
-  std::vector<int64_t> lab(src, src + labels->numel());
-  for (const int64_t l : lab) {
+  CheckedLabels lab{std::vector<int64_t>(src, src + labels->numel()), 0};
+  for (const int64_t l : lab.values) {
+    if (l == ignore) continue;
     if (l < 0 || l >= classes) fail<IndexError>(op, "label ", l, " is out of range for ", classes, " classes");
+    ++lab.kept;
   }
   return lab;
 }

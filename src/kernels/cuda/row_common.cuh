@@ -733,6 +733,35 @@ __global__ void check_indices(int64_t n, int64_t limit, const Index* idx, unsign
   }
 }
 
+// *count += the number of idx[0, n) other than skip (cross_entropy's rows kept: labels that are
+// not ignore_index); integer atomics, the same count on every run. Blocks of whole warps.
+template <typename Index = int64_t>
+__global__ void count_other(int64_t n, const Index* idx, Index skip, unsigned long long* count) {
+  unsigned int c = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    c += idx[i] != skip;
+  }
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+  if (threadIdx.x % kWarp == 0 && c != 0) atomicAdd(count, static_cast<unsigned long long>(c));
+}
+
+// The rows of labels[0, rows) whose label is not ignore, counted on the device into a scratch
+// (stream-ordered, no host wait: capturable).
+inline TensorPtr kept_rows(const char* op, Device device, const int64_t* labels, int64_t rows, int64_t ignore) {
+  TensorPtr kept = ::opforge::cuda::scratch(device, sizeof(unsigned long long));
+  DeviceGuard guard(op, device.index);
+  const cudaStream_t stream = current_stream(op, device);
+  auto* k = static_cast<unsigned long long*>(kept->raw_data());
+  check(op, cudaMemsetAsync(k, 0, sizeof(unsigned long long), stream));
+  if (rows > 0) {
+    count_other<<<::opforge::cuda::detail::blocks_for(rows), ::opforge::cuda::kThreads, 0, stream>>>(rows, labels,
+                                                                                                    ignore, k);
+    check(op, cudaGetLastError());
+  }
+  return kept;
+}
+
 // In a kernel: the first place in sorted keys[0, n) whose key is not below key.
 __device__ __forceinline__ int64_t lower_bound(const int64_t* keys, int64_t n, int64_t key) {
   int64_t lo = 0, hi = n;
