@@ -267,7 +267,8 @@ def partial(node: Node, x: str, inputs: Sequence[str]) -> D:
             "exp": lambda: n,
             "expm1": lambda: call("exp", u),
             "sqrt": lambda: Binary("/", num(0.5), n, _P),
-            "rsqrt": lambda: Binary("/", Binary("*", num(-0.5), n, _P), u, _P),
+            # -0.5 rsqrt(u)^3, as torch (-0.5 * out / u gave -inf at u = -0.0, torch +inf)
+            "rsqrt": lambda: Binary("*", Binary("*", Binary("*", num(-0.5), n, _P), n, _P), n, _P),
             "tanh": lambda: Binary("-", num(1), Binary("*", n, n, _P), _P),
             "sin": lambda: call("cos", u),
             "cos": lambda: Unary("-", call("sin", u), _P),

@@ -45,3 +45,14 @@ def test_ops_built_from_comparisons_propagate_nan() -> None:
     assert np.isnan(ops.minimum(np.zeros(2, np.float32), x).numpy()[0])
     values, indices = ops.max(np.array([[1.0, NAN, 3.0]], np.float32), axis=1)
     assert np.isnan(values.numpy()[0]) and indices.numpy()[0] == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_rsqrt_gradient_and_tangent_at_signed_zeros(dtype: str) -> None:
+    # -0.5 rsqrt(x)^3, as torch: +inf at -0.0 (rsqrt(-0.0) is -inf), -inf at +0.0
+    x = opforge.tensor(np.array([-0.0, 0.0, 4.0], dtype))
+    x.requires_grad = True
+    (g,) = opforge.gradients(ops.sum(ops.rsqrt(x)), [x])
+    np.testing.assert_array_equal(g.numpy().astype(np.float64), [np.inf, -np.inf, -0.0625])
+    _, t = opforge.jvp(ops.rsqrt, (x.detach(),), (opforge.tensor(np.ones(3, dtype)),))
+    np.testing.assert_array_equal(t.numpy().astype(np.float64), [np.inf, -np.inf, -0.0625])
