@@ -352,7 +352,8 @@ def derive_formulas(impl: ExprImpl, inputs: Sequence[Input], outputs: Sequence[O
     """An expr op's bprop (mode "bprop") or jvp (mode "jvp") formulas by symbolic differentiation,
     as (lets, formulas) located at its impl.expr (raises derive.DeriveError)."""
     op = derive.ExprOp([i.name for i in inputs], [i.name for i in inputs if i.differentiable],
-                       [(n, f.ast) for n, f in impl.formulas], [o.name for o in outputs if o.differentiable])
+                       [(n, f.ast) for n, f in impl.formulas], [o.name for o in outputs if o.differentiable],
+                       {**{i.name: i.dtype for i in inputs}, **{o.name: o.dtype for o in outputs}})
     taken = ({i.name for i in inputs} | {o.name for o in outputs} | set(attrs)
              | {"d" + o.name for o in outputs} | {derive.tangent(i.name) for i in inputs})
     result = derive.derive(op, mode, taken)

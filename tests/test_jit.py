@@ -732,3 +732,52 @@ def test_formulas_select_and_bind_outputs_of_multi_output_ops(tmp_path: Path, ca
     x = opforge.tensor(x0, requires_grad=True)
     opforge.ops.sum(opforge.ops.mul(m.twice(x), opforge.tensor(w))).backward()
     np.testing.assert_allclose(x.grad.numpy(), 2 * w, rtol=1e-9, atol=1e-9)  # (y / rstd + mean == dout)
+
+
+MIXED = """\
+scaled_by:
+  doc: x times an integer count and a weight of its own dtype
+  inputs:
+    x: T
+    n: {dtype: int32}
+    w: U
+  outputs:
+    out: {dtype: T, shape: 'broadcast(x, n, w)'}
+  dtypes:
+    T: [float32, float64]
+    U: [float32, float64]
+  targets:
+    cpu: {}
+  impl:
+    expr: x * n * w
+"""
+
+
+@pytest.mark.slow
+def test_derived_gradients_of_inputs_of_other_dtypes(tmp_path: Path, cache: Path) -> None:
+    # (the derived gradient of `x * n` called mul(dout, n) with n int32, and every backward raised
+    # "[mul] inputs ... must have the same dtype": each tensor of another dtype is now read cast_like)
+    p = tmp_path / "scaled_by.yaml"
+    p.write_text(MIXED)
+    m = opforge.load("jit_mixed", specs=[p], build_dir=cache)
+    x64, n, w32 = np.array([1.5, -2.0, 3.0]), np.array([1, 2, 3], np.int32), np.array([0.5, 4.0, -1.0], np.float32)
+    x, w = opforge.tensor(x64, requires_grad=True), opforge.tensor(w32, requires_grad=True)
+    out = m.scaled_by(x, n, w)
+    assert out.dtype == "float64"
+    gx, gw = opforge.gradients(opforge.ops.sum(out), [x, w])
+    assert gx.dtype == "float64" and gw.dtype == "float32"
+    np.testing.assert_allclose(gx.numpy(), n * w32.astype(np.float64), rtol=1e-7)
+    np.testing.assert_allclose(gw.numpy(), (x64 * n).astype(np.float32), rtol=1e-7)
+    _, t = opforge.jvp(lambda a, b: m.scaled_by(a, n, b), (x.detach(), w.detach()),
+                       (opforge.tensor(np.ones(3)), opforge.tensor(np.ones(3, np.float32))))
+    np.testing.assert_allclose(t.numpy(), n * w32 + x64 * n, rtol=1e-7)
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch==2.13.0)")
+    import opforge.torch as otorch
+
+    tops = otorch.register_module(m)
+    tx = torch.tensor(x64, requires_grad=True)
+    tw = torch.tensor(w32, requires_grad=True)
+    tops.scaled_by(tx, torch.tensor(n), tw).sum().backward()
+    np.testing.assert_allclose(tx.grad.numpy(), gx.numpy(), rtol=1e-7)
+    np.testing.assert_allclose(tw.grad.numpy(), gw.numpy(), rtol=1e-7)
+    assert tw.grad.dtype == torch.float32

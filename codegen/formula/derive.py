@@ -24,8 +24,8 @@ text (parsed again by the model), so docs and ``opforge info`` show exactly what
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Sequence
 
 from .syntax import COMPARE_OPS, Binary, BoolLit, Call, ListLit, Name, Node, Num, Select, Str, Unary
 
@@ -183,6 +183,10 @@ class ExprOp:
     outputs: Sequence[tuple[str, Node]]   # output name -> its formula's tree
     # the outputs with gradients (d<output>); None: every output
     differentiable_outputs: Optional[Sequence[str]] = None
+    # each input's and output's dtype as its spec writes it (a type variable or a dtype); empty:
+    # all one dtype. A gradient or tangent reading a tensor of another is given it cast_like the
+    # input or output it is for (the expr's arithmetic converted every element to one compute type)
+    dtypes: Mapping[str, str] = field(default_factory=dict)
 
 
 def _refs_input(n: Node, inputs: Sequence[str]) -> bool:
@@ -328,6 +332,33 @@ def _tensor_where(n: Node, tensors: Sequence[str], like: Node) -> Node:
             return Call(m.func, args, m.kwargs, _P)
         return m
     return go(n)
+
+
+def _tensor_dtypes(op: ExprOp) -> dict[str, str]:
+    """The dtype (as the spec writes it) of every tensor a derived formula reads."""
+    kinds = {x: op.dtypes[x] for x in op.inputs if x in op.dtypes}
+    for o, _ in op.outputs:
+        if o in op.dtypes:
+            kinds[o] = kinds["d" + o] = op.dtypes[o]
+    for x in op.differentiable:
+        if x in op.dtypes:
+            kinds[tangent(x)] = op.dtypes[x]
+    return kinds
+
+
+def _cast_others(n: Node, target: str, kinds: Mapping[str, str]) -> Node:
+    """n (the gradient of input target, or the tangent of output target) with each tensor name of
+    another dtype than target's read as ``cast_like(name, target)``: ops take one dtype per type
+    variable (``x * n`` with n int32 has the gradient ``dout * cast_like(n, x)``)."""
+    want = kinds.get(target)
+
+    def cast(m: Node) -> Optional[Node]:
+        if isinstance(m, Name) and m.id in kinds and kinds[m.id] != want:
+            return call("cast_like", m, Name(target, _P))
+        if isinstance(m, Call) and m.func == "where" and isinstance(m.args[0], Name):  # (a bool condition stays)
+            return Call(m.func, (m.args[0], *(_rewrite(a, cast) for a in m.args[1:])), m.kwargs, _P)
+        return None
+    return n if want is None else _rewrite(n, cast)
 
 
 def _is_tensor(n: Node, names: Sequence[str]) -> bool:
@@ -478,6 +509,8 @@ def derive(op: ExprOp, mode: str, taken: set[str]) -> Derived:
     tensors = (list(op.inputs) + [o for o, _ in op.outputs] + ["d" + o for o, _ in op.outputs]
                + [tangent(x) for x in op.differentiable])
     results = [(k, _tensor_where(_subst_outputs(f, outs), tensors, like0)) for k, f in results]
+    if op.dtypes:
+        results = [(k, _cast_others(f, k, _tensor_dtypes(op))) for k, f in results]
     lets, formulas = share(results, tensors, taken)
     return Derived(tuple(lets), tuple(formulas))
 

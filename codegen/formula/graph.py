@@ -34,6 +34,7 @@ PARAM_TYPES = {Param.TENSOR: TENSOR, Param.AXES: VType(Kind.INT_LIST, optional=T
 HELPERS: Mapping[str, tuple[tuple[Param, ...], Optional[VType]]] = {
     "zeros_like": ((Param.TENSOR,), TENSOR),
     "ones_like": ((Param.TENSOR,), TENSOR),
+    "cast_like": ((Param.TENSOR, Param.TENSOR), TENSOR),
     "numel": ((Param.TENSOR,), NUMBER),
     "expand_reduced": ((Param.TENSOR, Param.TENSOR, Param.AXES, Param.BOOL), TENSOR),
     "if_given": ((Param.OPTIONAL, Param.ANY, Param.ANY), None),

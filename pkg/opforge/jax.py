@@ -410,6 +410,10 @@ class _Helpers(ShapeHelpers):
     ones_like = staticmethod(jnp.ones_like)
 
     @staticmethod
+    def cast_like(t: Any, like: Any) -> Any:
+        return t if t.dtype == like.dtype else t.astype(like.dtype)
+
+    @staticmethod
     def numel(t: Any) -> Any:
         if all(isinstance(d, (int, np.integer)) for d in t.shape):
             return math.prod(t.shape) or math.nan  # (0 as NaN: see opforge.torch's numel)

@@ -676,6 +676,10 @@ class _Helpers:
     ones_like = staticmethod(_msops.ones_like)
 
     @staticmethod
+    def cast_like(t: Any, like: Any) -> Any:
+        return t if t.dtype == like.dtype else _msops.cast(t, like.dtype)
+
+    @staticmethod
     def numel(t: Any) -> Any:
         # a float64 0-d tensor, not an int: Graph mode computes with Python numbers in float32
         if not _msF.isconstant(t.shape):

@@ -462,6 +462,10 @@ class _Helpers(ShapeHelpers):
     ones_like = staticmethod(torch.ones_like)
 
     @staticmethod
+    def cast_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return t.to(like.dtype)
+
+    @staticmethod
     def numel(t: torch.Tensor) -> Any:
         # (an empty tensor's 0 as NaN: formulas divide by it, mean's numel(out) / numel(x), and
         # Python's division by 0 raises where C++'s gives inf; the factor only scales empty tensors)

@@ -618,6 +618,9 @@ TensorPtr make_dual(const TensorPtr& primal, const TensorPtr& tangent) {
 }
 
 TensorPtr cast(const TensorPtr& x, DType dtype) { return CastFn::Apply(x, dtype); }
+TensorPtr cast_like(const TensorPtr& x, const TensorPtr& like) {
+  return x->dtype() == like->dtype() ? x : cast(x, like->dtype());
+}
 TensorPtr to(const TensorPtr& x, Device device) {
   if (device.type != DeviceType::CPU) device_runtime("to", device);  // (checks it, resolves a bare index)
   if (x->device() == device) return x;  // (itself, as torch's .to())

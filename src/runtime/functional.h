@@ -105,6 +105,9 @@ TensorPtr sum_kernel(const char* op, const TensorPtr& x, const Axes& axes, bool 
 
 // ---- differentiable helpers (record autograd when grad mode is on)
 TensorPtr cast(const TensorPtr& x, DType dtype);
+// x cast to like's dtype (x itself when it has it): derived formulas reading a tensor of another
+// type variable (a gradient of `x * n`, n int32, is `dout * cast_like(n, x)`)
+TensorPtr cast_like(const TensorPtr& x, const TensorPtr& like);
 // x on device (itself when already there), differentiable: gradients go back to x's device.
 TensorPtr to(const TensorPtr& x, Device device);
 TensorPtr sum_to(const TensorPtr& x, const Shape& shape);

@@ -51,6 +51,21 @@ def test_forward_mode_and_multiple_outputs() -> None:
     assert derived("x * y", mode="jvp") == {"out": "x_t * y + y_t * x"}
 
 
+def test_tensors_of_another_dtype_are_cast_like_the_gradients_input() -> None:
+    # (ops take one dtype per type variable: `dout * n` with n int32 raised at the first backward)
+    dtypes = {"x": "T", "n": "int32", "w": "U", "out": "T"}
+    op = derive.ExprOp(("x", "n", "w"), ("x", "w"), [("out", parse("x * n * w"))], None, dtypes)
+    assert dict(derive.derive(op, "bprop", set()).formulas) == {
+        "x": "dout * cast_like(n, x) * cast_like(w, x)",
+        "w": "cast_like(dout, w) * cast_like(x, w) * cast_like(n, w)"}
+    jvp = derive.derive(op, "jvp", set())
+    assert jvp.lets == (("e0", "cast_like(n, out)"),)  # (read twice: one cast)
+    assert dict(jvp.formulas) == {"out": "x_t * e0 * cast_like(w, out) + cast_like(w_t, out) * x * e0"}
+    # one dtype: no cast
+    same = derive.ExprOp(("x", "y"), ("x", "y"), [("out", parse("x * y"))], None, {"x": "T", "y": "T", "out": "T"})
+    assert dict(derive.derive(same, "bprop", set()).formulas) == {"x": "dout * y", "y": "dout * x"}
+
+
 def test_an_attr_test_stays_a_choice_and_repeats_become_lets() -> None:
     op = derive.ExprOp(("x",), ("x",), [("out", parse('where(mode == "a", exp(x * x), x * x * x)'))])
     got = derive.derive(op, "bprop", {"e0"})

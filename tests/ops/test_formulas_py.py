@@ -42,6 +42,10 @@ class H(ShapeHelpers):
         return _C._zeros_like(t)
 
     @staticmethod
+    def cast_like(t: opforge.Tensor, like: opforge.Tensor) -> opforge.Tensor:
+        return t.astype(like.dtype)
+
+    @staticmethod
     def ones_like(t: opforge.Tensor) -> opforge.Tensor:
         return ops.add(_C._zeros_like(t), H.scalar_like(1, t))
 
