@@ -36,6 +36,7 @@ HELPERS: Mapping[str, tuple[tuple[Param, ...], Optional[VType]]] = {
     "ones_like": ((Param.TENSOR,), TENSOR),
     "cast_like": ((Param.TENSOR, Param.TENSOR), TENSOR),
     "numel": ((Param.TENSOR,), NUMBER),
+    "numel_ratio": ((Param.TENSOR, Param.TENSOR), NUMBER),
     "expand_reduced": ((Param.TENSOR, Param.TENSOR, Param.AXES, Param.BOOL), TENSOR),
     "if_given": ((Param.OPTIONAL, Param.ANY, Param.ANY), None),
     "if_needs": ((Param.INPUT, Param.ANY, Param.ANY), None),

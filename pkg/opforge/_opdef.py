@@ -9,7 +9,8 @@ namespaces the adapter passes in: ``F``, the framework's own registered opforge 
 - ``H.with_number(t, value, fn, F)``: ``fn(F, t, value as a 0-d tensor)`` for a formula's ``t * 0.5``
   (``fn`` calls the operator's op of the namespace it is given), computed in float32 when t is
   float16 or bfloat16 (t widened, the result rounded back once);
-- ``H.zeros_like(t)``, ``H.ones_like(t)``, ``H.numel(t)``, ``H.cast_like(t, like)`` (t in like's
+- ``H.zeros_like(t)``, ``H.ones_like(t)``, ``H.numel(t)``, ``H.numel_ratio(a, b)`` (numel(a) / numel(b),
+  0 when b is empty), ``H.cast_like(t, like)`` (t in like's
   dtype: derived formulas reading a tensor of another type variable);
 - ``H.expand_reduced(g, like, axes, keepdims)``: g, reduced from like over axes, broadcast back;
 - ``H.reduce_grad(g, meta)``: a gradient summed to an input's shape and cast to its dtype,

@@ -414,6 +414,15 @@ class _Helpers(ShapeHelpers):
         return t if t.dtype == like.dtype else t.astype(like.dtype)
 
     @staticmethod
+    def numel_ratio(a: Any, b: Any) -> Any:
+        if all(isinstance(d, (int, np.integer)) for d in (*a.shape, *b.shape)):
+            nb = math.prod(b.shape)
+            return 0.0 if nb == 0 else math.prod(a.shape) / nb
+        na, nb = (functools.reduce(operator.mul, (d if isinstance(d, (int, np.integer)) else 1.0 * jnp.asarray(d)
+                                                  for d in t.shape), 1.0) for t in (a, b))
+        return na / jnp.maximum(nb, 1.0) * jnp.minimum(nb, 1.0)  # (counts: 0 when nb is 0)
+
+    @staticmethod
     def numel(t: Any) -> Any:
         if all(isinstance(d, (int, np.integer)) for d in t.shape):
             return math.prod(t.shape) or math.nan  # (0 as NaN: see opforge.torch's numel)
@@ -493,13 +502,20 @@ def _inputs(op: OpDef, inputs: list[Any]) -> list[Any]:
     weakly typed, as JAX takes it: of the dtype of an array input of its type variable (``x * 2.0``
     keeps x's bfloat16), checked as opforge's own API checks it (a float for an integer input is a
     TypeError, an int out of the dtype's range a ValueError); without one, JAX's default dtype of
-    the widest number of the type variable. Anything else: TypeError naming the op."""
+    the widest number of the type variable. A weakly typed JAX value (a Python number that became
+    an argument of jit or grad, a scan carry, ``jnp.asarray(2.0)``) takes the dtype of a strongly
+    typed array of its type variable as JAX promotes it (a float for a float input; an int or bool
+    for any). Anything else: TypeError naming the op."""
     numbers = []
+    weak = []
     for k, x in enumerate(inputs):
-        if x is None or type(x) in _ARRAYS:
+        if x is None:
             continue
-        if isinstance(x, (jax.Array, np.ndarray, np.generic)) or hasattr(x, "__jax_array__"):
+        if type(x) in _ARRAYS or isinstance(x, (jax.Array, np.ndarray, np.generic)) or hasattr(x, "__jax_array__"):
             _ARRAYS.add(type(x))
+            aval = getattr(x, "aval", None)  # (JAX's arrays and tracers)
+            if aval is not None and getattr(aval, "weak_type", False):
+                weak.append(k)
             continue
         if isinstance(x, _NUMBERS):
             numbers.append(k)
@@ -507,6 +523,8 @@ def _inputs(op: OpDef, inputs: list[Any]) -> list[Any]:
         what = "complex numbers are not supported (opforge has no complex dtypes)" if isinstance(x, complex) else \
             f"must be a JAX or NumPy array or a Python number, got {type(x).__module__}.{type(x).__qualname__}"
         raise TypeError(f"[{op.name}] input '{op.inputs[k].name}' {what}")
+    if weak:
+        inputs = _strong(op, inputs, weak, numbers)
     if not numbers:
         return inputs
     out = list(inputs)
@@ -541,6 +559,26 @@ def _inputs(op: OpDef, inputs: list[Any]) -> list[Any]:
                     out[k] = np.asarray(value, dtype)
                 continue
         out[k] = np.asarray(value, dtype)
+    return out
+
+
+def _strong(op: OpDef, inputs: list[Any], weak: list[int], numbers: list[int]) -> list[Any]:
+    """inputs with each weakly typed array cast to the dtype of a strongly typed array of its type
+    variable, where JAX's promotion would give that dtype (a weak float beside an integer array
+    stays: the op then refuses the two dtypes, naming them)."""
+    out = list(inputs)
+    for k in weak:
+        typevar = op.inputs[k].dtype
+        if typevar not in op.typevars:
+            continue
+        partner = next((j for j, x in enumerate(inputs) if x is not None and j not in weak and j not in numbers
+                        and op.inputs[j].dtype == typevar), None)
+        if partner is None:
+            continue
+        dtype, have = np.dtype(inputs[partner].dtype), np.dtype(inputs[k].dtype)
+        floating = dtype.kind == "f" or dtype == _DTYPES["bfloat16"]
+        if have != dtype and (floating or have.kind in "iub" and (dtype.kind != "b" or have.kind == "b")):
+            out[k] = inputs[k].astype(dtype)
     return out
 
 
@@ -654,7 +692,9 @@ class _Op:
                                      mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axes)(*operands)
             return self.prim.bind(*_agree_varying(operands), attrs=attrs, present=present)
 
-        # (behind jax.jit: a repeated call reuses the compiled executable, ~10 us, as a jnp op's)
+        # (behind jax.jit: a repeated call reuses the compiled executable, ~10 us, as a jnp op's;
+        # named as the op, which JAX's errors, jaxprs and HLO then show)
+        call.__name__ = call.__qualname__ = op.name
         self.call = jax.jit(call, static_argnames=("attrs", "present"))
 
     # ---- the op

@@ -680,6 +680,15 @@ class _Helpers:
         return t if t.dtype == like.dtype else _msops.cast(t, like.dtype)
 
     @staticmethod
+    def numel_ratio(a: Any, b: Any) -> Any:
+        if _msF.isconstant(a.shape) and _msF.isconstant(b.shape):  # (tensors: Graph mode's numbers are float32)
+            if b.size == 0:
+                return ms.Tensor(0.0, ms.float64)
+            return ms.Tensor(a.size, ms.float64) / ms.Tensor(b.size, ms.float64)
+        na, nb = _Helpers.numel(a), _Helpers.numel(b)
+        return na / _msops.maximum(nb, 1.0) * _msops.minimum(nb, 1.0)  # (counts: 0 when nb is 0)
+
+    @staticmethod
     def numel(t: Any) -> Any:
         # a float64 0-d tensor, not an int: Graph mode computes with Python numbers in float32
         if not _msF.isconstant(t.shape):

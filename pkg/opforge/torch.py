@@ -466,6 +466,17 @@ class _Helpers(ShapeHelpers):
         return t.to(like.dtype)
 
     @staticmethod
+    def numel_ratio(a: torch.Tensor, b: torch.Tensor) -> Any:
+        na: Any = a.numel()  # (an int, or a SymInt under torch.compile)
+        nb: Any = b.numel()
+        if isinstance(na, int) and isinstance(nb, int):
+            return 0.0 if nb == 0 else na / nb
+        # (symbolic sizes: 0-d float64 tensors, as numel's, with no question asked of the sizes)
+        ta = torch.scalar_tensor(na, dtype=torch.float64, device=b.device)
+        tb = torch.scalar_tensor(nb, dtype=torch.float64, device=b.device)
+        return ta / tb.clamp_min(1) * tb.clamp_max(1)  # (counts: 0 when nb is 0)
+
+    @staticmethod
     def numel(t: torch.Tensor) -> Any:
         # (an empty tensor's 0 as NaN: formulas divide by it, mean's numel(out) / numel(x), and
         # Python's division by 0 raises where C++'s gives inf; the factor only scales empty tensors)
@@ -677,9 +688,19 @@ def _forward_ad_active() -> bool:
 
 def _functorch_kernel(op: OpDef, apply: Callable[..., Any]) -> Callable[..., Any]:
     n = len(op.inputs) + len(op.attrs)
+    # (this key is above Autocast's: under torch.autocast the inputs are cast here, by the op's
+    # policy, so the autograd.Function saves what the op computes with and its gradients and
+    # tangents meet one dtype; the Autocast kernel below then has nothing left to cast)
+    casts = {row.device_type: _autocast_cast(op, row.device_type) for row in _formulas.TARGETS.values()
+             if op.autocast is not None and row.name in op.runs
+             and torch._C._is_autocast_available(row.device_type)}
 
     def kernel(*args: Any) -> Any:
-        return apply(*(args if len(args) == n else _full_args(op, args)))
+        full: Sequence[Any] = args if len(args) == n else _full_args(op, args)
+        for device_type, cast in casts.items():
+            if torch.is_autocast_enabled(device_type):
+                full = cast(full)
+        return apply(*full)
 
     return kernel
 
@@ -716,8 +737,22 @@ def _autocast_kernel(op: OpDef, overload: Any, device_type: str) -> Callable[...
     is float64 but under ``promote``, as torch's autocast leaves it."""
     key = getattr(torch._C.DispatchKey, "Autocast" + torch._C._dispatch_key_for_device(device_type))
     excluded = torch._C.DispatchKeySet(key)
-    castable = [k for k, i in enumerate(op.inputs) if i.dtype in op.typevars]
     n_in = len(op.inputs)
+    cast = _autocast_cast(op, device_type)
+
+    def kernel(*args: Any) -> Any:
+        full = cast(_full_args(op, args))
+        with torch._C._ExcludeDispatchKeyGuard(excluded):
+            return overload(*full[:n_in], *full[n_in:])
+
+    return kernel
+
+
+def _autocast_cast(op: OpDef, device_type: str) -> Callable[[Sequence[Any]], list[Any]]:
+    """The cast of a call's arguments (inputs then attrs) under ``torch.autocast(device_type)``,
+    by the op's policy (see _autocast_kernel): differentiable ``.to(dtype)`` of the castable
+    inputs."""
+    castable = [k for k, i in enumerate(op.inputs) if i.dtype in op.typevars]
 
     def target(tensors: list[Any]) -> Any:
         if op.autocast == "lower":
@@ -732,20 +767,18 @@ def _autocast_kernel(op: OpDef, overload: Any, device_type: str) -> Callable[...
     # (as torch's autocast: float64 is cast by promote alone, never lowered)
     eligible = _FLOAT_ORDER if op.autocast == "promote" else {d for d in _FLOAT_ORDER if d != torch.float64}
 
-    def kernel(*args: Any) -> Any:
-        args = _full_args(op, args)
+    def cast(args: Sequence[Any]) -> list[Any]:
         floats = [args[k] for k in castable if isinstance(args[k], torch.Tensor) and args[k].dtype in eligible
                   and args[k].device.type == device_type]
         dtype = target(floats)
-        cast = list(args)
+        out = list(args)
         for k in castable:
-            t = cast[k]
+            t = out[k]
             if dtype is not None and isinstance(t, torch.Tensor) and t.dtype in eligible and t.dtype != dtype:
-                cast[k] = t.to(dtype)
-        with torch._C._ExcludeDispatchKeyGuard(excluded):
-            return overload(*cast[:n_in], *cast[n_in:])
+                out[k] = t.to(dtype)
+        return out
 
-    return kernel
+    return cast
 
 
 def _register_autocast(lib: Any, op: OpDef, overload: Any) -> None:

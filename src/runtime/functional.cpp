@@ -643,6 +643,9 @@ TensorPtr scalar_like(double value, const TensorPtr& like) {
   return full(like->dtype(), {}, value, Format::Default, like->device());
 }
 double numel(const TensorPtr& x) { return static_cast<double>(x->numel()); }
+double numel_ratio(const TensorPtr& a, const TensorPtr& b) {
+  return b->numel() == 0 ? 0.0 : static_cast<double>(a->numel()) / static_cast<double>(b->numel());
+}
 
 void check_composite_result(const char* op, const char* output, const TensorPtr& result, DType dtype,
                             const Shape& shape) {

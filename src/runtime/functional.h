@@ -138,6 +138,9 @@ TensorPtr with_number(const TensorPtr& t, double value, Op&& op) {
   return op(t, scalar_like(value, t));
 }
 double numel(const TensorPtr& x);
+// numel(a) / numel(b), 0 when b is empty: a mean's scale numel(out) / numel(x), finite so that the
+// gradient of a gradient scaled by it over an empty x is 0 (0 * inf was NaN), as torch's
+double numel_ratio(const TensorPtr& a, const TensorPtr& b);
 // A composite op's result against its spec's dtype and shape rule (what its meta rule, and so
 // adapters' fake tensors and XLA, take): RuntimeError naming the op and output where they differ.
 void check_composite_result(const char* op, const char* output, const TensorPtr& result, DType dtype,

@@ -290,6 +290,11 @@ def test_the_gradient_of_a_mean_over_an_empty_axis_is_empty() -> None:
     """(numel(out) / numel(x) in mean's bprop: Python's division by 0 raised ZeroDivisionError)"""
     for shape in ((0, 3), (3, 0)):
         assert jax.grad(lambda a: oj.ops.sum(oj.ops.mean(a, axis=[0])))(jnp.zeros(shape)).shape == shape
+    # the gradient's own gradient with respect to the output's cotangent: 0, as jnp's (was NaN)
+    x = jnp.zeros((3, 0))
+    _, vjp = jax.vjp(lambda a: oj.ops.mean(a, axis=[1]), x)
+    ggy = jax.grad(lambda g: jnp.sum(vjp(g)[0]))(jnp.ones(3))
+    np.testing.assert_array_equal(ggy, np.zeros(3))
 
 
 def test_forward_mode_leaves_out_the_terms_of_inputs_without_tangents() -> None:
@@ -351,6 +356,28 @@ def test_python_numbers_take_the_dtype_of_their_partner_as_jax_takes_them() -> N
         with pytest.raises(ValueError, match=r"\[mul\] input 'x': the Python int 1099511627776 is out of range for "
                                              r"int32 \(JAX without 64-bit types\)"):
             oj.ops.mul(2**40, 1)
+
+
+def test_weakly_typed_values_take_their_partners_dtype_as_jax_promotes() -> None:
+    # (a Python number reaching the op as a weakly typed JAX value: an argument of jit or grad, a
+    # scan carry, jnp.asarray(2.0); were refused as float32 beside bfloat16, float64 beside float32)
+    x32 = jnp.arange(6, dtype=jnp.float32).reshape(2, 3)
+    x16 = x32.astype(jnp.bfloat16)
+    assert jax.jit(oj.ops.mul)(x16, 2.0).dtype == jnp.bfloat16
+    assert jax.jit(oj.ops.mul)(x32, 2.0).dtype == jnp.float32  # (2.0 a weak float64: 64-bit types are on)
+    np.testing.assert_array_equal(oj.ops.add(x32, jnp.asarray(1)), x32 + 1)  # a weak int beside floats
+    g = jax.grad(lambda s: oj.ops.sum(oj.ops.mul(x32, s)))(2.0)
+    assert g.dtype == jax.grad(lambda s: jnp.sum(x32 * s))(2.0).dtype and float(g) == 15.0
+    carry, _ = jax.lax.scan(lambda c, _: (oj.ops.add(c, x32[1, 2]), None), 0.0, None, length=3)
+    assert float(carry) == 15.0
+    # what JAX would promote to another dtype stays refused, naming the op
+    with pytest.raises(TypeError, match=r"\[add\] inputs 'x' \(int32\) and 'y' \(float"):
+        jax.jit(oj.ops.add)(jnp.ones(3, jnp.int32), 1.5)
+
+
+def test_errors_and_jaxprs_name_the_op() -> None:
+    # (each op's jitted call was named `call`: "argument operands[0] of _Op.__init__.<locals>.call")
+    assert "name=softmax" in str(jax.make_jaxpr(oj.ops.softmax)(jnp.ones(3)))
 
 
 def test_inputs_that_are_not_arrays_or_numbers_raise_naming_the_op() -> None:
@@ -494,7 +521,7 @@ def test_bad_calls_raise_naming_the_op_at_trace_time() -> None:
                                          r"have the same shape"):
         oj.ops.softmax_backward(jnp.zeros((0,)), jnp.zeros((1, 0)))
     with pytest.raises(ValueError, match=r"\[cross_entropy_grad_scale\] logits must have shape \(N, C\)"):
-        oj.ops.cross_entropy_grad_scale(jnp.zeros(()), jnp.zeros((0,)))
+        oj.ops.cross_entropy_grad_scale(jnp.zeros(()), jnp.zeros((0,)), jnp.zeros((0,), jnp.int64))
     # (an axis is checked against the input it is of: indices without it, keepdims false, are fine;
     # max's gradient and tangent take them)
     y = jnp.arange(6.0).reshape(2, 3)

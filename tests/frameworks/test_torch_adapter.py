@@ -302,6 +302,20 @@ def test_the_gradient_of_a_mean_over_an_empty_axis_is_empty() -> None:
         assert x.grad is not None and x.grad.shape == shape
 
 
+def test_the_gradient_of_a_mean_gradient_over_an_empty_axis_is_zero() -> None:
+    """(the scale numel(out) / numel(x) was NaN (Python) or inf (C++) there, and the gradient of
+    the gradient with respect to dout NaN where torch's is 0; found by a torch.func hunt)"""
+    for x, axis in ((torch.zeros(3, 0, dtype=torch.float64), [1]), (torch.zeros(0, dtype=torch.float64), None)):
+        x.requires_grad_()
+        for mean in (lambda t: ops.mean(t, axis=axis), lambda t: torch.mean(t, dim=axis)):
+            y = mean(x)
+            gy = torch.ones_like(y, requires_grad=True)
+            (gx,) = torch.autograd.grad(y, x, gy, create_graph=True)
+            (ggy,) = torch.autograd.grad(gx.sum(), gy, allow_unused=True, materialize_grads=True)
+            assert not ggy.isnan().any() and not ggy.any()
+        assert torch.autograd.gradgradcheck(lambda t: ops.mean(t, axis=axis), (x,))
+
+
 def test_compiled_mean_gradients_of_empty_and_data_dependent_sizes() -> None:
     """(under torch.compile numel is a symbolic size: mean's numel(out) / numel(x) divided by 0 in
     Python, ZeroDivisionError, for an empty input or an empty data-dependent selection; found by a

@@ -226,3 +226,27 @@ def test_vmap_runs_the_op_once(name: str, make: Any, kwargs: dict) -> None:
         one = op(*(a[b] if d == 0 else a for a, d in zip(args, in_dims)), **kwargs)
         for g, e in zip(_tuple(got), _tuple(one)):
             torch.testing.assert_close(g[b], e)
+
+
+def test_transforms_under_autocast_meet_one_dtype() -> None:
+    # (functorch's kernel sits above Autocast's: the autograd.Function saved the uncast inputs and
+    # its gradients and tangents mixed bfloat16 with float32: "[cross_entropy_backward] inputs 'dy'
+    # (float32) and 'logits' (bfloat16) must have the same dtype")
+    F = torch.nn.functional
+    torch.manual_seed(0)
+    x, lab = torch.randn(3, 5, dtype=torch.bfloat16), torch.randint(0, 5, (3,))
+    w, xs, labs = torch.randn(4, 5), torch.randn(8, 5), torch.randint(0, 4, (8,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        g = torch.func.grad(lambda a: ot.ops.cross_entropy(a, lab))(x)
+        torch.testing.assert_close(g, torch.func.grad(lambda a: F.cross_entropy(a, lab))(x), rtol=2e-2, atol=2e-2)
+        g = torch.func.grad(lambda a: ot.ops.layer_norm(a)[0].float().pow(2).sum())(x)
+        assert g.dtype == torch.bfloat16
+        _, t = torch.func.jvp(ot.ops.softmax, (x,), (x,))
+        assert t.dtype == torch.float32  # (softmax's policy: float32, as its output)
+        # per-sample gradients of a mixed-precision layer: float32 weights, bfloat16 products
+        ours = torch.func.vmap(torch.func.grad(lambda w, a, l: ot.ops.cross_entropy(ot.ops.linear(a[None], w), l[None])),
+                               in_dims=(None, 0, 0))(w, xs, labs)
+        theirs = torch.func.vmap(torch.func.grad(lambda w, a, l: F.cross_entropy(F.linear(a[None], w), l[None])),
+                                 in_dims=(None, 0, 0))(w, xs, labs)
+        assert ours.dtype == theirs.dtype == torch.float32
+        torch.testing.assert_close(ours, theirs, rtol=3e-2, atol=3e-2)

@@ -54,6 +54,10 @@ class H(ShapeHelpers):
         return t.size
 
     @staticmethod
+    def numel_ratio(a: opforge.Tensor, b: opforge.Tensor) -> float:
+        return 0.0 if b.size == 0 else a.size / b.size
+
+    @staticmethod
     def expand_reduced(g: opforge.Tensor, like: opforge.Tensor, axes: Any, keepdims: bool) -> opforge.Tensor:
         a = g.numpy()
         if not keepdims:

@@ -248,3 +248,14 @@ def test_requires_grad_only_on_leaves() -> None:
         y.requires_grad = False
     d = y.detach()
     assert d.is_leaf and not d.requires_grad
+
+
+def test_the_gradient_of_a_mean_gradient_over_an_empty_axis_is_zero() -> None:
+    # (mean's scale numel(out) / numel(x) was inf there: the gradient with respect to dout 0 * inf;
+    # numel_ratio gives 0, and torch's is 0)
+    x = opforge.tensor(np.zeros((3, 0)), requires_grad=True)
+    dout = opforge.tensor(np.ones(3), requires_grad=True)
+    (gx,) = opforge.gradients(ops.mean(x, axis=[1]), [x], [dout], create_graph=True)
+    assert gx.shape == (3, 0)
+    (gd,) = opforge.gradients(ops.sum(gx), [dout])
+    np.testing.assert_array_equal(gd.numpy(), np.zeros(3))
