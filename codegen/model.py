@@ -109,6 +109,7 @@ class Input:
     differentiable: bool
     doc: str
     loc: Loc
+    shape_only: bool = False  # only its shape and dtype are read (never differentiable)
 
 
 @dataclass(frozen=True)
@@ -389,7 +390,8 @@ def _plain(v: Any) -> Any:
 def _yaml_body(op: OpSpec) -> dict[str, Any]:
     body: dict[str, Any] = {"doc": op.doc}
     body["inputs"] = {i.name: {"dtype": _plain(i.dtype), "optional": i.optional,
-                               "differentiable": i.differentiable, **({"doc": i.doc} if i.doc else {})}
+                               "differentiable": i.differentiable, **({"shape_only": True} if i.shape_only else {}),
+                               **({"doc": i.doc} if i.doc else {})}
                       for i in op.inputs}
     if op.attrs:
         attrs: dict[str, Any] = {}
@@ -545,11 +547,14 @@ class _Builder:
             dtype = _dtype(spec["dtype"])
             dtype_ok(("inputs", n, "dtype"), dtype)
             concrete_non_float = isinstance(dtype, DType) and not dtype.is_float
-            diff = spec.get("differentiable", not concrete_non_float)
+            shape_only = spec.get("shape_only", False)
+            diff = spec.get("differentiable", not concrete_non_float and not shape_only)
             if diff and concrete_non_float:
                 self.err(("inputs", n, "differentiable"), f"an input of dtype {dtype} cannot be differentiable")
+            elif diff and shape_only:
+                self.err(("inputs", n, "differentiable"), "a shape_only input cannot be differentiable")
             inputs.append(Input(n, dtype, spec.get("optional", False), diff, spec.get("doc", ""),
-                                self.loc("inputs", n, key=True)))
+                                self.loc("inputs", n, key=True), shape_only))
         input_names = [i.name for i in inputs]
         for k, i in enumerate(inputs[:-1]):
             if i.optional and not inputs[k + 1].optional:

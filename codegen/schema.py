@@ -32,6 +32,7 @@ INPUT: dict[str, Any] = {
     "dtype": {"type": "string", "required": True},
     "optional": {"type": "boolean"},
     "differentiable": {"type": "boolean"},
+    "shape_only": {"type": "boolean"},
     "doc": DOC,
 }
 

@@ -67,7 +67,7 @@ def render_op_page(op: OpSpec, source: str) -> Rendered:
         "op.md.j2", banner=banner("", source, "op.md.j2").strip(),
         name=op.name, sig=api.py_signature(op), doc=op.doc, impl=op.impl.kind, aot=aot, spec=source,
         inputs=[{"name": i.name, "dtype": i.dtype, "optional": i.optional, "differentiable": i.differentiable,
-                 "doc": _cell(i.doc)} for i in op.inputs],
+                 "shape_only": i.shape_only, "doc": _cell(i.doc)} for i in op.inputs],
         attrs=[{"name": a.name, "type": a.type,
                 "default": "required" if a.required else ("`None`" if a.optional_value
                                                           else f"`{api.py_literal(a.default)}`"),

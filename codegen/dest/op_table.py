@@ -95,7 +95,8 @@ def _context(op: OpSpec, table: Mapping[str, api.Callee], build: Build) -> dict[
     ctx: dict[str, Any] = {
         "name": op.name, "impl": op.impl.kind, "doc": repr(op.doc.splitlines()[0] if op.doc else op.name),
         "typevars": _tuple([repr(v) for v, _ in op.typevars]),
-        "inputs": [f"InputDef({i.name!r}, {str(i.dtype)!r}, {i.optional}, {i.differentiable})" for i in op.inputs],
+        "inputs": [f"InputDef({i.name!r}, {str(i.dtype)!r}, {i.optional}, {i.differentiable}"
+                   + (", shape_only=True)" if i.shape_only else ")") for i in op.inputs],
         "attrs": [f"AttrDef({a.name!r}, {str(a.type)!r}, {a.required}, {api.py_default(a) or 'None'}, "
                   f"{tuple(a.choices) if a.choices is not None else None!r}"
                   + (f", axis_of={a.axis_of!r})" if a.axis_of else ")") for a in op.attrs],

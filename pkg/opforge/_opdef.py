@@ -55,6 +55,7 @@ class InputDef(NamedTuple):
     dtype: str            # a type variable or a concrete dtype
     optional: bool
     differentiable: bool
+    shape_only: bool = False  # only its shape and dtype are read (a stand-in without values will do)
 
 
 class AttrDef(NamedTuple):

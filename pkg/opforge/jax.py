@@ -520,6 +520,10 @@ def _inputs(op: OpDef, inputs: list[Any]) -> list[Any]:
         if isinstance(x, _NUMBERS):
             numbers.append(k)
             continue
+        if isinstance(x, jax.ShapeDtypeStruct) and op.inputs[k].shape_only:  # (values never read)
+            inputs = list(inputs)
+            inputs[k] = jnp.zeros(x.shape, x.dtype)
+            continue
         what = "complex numbers are not supported (opforge has no complex dtypes)" if isinstance(x, complex) else \
             f"must be a JAX or NumPy array or a Python number, got {type(x).__module__}.{type(x).__qualname__}"
         raise TypeError(f"[{op.name}] input '{op.inputs[k].name}' {what}")
@@ -672,6 +676,8 @@ class _Op:
                 mlir.register_lowering(self.prim, functools.partial(self.no_kernel, platform), platform=platform)
         batching.primitive_batchers[self.prim] = self.batch
         ad.primitive_jvps[self.prim] = self.jvp
+        if op.bprop is not None:
+            ad.primitive_transposes[self.prim] = self.op_transpose
         self.tangent_prim: Optional[Primitive] = None
         if op.bprop is not None:
             t = Primitive(f"{prefix}.{op.name}.jvp")
@@ -1105,6 +1111,43 @@ class _Op:
         for k, t in zip(self.diff_out, touts):
             result[k] = t
         return outs, result
+
+    def op_transpose(self, cts: Sequence[Any], *operands: Any, attrs: tuple[Any, ...],
+                     present: tuple[bool, ...]) -> list[Any]:
+        """The op's transpose in the operands JAX holds linear (``jax.linear_transpose``, a
+        ``custom_jvp`` rule computing its tangents with opforge ops, the Krylov solvers): the spec's
+        bprop with the cotangents as the output gradients. The linear operands and the outputs are
+        given to it as shapes alone (``jax.ShapeDtypeStruct``): a gradient that reads their values
+        (``square``, ``exp``, ``mul`` of two linear operands) is not linear there, and JAX's
+        NotImplementedError says so, naming the op."""
+        op = self.op
+        inputs = _expand(present, operands)
+        linear = [k for k, x in enumerate(inputs) if x is not None and ad.is_undefined_primal(x)]
+        if all(type(c) is ad.Zero for c in cts):
+            return [ad.Zero(x.aval) if ad.is_undefined_primal(x) else None for x in operands]
+        stand = [jax.ShapeDtypeStruct(x.aval.shape, x.aval.dtype) if k in linear else x for k, x in enumerate(inputs)]
+        meta = [None if x is None else (tuple(x.shape), x.dtype) for x in stand]
+        outs = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in self.abstract(
+            *(x.aval if ad.is_undefined_primal(x) else jax.typeof(x) for x in operands), attrs=attrs, present=present)]
+        douts = [ad.instantiate_zeros(cts[k]) for k in self.diff_out]
+        need = [k in linear for k in range(self.n_in)]
+        names = ", ".join(op.inputs[k].name for k in linear)
+        try:
+            grads = op.bprop(self.F, H, need, meta, *stand, *outs, *douts,  # type: ignore[misc]
+                             *(_meta_value(v) for v in attrs))
+        except (TypeError, AttributeError) as e:
+            raise NotImplementedError(f"[{op.name}] is not linear in {names} (its gradient there reads their values "
+                                      f"or its outputs), so JAX cannot transpose it: {e}") from e
+        result: list[Any] = []
+        for k, x in enumerate(inputs):
+            if x is None:
+                continue
+            if k not in linear:
+                result.append(None)
+            else:
+                g = grads[k]
+                result.append(ad.Zero(x.aval) if g is None else _typed_like(g, x.aval))
+        return result
 
     def _split(self, operands: Sequence[Any], present: tuple[bool, ...]) -> tuple[list[Any], list[Any], list[Any]]:
         n_p = sum(present)

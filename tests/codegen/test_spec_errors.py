@@ -225,6 +225,9 @@ CASES = [
          specs/leaky.yaml:9:28: outputs.out.shape: an expr op reads every input at each output position, so its output shape must cover all of them: 'n' is left out (use broadcast(x, n))
          specs/leaky.yaml:17:5: bprop: missing formula for differentiable input 'n' (or mark it differentiable: false)
          """),
+    case("shape-only-input-differentiable", "leaky",
+         leaky("    x: T\n", "    x: {dtype: T, shape_only: true, differentiable: true}\n"),
+         "specs/leaky.yaml:4:53: inputs.x.differentiable: a shape_only input cannot be differentiable"),
     # ------------------------------------------------------------------ attrs
     case("attr-default-wrong-type", "leaky", leaky("default: 0.01", 'default: "small"'),
          "specs/leaky.yaml:6:35: attrs.alpha.default: default must be a finite float, got 'small'"),

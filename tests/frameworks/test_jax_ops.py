@@ -375,6 +375,52 @@ def test_weakly_typed_values_take_their_partners_dtype_as_jax_promotes() -> None
         jax.jit(oj.ops.add)(jnp.ones(3, jnp.int32), 1.5)
 
 
+def test_linear_calls_transpose_as_jax_numpys() -> None:
+    # (the op primitives had no transpose rule: jax.linear_transpose, a custom_jvp rule computing
+    # its tangents with opforge ops under grad, and gmres/bicgstab (custom_linear_solve transposes
+    # the matvec) raised NotImplementedError where jax.numpy's ops work; found by a JAX hunt)
+    import jax.scipy.sparse.linalg as spl
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((4, 5)))
+    a = jnp.eye(5) * 3.0 + 0.1 * jnp.asarray(rng.standard_normal((5, 5)))
+    w, b = jnp.asarray(rng.standard_normal((3, 5))), jnp.asarray(rng.standard_normal(3))
+    ct = jnp.asarray(rng.standard_normal((4, 3)))
+    O = oj.ops
+    for ours, theirs, primal, cot in (
+            (O.neg, jnp.negative, x, x),
+            (lambda t: O.matmul(t, a), lambda t: t @ a, x, x),
+            (lambda t: O.matmul(a, t.T), lambda t: a @ t.T, x, x.T),  # (its second operand)
+            (lambda t: O.sum(t, axis=[1]), lambda t: jnp.sum(t, axis=1), x, x[:, 0]),
+            (lambda t: O.mean(t, axis=[0], keepdims=True), lambda t: jnp.mean(t, axis=0, keepdims=True), x, x[:1]),
+            (O.transpose, lambda t: t.T, x, x.T),
+            (lambda t: O.mul(t, x), lambda t: t * x, x, x),
+            (lambda t: O.linear(t, w), lambda t: t @ w.T, x, ct),
+            (lambda t: O.softmax_backward(t, O.softmax(x)), None, x, x)):
+        got = jax.linear_transpose(ours, primal)(cot)[0]
+        want = jax.linear_transpose(theirs or (lambda t: jax.jvp(jax.nn.softmax, (x,), (t,))[1]), primal)(cot)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+    @jax.custom_jvp
+    def f(t):  # type: ignore[no-untyped-def]
+        return O.softmax(t)
+
+    @f.defjvp
+    def f_jvp(p, t):  # type: ignore[no-untyped-def]
+        s = O.softmax(p[0])
+        return s, O.softmax_backward(t[0], s, axis=-1)
+
+    np.testing.assert_allclose(jax.grad(lambda t: jnp.sum(f(t) * t))(x),
+                               jax.grad(lambda t: jnp.sum(jax.nn.softmax(t) * t))(x), rtol=1e-12, atol=1e-14)
+    y = x[0]
+    np.testing.assert_allclose(spl.gmres(lambda v: O.matmul(a, v), y)[0], spl.gmres(lambda v: a @ v, y)[0], rtol=1e-8)
+    np.testing.assert_allclose(jax.grad(lambda r: spl.bicgstab(lambda v: O.matmul(a, v), r)[0].sum())(y),
+                               jax.grad(lambda r: spl.bicgstab(lambda v: a @ v, r)[0].sum())(y), rtol=1e-8)
+    # calls that are not linear in the transposed operand say so, naming the op
+    for bad, name in ((O.exp, "exp"), (lambda t: O.mul(t, t), "mul"), (O.relu, "relu")):
+        with pytest.raises(NotImplementedError, match=rf"\[{name}\] is not linear in "):
+            jax.linear_transpose(bad, x)(x)
+
+
 def test_errors_and_jaxprs_name_the_op() -> None:
     # (each op's jitted call was named `call`: "argument operands[0] of _Op.__init__.<locals>.call")
     assert "name=softmax" in str(jax.make_jaxpr(oj.ops.softmax)(jnp.ones(3)))
