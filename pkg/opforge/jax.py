@@ -55,7 +55,14 @@
   invariant operand is cast to varying first, as JAX's own ops do): the way to split a
   data-parallel step through linear and the norms. An op that checks index values, split by XLA's
   partitioner, defers its error: every device fails at the call's check, none is left waiting for
-  another (see _lower_agreed); inside shard_map a call's error stays its device's.
+  another (see _lower_agreed). Inside shard_map (and pmap) such a call's status is all-reduced over
+  the manual axes too (a scalar all-reduce per call; XLA combines independent ones), so a
+  bad index on one device's shard raises the op's error on every device, where the call is traced
+  in code every device runs: the body itself, a scan's body, vmap, grad, jvp, remat. Under control
+  flow that may differ between devices (cond, switch, while_loop, fori_loop), in a jit of the
+  user's or a custom_vjp/custom_jvp function (traced apart from their callers, their programs
+  cached), a collective could leave devices waiting on valid inputs: there a call's error stays its
+  device's, as before (see _in_lockstep).
 - ``register_module(m)`` does the same for an op module (``opforge.load``'s result, a package's
   ``<pkg>._ops``).
 - ``export(jax.jit(f))(*args)`` is ``jax.export.export`` with the ``opforge`` target allowed
@@ -101,12 +108,13 @@ try:
     # the registration functions jax.ffi itself goes through (see below); the manual-axes type of
     # values inside shard_map and the current mesh's sharding (what jax.ffi.ffi_call's abstract
     # evaluation uses); Shardy's sharding-rule builder (jax.experimental.custom_partitioning's);
-    # the lowering of a broadcast
+    # the lowering of a broadcast; the lowering of an all-reduce over manual axes (lax.pmax's)
     from jax._src import core as _core
     from jax._src import custom_partitioning_sharding_rule as _sdy_rule
     from jax._src import lib as _jax_lib
     from jax._src import xla_bridge as _xla_bridge
     from jax._src.interpreters import mlir as _mlir_impl
+    from jax._src.lax import parallel as _parallel
 except ImportError as e:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
         'opforge.jax needs JAX: pip install "opforge[jax]" (jax==0.10.2, which needs numpy>=2; MindSpore 2.10 '
@@ -358,36 +366,85 @@ def _lower_partitioned(ctx: Any, k: int, *args: Any, _aliases: Optional[dict[int
     return jax.ffi.ffi_lowering(TARGET, extra_attributes=extra, operand_output_aliases=_aliases)(ctx, *args, **params)
 
 
-def _lower_agreed(ctx: Any, k: int, *args: Any, **params: Any) -> Any:
+def _lower_agreed(ctx: Any, k: int, *args: Any, manual: tuple[Any, ...] = (), **params: Any) -> Any:
     """The call of an op that checks its inputs' values (indices, labels), split by XLA's batch
-    partitioner over several devices, where one device's rows may fail its checks and the others'
-    not: with its error deferred, so that every device fails at one place, not one device alone
-    while the others wait for it in their next collective (XLA's CPU client aborts the process
-    after 40 s).
+    partitioner over several devices, or inside shard_map on each device's shard (manual: the
+    manual axes of more than one device), where one device's rows may fail its checks and the
+    others' not: with its error deferred, so that every device fails at one place, not one device
+    alone while the others wait for it in their next collective (XLA's CPU client aborts the
+    process after 40 s).
 
     The call gives one more result, its status (int32, of its k batch dims' shape: 0, or a number
     for the failure, under which the handler keeps the error). Reduced over the rows,
     the status is all-reduced over the devices that split them (XLA's partitioner); a check of the
     status then passes the results on, on each of them, or fails with the kept error if it is not 0
-    (see jax_native.cpp): what uses the results runs after it. (XLA's partitioner drops the check's
-    aliasing of its results to its operands: the check copies them. Only where the partitioner
-    splits the call: its devices then run the same program, whatever control flow encloses it.
-    Inside shard_map, control flow may differ between devices, and a collective the program does
-    not have could leave some waiting: there a call's error stays its device's.)"""
+    (see jax_native.cpp): what uses the results runs after it. Inside shard_map the status is
+    all-reduced (a max, JAX's own lowering of lax.pmax) over the manual axes as well: only where
+    opforge.jax found the call in code every device runs (see _in_lockstep), as a collective in a
+    branch some devices skip would leave the others waiting. (XLA's partitioner drops the check's
+    aliasing of its results to its operands: the check copies them.)"""
     int32 = np.dtype(np.int32)
     scalar = jax.core.ShapedArray((), int32)
     status = jax.core.ShapedArray(ctx.avals_out[0].shape[:k], int32)
     deferred: dict[str, Any] = {**params, "opforge.defer": 1}
-    *outs, flag = _lower_partitioned(ctx.replace(avals_out=[*ctx.avals_out, status]), k, *args, **deferred)
-    t = mlir.aval_to_ir_type(ctx.module_context, scalar)
-    reduce = hlo.ReduceOp([t], [flag], [mlir.ir_constant(np.int32(0))], mlir.dense_int_array(list(range(k))))
-    body = reduce.body.blocks.append(t, t)
-    with ir.InsertionPoint(body):
-        hlo.return_([hlo.maximum(*body.arguments)])
-    flag = _mlir_impl.broadcast_in_dim(ctx, reduce.result, status, broadcast_dimensions=())
+    call = ctx.replace(avals_out=[*ctx.avals_out, status])
+    *outs, flag = _lower_partitioned(call, k, *args, **deferred) if k else _lower(call, *args, **deferred)
+    if k:
+        t = mlir.aval_to_ir_type(ctx.module_context, scalar)
+        reduce = hlo.ReduceOp([t], [flag], [mlir.ir_constant(np.int32(0))], mlir.dense_int_array(list(range(k))))
+        body = reduce.body.blocks.append(t, t)
+        with ir.InsertionPoint(body):
+            hlo.return_([hlo.maximum(*body.arguments)])
+        flag = reduce.result
+    if manual:
+        one = ctx.replace(primitive=None, avals_in=[scalar], avals_out=[scalar])
+        flag, = _parallel._allreduce_lowering(jax.lax.max_p, jax.lax.reduce_max, one, flag, axes=manual,
+                                              axis_index_groups=None)
+    if k:
+        flag = _mlir_impl.broadcast_in_dim(ctx, flag, status, broadcast_dimensions=())
     check = ctx.replace(primitive=None, avals_in=[status, *ctx.avals_out])
-    return _lower_partitioned(check, k, flag, *outs, _aliases={1 + j: j for j in range(len(outs))},
-                              **{"opforge.check": 1, "opforge.name": params["opforge.name"]})
+    aliases = {1 + j: j for j in range(len(outs))}
+    named = {"opforge.check": 1, "opforge.name": params["opforge.name"]}
+    if k:
+        return _lower_partitioned(check, k, flag, *outs, _aliases=aliases, **named)
+    return jax.ffi.ffi_lowering(TARGET, operand_output_aliases=aliases)(check, flag, *outs, **named)
+
+
+# (what JAX traces a function for, by the debug info of its trace (DynamicJaxprTrace), where each
+# device of shard_map's manual axes runs the function whenever one does: a scan's body (a fixed
+# number of times), a remat'd function, custom_jvp/custom_vjp rules; and the jit of an op's own
+# call (its transpose traces the bprop there), by where its function is defined (_OWN_CALL).
+# Anything else (cond, switch, while_loop, fori_loop, a jit of the user's) is not)
+_LOCKSTEP = ("scan", "checkpoint / remat", "remat", "custom_jvp fun", "custom_jvp jvp", "custom_vjp fun",
+             "custom_vjp fwd", "custom_vjp bwd", "linearize", "linearize_prim_jvp", "vmap")
+_OWN_CALL: list[str] = []  # (" at <file>:<line>" of _Op's call, as JAX's debug info names it)
+
+
+def _in_lockstep() -> bool:
+    """Whether a call traced now, inside shard_map (or pmap), runs on every device of its manual
+    axes whenever it runs on one: traced in the shard_map's body itself, or in functions nested in
+    it that every device runs alike (see _LOCKSTEP; vmap, jvp, grad and linearize trace in place).
+    A call under a cond, switch or loop whose predicate may differ between devices, or in a jit of
+    the user's (its program is cached and may be called from such a branch too), is not: its
+    status is not all-reduced over the manual axes (a collective some devices skip would leave the
+    others waiting). Neither is one in a custom_vjp/custom_jvp function: JAX traces those apart
+    from their caller (the chain of traces ends there). Limits: the shard_map innermost decides
+    (a shard_map nested in another's device-dependent cond is taken to run on every device), and
+    JAX caches the jaxpr of a scan's body or a remat'd function by the function: one traced in
+    the body and called again, unchanged, under a device-dependent cond keeps its all-reduce."""
+    trace = _core.trace_ctx.trace
+    while trace is not None:
+        frame = getattr(trace, "frame", None)
+        if frame is not None:  # (a jaxpr traced for some function)
+            info = getattr(frame, "debug_info", None)
+            traced_for = getattr(info, "traced_for", None)
+            if traced_for == "shard_map":
+                return True
+            if traced_for not in _LOCKSTEP and not (
+                    traced_for == "jit" and str(getattr(info, "func_src_info", "")).endswith(tuple(_OWN_CALL))):
+                return False
+        trace = getattr(trace, "parent_trace", None)
+    return False
 
 
 # ---------------------------------------------------------------------------- helpers of formulas
@@ -690,18 +747,38 @@ class _Op:
             ad.primitive_transposes[t] = self.transpose
             self.tangent_prim = t
 
-        def call(*operands: Any, attrs: tuple[Any, ...], present: tuple[bool, ...]) -> Any:
+        def call(*operands: Any, attrs: tuple[Any, ...], present: tuple[bool, ...], agree: bool = False) -> Any:
+            # (agree: inside shard_map, the call's status all-reduced over the manual axes; see
+            # _lower_agreed: a parameter of the primitive only where set)
+            extra = {"agree": True} if agree else {}
             split = self.rows_split(operands, attrs, present)
             if split is not None:  # (each device's rows, the whole operands on every device)
                 mesh, in_specs, out_specs, axes = split
-                return jax.shard_map(lambda *xs: self.prim.bind(*_agree_varying(xs), attrs=attrs, present=present),
+                return jax.shard_map(lambda *xs: self.prim.bind(*_agree_varying(xs), attrs=attrs, present=present,
+                                                                **extra),
                                      mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axes)(*operands)
-            return self.prim.bind(*_agree_varying(operands), attrs=attrs, present=present)
+            return self.prim.bind(*_agree_varying(operands), attrs=attrs, present=present, **extra)
 
         # (behind jax.jit: a repeated call reuses the compiled executable, ~10 us, as a jnp op's;
         # named as the op, which JAX's errors, jaxprs and HLO then show)
         call.__name__ = call.__qualname__ = op.name
-        self.call = jax.jit(call, static_argnames=("attrs", "present"))
+        if not _OWN_CALL:
+            _OWN_CALL.append(f" at {call.__code__.co_filename}:{call.__code__.co_firstlineno}")
+        jitted = jax.jit(call, static_argnames=("attrs", "present", "agree"))
+        checks_values = self.checks_values
+
+        def dispatch(*operands: Any, attrs: tuple[Any, ...], present: tuple[bool, ...],
+                     agree: Optional[bool] = None) -> Any:
+            """The call; agree None: decided here, for an op that checks its inputs' values inside
+            shard_map, by where the call is traced (see _in_lockstep); the rules of vmap and jvp
+            pass on the decision of the call they transform."""
+            if agree is None:
+                agree = checks_values and bool(jax.sharding.get_abstract_mesh().manual_axes) and _in_lockstep()
+            if agree:
+                return jitted(*operands, attrs=attrs, present=present, agree=True)
+            return jitted(*operands, attrs=attrs, present=present)
+
+        self.call = dispatch
 
     # ---- the op
 
@@ -752,7 +829,8 @@ class _Op:
             metas = [(tuple(sym), dtype) for sym, (_, dtype) in zip(shapes, metas)]
         return metas, widen
 
-    def abstract(self, *avals: Any, attrs: tuple[Any, ...], present: tuple[bool, ...]) -> list[Any]:
+    def abstract(self, *avals: Any, attrs: tuple[Any, ...], present: tuple[bool, ...],
+                 agree: bool = False) -> list[Any]:
         metas, _ = self._metas(avals, attrs, present)
         k = self.batch_dims([a.shape for a in avals], [shape for shape, _ in metas], attrs, present)
         if self.op.impl == "expr" and len({tuple(shape) for shape, _ in metas}) == 1:
@@ -774,7 +852,8 @@ class _Op:
             f"[{self.op.name}] has no {platform} kernel in this build (it runs on: {', '.join(self.op.runs)}); "
             "put its inputs on the CPU, e.g. jax.device_put(x, jax.devices('cpu')[0])")
 
-    def lowering(self, ctx: Any, *args: Any, attrs: tuple[Any, ...], present: tuple[bool, ...]) -> Any:
+    def lowering(self, ctx: Any, *args: Any, attrs: tuple[Any, ...], present: tuple[bool, ...],
+                 agree: bool = False) -> Any:
         metas, widen = self._metas(ctx.avals_in, attrs, present)
         narrow = sum(1 << j for j, ((_, dtype), a) in enumerate(zip(metas, ctx.avals_out))
                      if _DTYPES[dtype] != np.dtype(a.dtype))
@@ -794,13 +873,17 @@ class _Op:
             blocks = self._lower_elementwise(ctx, args, params)
             if blocks is not None:
                 return blocks
-        if self.checks_values and k:
+        if self.checks_values:
             axis_context = ctx.module_context.axis_context
             manual: frozenset[Any] = getattr(axis_context, "manual_axes", frozenset())
             split = devices if not manual else axis_context.mesh.size // math.prod(
                 axis_context.mesh.shape[a] for a in manual)  # (the devices of the automatic axes)
-            if split > 1:  # (devices hold different rows: their checks must agree)
-                return _lower_agreed(ctx, k, *args, **params)
+            # (inside shard_map, where the call runs on every device of its manual axes: those
+            # axes of more than one device, over which its status is all-reduced)
+            axes = tuple(a for a in axis_context.mesh.axis_names if a in manual and axis_context.mesh.shape[a] > 1) \
+                if agree and manual else ()
+            if axes or k and split > 1:  # (devices hold different rows: their checks must agree)
+                return _lower_agreed(ctx, k, *args, manual=axes, **params)
         if k:
             return _lower_partitioned(ctx, k, *args, **params)
         return _lower(ctx, *args, **params)
@@ -994,8 +1077,9 @@ class _Op:
     # ---- vmap
 
     def batch(self, args: Sequence[Any], dims: Sequence[Any], *, attrs: tuple[Any, ...],
-              present: tuple[bool, ...]) -> tuple[list[Any], list[int]]:
+              present: tuple[bool, ...], agree: bool = False) -> tuple[list[Any], list[int]]:
         op = self.op
+        bind = functools.partial(self._bind, agree=agree)
         ins = _expand(present, args)
         in_dims = _expand(present, dims)  # (None: not batched)
         size = next(x.shape[d] for x, d in zip(ins, in_dims) if x is not None and d is not None)
@@ -1007,10 +1091,10 @@ class _Op:
             k = batched[0]
             moved = list(ins)
             moved[k] = jnp.moveaxis(ins[k], in_dims[k], 0)
-            return self._bind(moved, attrs), out_dims
+            return bind(moved, attrs), out_dims
         axis_attrs = [k for k, a in enumerate(op.attrs) if a.axis_of]
         if axis_attrs and self.axes_batch:
-            out = self._batch_axes(ins, in_dims, attrs, axis_attrs, size)
+            out = self._batch_axes(ins, in_dims, attrs, axis_attrs, size, agree)
             if out is not None:
                 return out, out_dims
         matmul = self.n_out == 1 and op.outputs[0].shape == "matmul"
@@ -1018,7 +1102,7 @@ class _Op:
             # (a batched, b of at most 2 dims: the batch dim first is one more row dim of a)
             moved = list(ins)
             moved[0] = jnp.moveaxis(ins[0], in_dims[0], 0)
-            return self._bind(moved, attrs), out_dims
+            return bind(moved, attrs), out_dims
         if op.impl == "expr" or matmul and all(d is None or x.ndim >= 3 for x, d in zip(ins, in_dims) if x is not None):
             # (batch axes first, padded to the others' rank: broadcasting lines them up)
             rank = max(x.ndim - (d is not None) for x, d in zip(ins, in_dims) if x is not None)
@@ -1028,7 +1112,7 @@ class _Op:
                     x = jnp.moveaxis(x, d, 0)
                     x = x.reshape(x.shape[:1] + (1,) * (rank - (x.ndim - 1)) + x.shape[1:])
                 moved.append(x)
-            return self._bind(moved, attrs), out_dims
+            return bind(moved, attrs), out_dims
         # any other op: once per batch element (the per-example loop, as jax.lax.map runs it)
         mapped = [k for k in batched]
         xs = [jnp.moveaxis(ins[k], in_dims[k], 0) for k in mapped]
@@ -1037,12 +1121,12 @@ class _Op:
             row = list(ins)
             for k, s in zip(mapped, slices):
                 row[k] = s
-            return self._bind(row, attrs)
+            return bind(row, attrs)
 
         return list(jax.lax.map(one, xs)), out_dims
 
     def _batch_axes(self, ins: list[Any], dims: list[Any], attrs: tuple[Any, ...], axis_attrs: list[int],
-                    size: int) -> Optional[list[Any]]:
+                    size: int, agree: bool = False) -> Optional[list[Any]]:
         """An op whose axis attrs index the batched inputs: those inputs with the batch axis first
         (the unbatched ones broadcast to it), the axes shifted past it; None when the rule does not
         apply (a batched input no axis indexes, a 0-d input, an axis out of range)."""
@@ -1071,13 +1155,13 @@ class _Op:
             if x is not None and k in indexed:
                 x = jnp.moveaxis(x, d, 0) if d is not None else jnp.broadcast_to(x[None], (size, *x.shape))
             new_ins.append(x)
-        return self._bind(new_ins, tuple(new_attrs))
+        return self._bind(new_ins, tuple(new_attrs), agree=agree)
 
-    def _bind(self, ins: Sequence[Any], attrs: tuple[Any, ...]) -> list[Any]:
+    def _bind(self, ins: Sequence[Any], attrs: tuple[Any, ...], agree: bool = False) -> list[Any]:
         """The batched call, as a call of the op's own (under explicit axes split by rows where
-        rows_split finds them, as outside vmap)."""
+        rows_split finds them, as outside vmap; agreeing as the call it batches, see dispatch)."""
         present = tuple(x is not None for x in ins)
-        return list(self.call(*(x for x in ins if x is not None), attrs=attrs, present=present))
+        return list(self.call(*(x for x in ins if x is not None), attrs=attrs, present=present, agree=agree))
 
     # ---- autodiff
 
@@ -1094,9 +1178,9 @@ class _Op:
         return tuple(live)
 
     def jvp(self, primals: Sequence[Any], tangents: Sequence[Any], *, attrs: tuple[Any, ...],
-            present: tuple[bool, ...]) -> tuple[list[Any], list[Any]]:
+            present: tuple[bool, ...], agree: bool = False) -> tuple[list[Any], list[Any]]:
         primals = _agree_varying(primals)
-        outs = self.prim.bind(*primals, attrs=attrs, present=present)
+        outs = self.prim.bind(*primals, attrs=attrs, present=present, **({"agree": True} if agree else {}))
         zeros = [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
         live = self._live(present, tangents)
         if not live:
@@ -1113,7 +1197,7 @@ class _Op:
         return outs, result
 
     def op_transpose(self, cts: Sequence[Any], *operands: Any, attrs: tuple[Any, ...],
-                     present: tuple[bool, ...]) -> list[Any]:
+                     present: tuple[bool, ...], agree: bool = False) -> list[Any]:
         """The op's transpose in the operands JAX holds linear (``jax.linear_transpose``, a
         ``custom_jvp`` rule computing its tangents with opforge ops, the Krylov solvers): the spec's
         bprop with the cotangents as the output gradients. The linear operands and the outputs are

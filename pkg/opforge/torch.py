@@ -567,9 +567,12 @@ def _autograd_function(op: OpDef, overload: Any, F: Any) -> Any:
         # makes its absent gradients zeros itself)
         ctx.set_materialize_grads(False)
         ctx.outs_like = [(outs[k].shape, outs[k].dtype, outs[k].device) for k in diff_out]
-        if jvp_formula is not None and _forward_ad_active():
-            ctx.present = [t is not None for t in values]
-            ctx.save_for_forward(*(t for t in values if t is not None))
+        if jvp_formula is not None:
+            # what jvp reads, always: whether it will run cannot be told here in compiled code, whose
+            # dual levels torch enters in C++ only (forward_ad._current_level stays -1). torch drops
+            # it once the forward is done; set as ctx.save_for_forward(*values) sets it, without that
+            # method's check of each value (tensors or None here), a measurable part of a call
+            ctx.saved_for_forward = values
 
     def backward(ctx: Any, *grads: Any) -> Any:
         values: list[Any] = [None] * (n_in + len(out_names))
@@ -582,12 +585,11 @@ def _autograd_function(op: OpDef, overload: Any, F: Any) -> Any:
         return (*result, *([None] * n_attrs))
 
     def jvp(ctx: Any, *tangents: Any) -> Any:
+        _FORWARD_AD_SEEN[0] = True
         if jvp_formula is None:
             raise RuntimeError(f"[{op.name}] has no forward-mode derivative (jvp): its spec gives no jvp formula "
                                "and none can be derived; add a jvp section to the op's spec, or use reverse mode")
-        it = iter(ctx.saved_tensors)
-        values = [next(it) if p else None for p in ctx.present]
-        result = jvp_formula(F, H, tangents[:n_in], *values, *ctx.attrs)
+        result = jvp_formula(F, H, tangents[:n_in], *ctx.saved_tensors, *ctx.attrs)
         return result[0] if single else tuple(result)
 
     return type(f"{op.name}_autograd", (torch.autograd.Function,),
@@ -681,9 +683,29 @@ def _batching_rule(op: OpDef, overload: Any) -> Callable[..., Any]:
     return rule
 
 
-def _forward_ad_active() -> bool:
-    """Whether a forward-mode level is open (torch.autograd.forward_ad.dual_level, torch.func.jvp)."""
-    return bool(_fwad._current_level >= 0)
+#: [True] once forward-mode AD has reached an opforge op in this process: a dual level open in
+#: Python, or a jvp formula run (torch.compile traces a function in Python before running it)
+_FORWARD_AD_SEEN = [False]
+_unpack_dual = torch._VF._unpack_dual
+
+
+def _forward_ad(args: Sequence[Any]) -> bool:
+    """Whether a call needs forward-mode AD: a dual level open in Python (forward_ad.dual_level,
+    torch.func.jvp), or an input with a tangent, tested as torch's autograd.Function tests it (at
+    level 0, torch's one level). Compiled code enters its dual levels in C++ only, which
+    forward_ad._current_level does not see; the test of the inputs costs about 1 us each, so the
+    Autograd kernel makes it only once forward mode has reached an opforge op (_FORWARD_AD_SEEN)."""
+    if _fwad._current_level >= 0:
+        _FORWARD_AD_SEEN[0] = True
+        return True
+    return any(isinstance(a, torch.Tensor) and _has_tangent(a) for a in args)
+
+
+def _has_tangent(t: Any) -> bool:
+    try:
+        return _unpack_dual(t, 0)[1] is not None
+    except (RuntimeError, NotImplementedError):  # (a tensor of no view to unpack, sparse: no tangent)
+        return False
 
 
 def _functorch_kernel(op: OpDef, apply: Callable[..., Any]) -> Callable[..., Any]:
@@ -712,11 +734,14 @@ def _autograd_kernel(op: OpDef, overload: Any, F: Any) -> Callable[..., Any]:
     is_grad_enabled = torch._C.is_grad_enabled
     apply = fn.apply if fn is not None else None
     n = len(op.inputs) + len(op.attrs)
+    forward_ad, seen = _forward_ad, _FORWARD_AD_SEEN
 
     def kernel(keyset: Any, *args: Any) -> Any:
         if len(args) != n:
             args = _full_args(op, args)
-        if apply is not None and ((is_grad_enabled() and any_requires_grad(*args)) or _fwad._current_level >= 0):
+        # (forward mode: see _forward_ad; the tangent test only once forward mode has been seen)
+        if apply is not None and ((is_grad_enabled() and any_requires_grad(*args))
+                                  or ((seen[0] or _fwad._current_level >= 0) and forward_ad(args))):
             return apply(*args)
         with torch._C._AutoDispatchBelowAutograd():
             return overload.redispatch(keyset & after_autograd, *args)
