@@ -753,13 +753,32 @@ scaled_by:
 """
 
 
+GATED = """\
+gated:
+  doc: x where n > 2048, else 3 x
+  inputs:
+    x: T
+    n: {dtype: int32}
+  outputs:
+    out: {dtype: T, shape: 'broadcast(x, n)'}
+  dtypes:
+    T: [float16, float32]
+  targets:
+    cpu: {}
+  impl:
+    expr: where(n > 2048, x, 3 * x)
+"""
+
+
 @pytest.mark.slow
 def test_derived_gradients_of_inputs_of_other_dtypes(tmp_path: Path, cache: Path) -> None:
     # (the derived gradient of `x * n` called mul(dout, n) with n int32, and every backward raised
     # "[mul] inputs ... must have the same dtype": each tensor of another dtype is now read cast_like)
     p = tmp_path / "scaled_by.yaml"
     p.write_text(MIXED)
-    m = opforge.load("jit_mixed", specs=[p], build_dir=cache)
+    gate = tmp_path / "gated.yaml"
+    gate.write_text(GATED)
+    m = opforge.load("jit_mixed", specs=[p, gate], build_dir=cache)
     x64, n, w32 = np.array([1.5, -2.0, 3.0]), np.array([1, 2, 3], np.int32), np.array([0.5, 4.0, -1.0], np.float32)
     x, w = opforge.tensor(x64, requires_grad=True), opforge.tensor(w32, requires_grad=True)
     out = m.scaled_by(x, n, w)
@@ -771,6 +790,7 @@ def test_derived_gradients_of_inputs_of_other_dtypes(tmp_path: Path, cache: Path
     _, t = opforge.jvp(lambda a, b: m.scaled_by(a, n, b), (x.detach(), w.detach()),
                        (opforge.tensor(np.ones(3)), opforge.tensor(np.ones(3, np.float32))))
     np.testing.assert_allclose(t.numpy(), n * w32 + x64 * n, rtol=1e-7)
+    _gated_checks(m)
     torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch==2.13.0)")
     import opforge.torch as otorch
 
@@ -781,3 +801,13 @@ def test_derived_gradients_of_inputs_of_other_dtypes(tmp_path: Path, cache: Path
     np.testing.assert_allclose(tx.grad.numpy(), gx.numpy(), rtol=1e-7)
     np.testing.assert_allclose(tw.grad.numpy(), gw.numpy(), rtol=1e-7)
     assert tw.grad.dtype == torch.float32
+
+
+def _gated_checks(m):  # type: ignore[no-untyped-def]
+    # a comparison of the int32 input stays int32 in the gradient (cast to float16, 2049 > 2048
+    # was false: the wrong branch; found by review)
+    x = opforge.tensor(np.ones(2, np.float16), requires_grad=True)
+    n = np.array([2049, 7], np.int32)
+    np.testing.assert_array_equal(m.gated(x, n).numpy(), [1.0, 3.0])
+    (g,) = opforge.gradients(opforge.ops.sum(m.gated(x, n)), [x])
+    np.testing.assert_array_equal(g.numpy(), [1.0, 3.0])

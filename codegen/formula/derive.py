@@ -357,6 +357,11 @@ def _cast_others(n: Node, target: str, kinds: Mapping[str, str]) -> Node:
             return call("cast_like", m, Name(target, _P))
         if isinstance(m, Call) and m.func == "where" and isinstance(m.args[0], Name):  # (a bool condition stays)
             return Call(m.func, (m.args[0], *(_rewrite(a, cast) for a in m.args[1:])), m.kwargs, _P)
+        if isinstance(m, Binary) and m.op in COMPARE_OPS:
+            # a comparison of one dtype's tensors (and numbers) stays in that dtype: `n > 2048` of
+            # an int32 n, cast to float16, would compare 2048 (the expression compared 2049)
+            if len({kinds[t.id] for t in _subtrees(m) if isinstance(t, Name) and t.id in kinds}) <= 1:
+                return m
         return None
     return n if want is None else _rewrite(n, cast)
 

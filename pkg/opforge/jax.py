@@ -411,40 +411,48 @@ def _lower_agreed(ctx: Any, k: int, *args: Any, manual: tuple[Any, ...] = (), **
 
 
 # (what JAX traces a function for, by the debug info of its trace (DynamicJaxprTrace), where each
-# device of shard_map's manual axes runs the function whenever one does: a scan's body (a fixed
-# number of times), a remat'd function, custom_jvp/custom_vjp rules; and the jit of an op's own
-# call (its transpose traces the bprop there), by where its function is defined (_OWN_CALL).
-# Anything else (cond, switch, while_loop, fori_loop, a jit of the user's) is not)
-_LOCKSTEP = ("scan", "checkpoint / remat", "remat", "custom_jvp fun", "custom_jvp jvp", "custom_vjp fun",
-             "custom_vjp fwd", "custom_vjp bwd", "linearize", "linearize_prim_jvp", "vmap")
+# device of shard_map's manual axes runs the function whenever one does and JAX keeps no program
+# of it to call again elsewhere: linearize's and vmap's traces (grad, jvp, vmap trace in place),
+# and the jit of an op's own call (its transpose traces the bprop there; its cache keys on the
+# agree parameter), by where its function is defined (_OWN_CALL). Anything else is not: cond,
+# switch, while_loop, fori_loop; a jit of the user's; scan's body and remat'd functions, whose
+# jaxprs JAX caches by the function, so that one traced in straight-line code and called again
+# under a device-dependent cond would keep its all-reduce (found by review: a valid program hung)
+_LOCKSTEP = ("linearize", "linearize_prim_jvp", "vmap")
 _OWN_CALL: list[str] = []  # (" at <file>:<line>" of _Op's call, as JAX's debug info names it)
 
 
 def _in_lockstep() -> bool:
     """Whether a call traced now, inside shard_map (or pmap), runs on every device of its manual
     axes whenever it runs on one: traced in the shard_map's body itself, or in functions nested in
-    it that every device runs alike (see _LOCKSTEP; vmap, jvp, grad and linearize trace in place).
-    A call under a cond, switch or loop whose predicate may differ between devices, or in a jit of
-    the user's (its program is cached and may be called from such a branch too), is not: its
-    status is not all-reduced over the manual axes (a collective some devices skip would leave the
-    others waiting). Neither is one in a custom_vjp/custom_jvp function: JAX traces those apart
-    from their caller (the chain of traces ends there). Limits: the shard_map innermost decides
-    (a shard_map nested in another's device-dependent cond is taken to run on every device), and
-    JAX caches the jaxpr of a scan's body or a remat'd function by the function: one traced in
-    the body and called again, unchanged, under a device-dependent cond keeps its all-reduce."""
+    it that every device runs alike and that JAX does not cache (see _LOCKSTEP). A call under a
+    cond, switch or loop whose predicate may differ between devices, in a jit of the user's, a
+    scan's body or a remat'd function (programs JAX caches by the function and may call from such
+    a branch too), or in a custom_vjp/custom_jvp function (traced apart from its caller) is not:
+    its status is not all-reduced over the manual axes (a collective some devices skip would
+    leave the others waiting). Nor is one in a shard_map nested in another where something between
+    the two is not in lockstep, when JAX shows the chain between them. Limit (found by review): JAX
+    traces a nested shard_map's body apart (its chain ends there), and the all-reduce spans every
+    manual axis, the outer ones too: a checking op in a shard_map nested under a device-dependent
+    cond of another's body leaves the devices that skip the branch out, and a valid program hangs."""
     trace = _core.trace_ctx.trace
+    seen = between = False  # (a shard_map found; something not in lockstep above it)
     while trace is not None:
         frame = getattr(trace, "frame", None)
         if frame is not None:  # (a jaxpr traced for some function)
             info = getattr(frame, "debug_info", None)
             traced_for = getattr(info, "traced_for", None)
             if traced_for == "shard_map":
-                return True
-            if traced_for not in _LOCKSTEP and not (
+                if between:
+                    return False
+                seen = True
+            elif traced_for not in _LOCKSTEP and not (
                     traced_for == "jit" and str(getattr(info, "func_src_info", "")).endswith(tuple(_OWN_CALL))):
-                return False
+                if not seen:
+                    return False
+                between = True  # (above the shard_map: matters only under another one)
         trace = getattr(trace, "parent_trace", None)
-    return False
+    return seen
 
 
 # ---------------------------------------------------------------------------- helpers of formulas
@@ -1217,7 +1225,7 @@ class _Op:
         need = [k in linear for k in range(self.n_in)]
         names = ", ".join(op.inputs[k].name for k in linear)
         try:
-            grads = op.bprop(self.F, H, need, meta, *stand, *outs, *douts,  # type: ignore[misc]
+            grads = op.bprop(self.F, _TRANSPOSE_H, need, meta, *stand, *outs, *douts,  # type: ignore[misc]
                              *(_meta_value(v) for v in attrs))
         except (TypeError, AttributeError) as e:
             raise NotImplementedError(f"[{op.name}] is not linear in {names} (its gradient there reads their values "
@@ -1293,6 +1301,18 @@ class _Op:
             g = grads[slots[j]]
             result.append(ad.Zero(t.aval) if g is None else _typed_like(g, t.aval))
         return none + result
+
+
+class _TransposeHelpers(_Helpers):
+    """The helpers of an op's transpose (see _Op.op_transpose): a gradient that makes zeros is of
+    a piecewise-constant op (sign, floor, a where of numbers), not a linear one."""
+
+    @staticmethod
+    def zeros_like(t: Any) -> Any:
+        raise TypeError("its gradient there is zeros (a piecewise-constant op)")
+
+
+_TRANSPOSE_H = _TransposeHelpers()
 
 
 # ---------------------------------------------------------------------------- op sets

@@ -61,6 +61,10 @@ def test_tensors_of_another_dtype_are_cast_like_the_gradients_input() -> None:
     jvp = derive.derive(op, "jvp", set())
     assert jvp.lets == (("e0", "cast_like(n, out)"),)  # (read twice: one cast)
     assert dict(jvp.formulas) == {"out": "x_t * e0 * cast_like(w, out) + cast_like(w_t, out) * x * e0"}
+    # a comparison of one dtype's tensors stays in it (n int32 > 2048 in float16 would compare 2048)
+    gate = derive.ExprOp(("x", "n"), ("x",), [("out", parse("where(n > 2048, x, 3 * x)"))], None,
+                         {"x": "T", "n": "int32", "out": "T"})
+    assert dict(derive.derive(gate, "bprop", set()).formulas) == {"x": "where(n > 2048, dout, 3 * dout)"}
     # one dtype: no cast
     same = derive.ExprOp(("x", "y"), ("x", "y"), [("out", parse("x * y"))], None, {"x": "T", "y": "T", "out": "T"})
     assert dict(derive.derive(same, "bprop", set()).formulas) == {"x": "dout * y", "y": "dout * x"}

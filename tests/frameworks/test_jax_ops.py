@@ -416,7 +416,7 @@ def test_linear_calls_transpose_as_jax_numpys() -> None:
     np.testing.assert_allclose(jax.grad(lambda r: spl.bicgstab(lambda v: O.matmul(a, v), r)[0].sum())(y),
                                jax.grad(lambda r: spl.bicgstab(lambda v: a @ v, r)[0].sum())(y), rtol=1e-8)
     # calls that are not linear in the transposed operand say so, naming the op
-    for bad, name in ((O.exp, "exp"), (lambda t: O.mul(t, t), "mul"), (O.relu, "relu")):
+    for bad, name in ((O.exp, "exp"), (lambda t: O.mul(t, t), "mul"), (O.relu, "relu"), (O.sign, "sign")):
         with pytest.raises(NotImplementedError, match=rf"\[{name}\] is not linear in "):
             jax.linear_transpose(bad, x)(x)
 

@@ -35,9 +35,9 @@ struct LossRow {
       return;
     }
     const auto p = smx::row_lse<G>(x + r * classes, classes, lane, vec);
-    C total = C(0);
+    double total = 0;  // (in double, as the cpu's: a row of float32 values near their largest stays finite)
     if (smoothing > 0) {
-      rows::visit<G, T>(classes, lane, vec, [&](int64_t, C v) { total += v; }, x + r * classes);
+      rows::visit<G, T>(classes, lane, vec, [&](int64_t, C v) { total += static_cast<double>(v); }, x + r * classes);
       total = rows::group_reduce<G>(total, rows::Add{});
     }
     if (lane != 0) return;
@@ -47,7 +47,7 @@ struct LossRow {
     }
     const double picked = (1 - smoothing) * convert<double>(x[r * classes + l]), m = static_cast<double>(p.m);
     loss[r] = isinf(m) ? m - picked : (m - picked) + ::log(static_cast<double>(p.s));
-    if (smoothing > 0) loss[r] -= smoothing * (static_cast<double>(total) / static_cast<double>(classes));
+    if (smoothing > 0) loss[r] -= smoothing * (total / static_cast<double>(classes));
   }
 };
 
