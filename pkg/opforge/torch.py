@@ -478,8 +478,8 @@ class _Helpers(ShapeHelpers):
 
     @staticmethod
     def numel(t: torch.Tensor) -> Any:
-        # (an empty tensor's 0 as NaN: formulas divide by it, mean's numel(out) / numel(x), and
-        # Python's division by 0 raises where C++'s gives inf; the factor only scales empty tensors)
+        # (an empty tensor's 0 as NaN: a user's formula may divide by it, and Python's division by
+        # 0 raises where C++'s gives inf; opforge's own ratios are numel_ratio's)
         n: Any = t.numel()  # (an int, or a SymInt under torch.compile)
         if isinstance(n, int):
             return math.nan if n == 0 else n

@@ -76,6 +76,7 @@ def _assert_same(got: Any, expected: Any) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's import
+@pytest.mark.filterwarnings("ignore:`torch._prims_common.check` is deprecated:FutureWarning")  # inductor's lowering
 @pytest.mark.parametrize("fullgraph", [True, False])
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("mode", list(OURS))
