@@ -92,8 +92,11 @@ def test_shape_check_of_an_exported_call_names_the_op() -> None:
         def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             return ot.ops.linear(x, w)
 
-    with pytest.raises(Exception, match=r"\[linear\] x's last dimension 5 differs from weight's in_features 3"):
+    message = r"\[linear\] x's last dimension 5 differs from weight's in_features 3"
+    with pytest.raises(ValueError, match=message):  # (export's default, non-strict: the meta rule's error)
         torch.export.export(Linear(), (torch.randn(2, 5), torch.randn(4, 3)))
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match=message):  # (dynamo reports it)
+        torch.export.export(Linear(), (torch.randn(2, 5), torch.randn(4, 3)), strict=True)
 
 
 SAVED_RUN = """
