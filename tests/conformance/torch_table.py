@@ -245,7 +245,7 @@ DIFFERENCES: dict[tuple[str, str], str] = {
     **{(n, "mixed dtypes"): _NO_PROMOTION for n in [*COMPARISONS, "where"]},
     **{(n, "complex number"): _COMPLEX for n in ["where"]},
     **{(n, "two python numbers"): "a call takes at most one Python number: with no tensor operand there "
-                                  "is no dtype to give it (torch computes add(2.0, 3.0) as a 0-d tensor)"
+                                  "is no dtype to give it (torch computes such a call as a 0-d tensor)"
        for n in ["add", "sub", "mul", "div", "where"]},
     ("add", "keyword alpha"): "opforge's add has no alpha (write add(x, mul(y, alpha)))",
     ("sub", "keyword alpha"): "opforge's sub has no alpha (write sub(x, mul(y, alpha)))",
