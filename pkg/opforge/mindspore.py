@@ -144,7 +144,8 @@ def _check_aot_extra(ms_root: str, version: str) -> None:
 
 _check_aot_extra(os.path.dirname(ms.__file__), ms.__version__)
 
-__all__ = ["ops", "functional", "primitive", "register_module", "OpSet", "LIBRARY", "F", "H"]
+__all__ = ["ops", "functional", "primitive", "register_module", "OpSet", "LIBRARY", "F", "H", "LaunchTypeError",
+           "LaunchValueError", "LaunchIndexError", "LaunchError"]
 
 #: The shared library holding every op's AOT entry point (libopforge.so, beside opforge._C).
 LIBRARY: str = opforge.LIBRARY
@@ -320,7 +321,12 @@ class _Infer:
             key = tuple([(tuple(a["shape"]), id(a["dtype"].element_type())) for a in args])
         except AttributeError:
             key = tuple([(tuple(a["shape"]), _dtype_key(a["dtype"])) for a in args])
-        hit = self.cache.get(key)
+        except TypeError:  # (a PyNative call's None has no shape: "'NoneType' object is not iterable")
+            raise self.not_a_tensor(args) from None
+        try:
+            hit = self.cache.get(key)
+        except TypeError:  # (a list or tuple's shape holds lists: "unhashable type: 'list'")
+            raise self.not_a_tensor(args) from None
         if hit is not None:
             return hit
         shapes = tuple([k[0] for k in key])
@@ -346,6 +352,16 @@ class _Infer:
         if len(self.cache) < 256:
             self.cache[key] = result
         return result
+
+    def not_a_tensor(self, args: Sequence[dict[str, Any]]) -> TypeError:
+        """The TypeError naming the first argument that is not a tensor (None, a list or a tuple)."""
+        names = [i.name for i, p in zip(self.op.inputs, self.present) if p]
+        for name, a in zip(names, args):
+            d = a.get("dtype")
+            if not isinstance(d, ms.dtype.TensorType):
+                what = "None" if d is None else f"a {type(d).__name__}" if isinstance(d, (list, tuple)) else str(d)
+                return TypeError(f"[{self.op.name}] input '{name}' must be a Tensor, got {what}")
+        return TypeError(f"[{self.op.name}] its inputs must be Tensors")
 
     def stand_ins(self, shapes: Sequence[list[int]], dtypes: Sequence[str]) -> list[Any]:
         it = iter(zip(shapes, dtypes))
@@ -378,6 +394,40 @@ class _Infer:
         return tuple([-2] for _ in outs), tuple(outs)
 
 
+class LaunchTypeError(TypeError, RuntimeError):
+    """An op's TypeError when its kernel ran: a RuntimeError too, as MindSpore raised it."""
+
+
+class LaunchValueError(ValueError, RuntimeError):
+    """An op's ValueError when its kernel ran: a RuntimeError too, as MindSpore raised it."""
+
+
+class LaunchIndexError(IndexError, RuntimeError):
+    """An op's IndexError when its kernel ran (a label or index out of range): a RuntimeError
+    too, as MindSpore raised it."""
+
+
+class LaunchError(RuntimeError):
+    """An op's other failure when its kernel ran."""
+
+
+_LAUNCH_ERRORS: dict[int, type[RuntimeError]] = {1: LaunchTypeError, 2: LaunchValueError, 3: LaunchIndexError}
+_LAUNCH_CLASSES = (*_LAUNCH_ERRORS.values(), LaunchError)
+
+
+def _launch_error(prim: "Primitive", e: RuntimeError) -> Optional[RuntimeError]:
+    """opforge's exception for a failed PyNative launch of prim's entry point, or None. MindSpore
+    reports only the entry point's status ("... function(opforge_cross_entropy) is 3"), opforge's
+    message going to stderr: the library keeps the process's last failure (_aot_take_failure),
+    raised here with its type when it is prim's op's."""
+    if isinstance(e, _LAUNCH_CLASSES) or prim.opdef.aot_kernel is not None or f"function({prim.symbol})" not in str(e):
+        return None
+    status, message = _C._aot_take_failure()
+    if not message.startswith(f"[{prim.opdef.name}]"):
+        return None
+    return _LAUNCH_ERRORS.get(status, LaunchError)(message)
+
+
 class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type information)
     """One opforge op with fixed attrs and a fixed set of present inputs, as a MindSpore
     ``ops.Custom`` AOT primitive (of opforge's own ops, or of ``opset``'s: a registered module)."""
@@ -390,6 +440,10 @@ class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type 
         self._cpp = _cpp_shapes(op) if cpp_shapes is None else cpp_shapes
         self._eager: Optional[Primitive] = None
         self._made = (op, tuple(present), attrs, opset)
+        # the present inputs that may be bool tensors (a mask: where's condition), for __call__
+        rows = _target_info(op, self.infer.meta)["dtype_format"]
+        kept = [k for k, p in enumerate(present) if p]
+        self._bools = tuple(j for j, k in enumerate(kept) if any(row[k][0] == "bool" for row in rows))
         if op.aot_kernel is not None:
             # an aot op: MindSpore calls its external kernel directly (path resolved, and the
             # library and symbol checked, here: RuntimeError naming them otherwise)
@@ -397,6 +451,7 @@ class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type 
             func = f"{_C._aot_library(op.name, library, symbol)}:{symbol}"
         else:
             func = f"{opset.library}:{op.aot_symbol(tuple(present))}"
+        self.symbol = func.rpartition(":")[2]  # (the entry point MindSpore names when a launch fails)
         super().__init__(
             func,
             # None: MindSpore calls the entry point's C++ InferShape (dynamic shapes in Graph mode);
@@ -417,6 +472,22 @@ class Primitive(_msops.Custom):  # type: ignore[misc]  # (MindSpore has no type 
         this primitive that takes its shapes from ``__infer__`` (Python, cached). Graph mode
         compiles this primitive itself (never calls it), with the C++ InferShape dynamic shapes need."""
         args = _numbers_as_tensors(self.opdef, self._made[1], args)
+        try:
+            return self._launch(args)
+        except RuntimeError as e:
+            error = _launch_error(self, e)
+            if error is None:
+                raise
+            raise error from e
+
+    def _launch(self, args: tuple[Any, ...]) -> Any:
+        if self._bools:
+            # a bool tensor takes no gradient: cut it off here, as PyNative adds up the bprop's zeros
+            # for a mask given to two primitives (one where(c, ...) beside another) with Add, which
+            # refuses bool ("For primitive[Add] ... but got Tensor[Bool]"); MindSpore's own ops are
+            # not accumulated there
+            args = tuple(_msops.stop_gradient(a) if j in self._bools and isinstance(a, ms.Tensor)
+                         and a.dtype == ms.bool_ else a for j, a in enumerate(args))
         if not self._cpp:
             return super().__call__(*args)
         if self._eager is None:
@@ -710,8 +781,11 @@ class _Helpers:
                 axes = tuple(range(rank))
             elif isinstance(axes, int):
                 axes = (axes,)
-            if rank > 0:  # (a 0-d tensor's axis 0 or -1 is no axis; [] is every axis: g is 0-d)
-                for a in sorted([a % rank for a in axes]):
+            # (a 0-d tensor's axis 0 or -1 is no axis; [] is every axis: g is 0-d). In increasing
+            # order by a loop over the dims: Graph mode failed to compile sorted() of a comprehension
+            # over axis lists of two lengths in one graph (mean(x) beside mean(z, axis=[1]))
+            for a in range(rank):
+                if a in axes or a - rank in axes:
                     g = _msops.expand_dims(g, a)
         if not _msF.isconstant(like.shape):
             # (sizes known only when it runs: broadcast by a product with ones, as BroadcastTo to a

@@ -26,6 +26,11 @@ namespace opforge::aot {
 namespace {
 
 thread_local std::string t_last_error;
+// The process's last failure, whichever thread ran the entry point (a host may launch kernels on
+// threads of its own): taken once by the host's face (take_failure), as MindSpore's PyNative
+// error carries only the status code.
+std::mutex g_failure_lock;
+Failure g_failure;
 
 TensorPtr wrap_param(const char* op, const char* role, const char* arg, void* data, int ndim,
                      const int64_t* shape, const char* dtype_str, std::optional<Device>* device) {
@@ -350,15 +355,28 @@ int fail_status(const char* op, const std::exception* e) noexcept {
     std::fprintf(stderr, "opforge AOT entry point failed: %s\n", t_last_error.c_str());
   } catch (...) {
   }
-  if (!e) return kOther;
-  if (dynamic_cast<const TypeError*>(e)) return kTypeError;
-  if (dynamic_cast<const ValueError*>(e)) return kValueError;
-  if (dynamic_cast<const IndexError*>(e)) return kIndexError;
-  if (dynamic_cast<const RuntimeError*>(e)) return kRuntimeError;
-  return kOther;
+  int status = kOther;
+  if (!e) status = kOther;
+  else if (dynamic_cast<const TypeError*>(e)) status = kTypeError;
+  else if (dynamic_cast<const ValueError*>(e)) status = kValueError;
+  else if (dynamic_cast<const IndexError*>(e)) status = kIndexError;
+  else if (dynamic_cast<const RuntimeError*>(e)) status = kRuntimeError;
+  try {
+    std::lock_guard<std::mutex> lock(g_failure_lock);
+    g_failure = Failure{status, t_last_error};
+  } catch (...) {
+  }
+  return status;
 }
 
 const std::string& last_error() { return t_last_error; }
+
+Failure take_failure() {
+  std::lock_guard<std::mutex> lock(g_failure_lock);
+  Failure f = std::move(g_failure);
+  g_failure = Failure{};
+  return f;
+}
 
 // ---------------------------------------------------------------------------- external kernels
 

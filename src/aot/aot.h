@@ -123,6 +123,12 @@ int run(const OpInfo& info, uint32_t present, int nparam, void** params, int* nd
 
 int fail_status(const char* op, const std::exception* e) noexcept;
 const std::string& last_error();  // this thread's last failure message ("" if none)
+// The process's last failure (any thread's), taken: the next call gives {kOk, ""} until another.
+struct Failure {
+  int status = kOk;
+  std::string message;
+};
+Failure take_failure();
 
 // The text form of a float or int attr: the whole text (spaces around it aside) must be the
 // number, read the same whatever the C locale (a host may run with LC_NUMERIC=de_DE, whose

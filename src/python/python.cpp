@@ -1848,6 +1848,12 @@ Create one with ``opforge.tensor(data, dtype=None, requires_grad=False)`` (copie
   // The path of an aot op's external library, loaded and checked for the symbol (RuntimeError
   // naming the paths tried and the symbol otherwise): what framework adapters hand the host.
   m.def("_aot_infer_shape", &aot::call_infer_shape, py::arg("symbol"), py::arg("shapes"));
+  // The last failure of an AOT entry point in this process, as (status, message), taken (a
+  // second call gives (0, "")): opforge.mindspore raises it where MindSpore reports only the code.
+  m.def("_aot_take_failure", [] {
+    aot::Failure f = aot::take_failure();
+    return py::make_tuple(f.status, f.message);
+  });
   m.def("_aot_library", [](const std::string& op, const std::string& library, const std::string& symbol) {
     return aot::resolve(op.c_str(), library.c_str(), symbol.c_str()).path;
   });

@@ -428,6 +428,69 @@ def test_wrong_input_count(pynative) -> None:
         om.ops.mul(Tensor(np.ones(2)))
 
 
+@pytest.mark.parametrize("arg", [None, [1.0] * 4, (1.0,) * 4], ids=["None", "list", "tuple"])
+def test_an_input_that_is_not_a_tensor_is_named(pynative, arg) -> None:
+    # (the cache of inferred shapes raised "'NoneType' object is not iterable" / "unhashable type")
+    what = {type(None): "None", list: "a list", tuple: "a tuple"}[type(arg)]
+    with pytest.raises(TypeError, match=rf"\[mul\] input 'y' must be a Tensor, got {what}"):
+        om.ops.mul(Tensor(np.ones((3, 4), np.float32)), arg)
+
+
+def test_values_the_kernel_refuses_raise_the_ops_error(mode) -> None:
+    """MindSpore learns only the entry point's status: PyNative (synchronous here, as
+    launch_blocking makes it) raises opforge's exception with the op's message, an IndexError that
+    is a RuntimeError as MindSpore's was; Graph mode MindSpore's RuntimeError naming the entry point."""
+    x = Tensor(np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32))
+    labels = Tensor(np.array([0, 1, 7], np.int64))
+    if mode == "graph":
+        class Loss(nn.Cell):
+            def construct(self, x, labels):  # type: ignore[no-untyped-def]
+                return om.ops.cross_entropy(x, labels)
+
+        with pytest.raises(RuntimeError, match=r"function\(opforge_cross_entropy\) is 3"):
+            Loss()(x, labels).asnumpy()
+        return
+    with pytest.raises(om.LaunchIndexError, match=r"^\[cross_entropy\] label 7 is out of range for 4 classes$") as e:
+        om.ops.cross_entropy(x, labels)
+    assert isinstance(e.value, IndexError) and isinstance(e.value, RuntimeError)
+    with pytest.raises(IndexError, match=r"\[take_along_axis\] index 9 is out of range for axis 1 of size 4"):
+        om.functional.take_along_axis(x, Tensor(np.array([[0], [9], [1]], np.int64)), axis=1)
+    with pytest.raises(IndexError, match=r"\[cross_entropy_backward\] label 7 is out of range for 4 classes"):
+        om.ops.cross_entropy_backward(Tensor(np.float32(1.0)), x, labels)
+    assert float(om.ops.cross_entropy(x, Tensor(np.array([0, 1, 2], np.int64))).asnumpy()) > 0  # and goes on
+
+
+def test_one_mask_for_two_wheres_in_pynative(pynative) -> None:
+    # PyNative adds up the gradients of an input given to two primitives with Add, which refuses
+    # the bool zeros of where's condition: opforge's primitives cut bool inputs off the graph
+    x = Tensor(np.array([1.0, -2.0, 3.0], np.float32))
+    y = Tensor(np.zeros(3, np.float32))
+
+    def f(x):  # type: ignore[no-untyped-def]
+        c = om.ops.greater(x, y)
+        return (om.ops.where(c, x, y) + om.ops.where(c, y, om.ops.mul(x, 2.0))).sum()
+
+    np.testing.assert_allclose(ms.grad(f)(x).asnumpy(), [1.0, 2.0, 1.0])
+    # a second derivative through one where of a comparison (its bprop's where takes the mask again)
+    g = ms.grad(ms.grad(lambda x: om.ops.where(om.ops.greater(x, y), om.ops.mul(x, x), y).sum()))
+    np.testing.assert_allclose(g(x).asnumpy(), [2.0, 0.0, 2.0])
+
+
+def test_reductions_over_every_axis_beside_an_axis_list_in_one_graph(mode) -> None:
+    # Graph mode failed to compile the gradient (sorted() of a comprehension over axis lists of
+    # two lengths in one graph: "Inner exception ... flags size: 1 values size: 2")
+    mean1 = om.primitive("mean", axis=[1])
+
+    class Loss(nn.Cell):
+        def construct(self, x, z):  # type: ignore[no-untyped-def]
+            return om.ops.mean(x) + om.ops.sum(mean1(z))  # a global loss and a per-row term
+
+    x, z = Tensor(np.ones((3, 5), np.float32)), Tensor(np.ones((4, 6), np.float32))
+    gx, gz = ms.grad(Loss(), grad_position=(0, 1))(x, z)
+    np.testing.assert_allclose(gx.asnumpy(), np.full((3, 5), 1 / 15), rtol=1e-6)
+    np.testing.assert_allclose(gz.asnumpy(), np.full((4, 6), 1 / 6), rtol=1e-6)
+
+
 def test_python_numbers_in_graph_mode_reach_the_op_as_tensors_of_their_partners_dtype(tmp_path) -> None:
     """In Graph mode MindSpore hands the C++ InferShape the shapes of tensor inputs only: a Python
     number given for an input was left out, and the inputs after it read past MindSpore's arrays
