@@ -59,7 +59,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
                       "`pip install torch==2.13.0` (the version opforge is tested with)") from exc
 
 import torch.autograd.forward_ad as _fwad
-from torch.fx.experimental.symbolic_shapes import guard_or_false, sym_and, sym_or
+from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true, sym_and, sym_or
 from torch._C import _from_dlpack, _to_dlpack
 
 import opforge._C as _C
@@ -428,6 +428,10 @@ def _fake_kernel(op: OpDef, meta: Callable[..., Any]) -> Callable[..., Any]:
         for k, (out, (shape, dtype)) in enumerate(zip(op.outputs, metas)):
             if symbolic and out.shape == "expression" and exprs is not None:
                 shape = exprs[k]
+            elif symbolic and out.shape == "matmul":
+                # (with the inner dims' check: a constraint relating them, as torch.matmul's)
+                ins = dict(zip(names, tensors))
+                shape = H.matmul(op.name, ins[out.shape_args[0]].shape, ins[out.shape_args[1]].shape)
             elif symbolic and out.shape != "infer":
                 # (infer(): the C++ rule only, None)
                 shape = kind_shape(out, {n: t.shape for n, t in zip(names, tensors) if t is not None}, attrs,
@@ -520,7 +524,9 @@ class _Helpers(ShapeHelpers):
     @staticmethod
     def reduce_grad(g: torch.Tensor, meta: tuple[torch.Size, torch.dtype]) -> torch.Tensor:
         shape, dtype = meta
-        if g.shape != shape:
+        # (not g.shape != shape: a tuple comparison asks size == size of symbolic sizes before it
+        # compares the lengths, a guard that specializes a dynamic batch equal to a broadcast size)
+        if len(g.shape) != len(shape) or not all(statically_known_true(a == b) for a, b in zip(g.shape, shape)):
             g = g.sum_to_size(shape)
         return g if g.dtype == dtype else g.to(dtype)
 

@@ -149,3 +149,22 @@ def test_aoti_package_matches_eager_and_names_the_op_on_bad_input(tmp_path: Path
     labels[1] = 3  # 3 classes: out of range (AOTInductor reports every failure as a RuntimeError)
     with pytest.raises(RuntimeError, match=r"\[cross_entropy\] label 3 is out of range for 3 classes"):
         runner(x, labels)
+
+
+def test_matmul_relates_its_inner_dims_as_torch_matmul_does() -> None:
+    """matmul's shape rule checks the inner dims on the symbolic sizes: a constraint, so an export
+    with independent dims for them is refused as torch.matmul's is (before, it exported and
+    failed at run time at sizes that differ), and one shared dim exports."""
+
+    class MatMul(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return ot.ops.matmul(a, b)
+
+    a, b = torch.randn(4, 6, dtype=torch.float64), torch.randn(6, 3, dtype=torch.float64)
+    inner_a, inner_b = torch.export.Dim("inner_a"), torch.export.Dim("inner_b")
+    with pytest.raises(torch._dynamo.exc.UserError, match=r"must always be equal"):
+        torch.export.export(MatMul(), (a, b), dynamic_shapes=({1: inner_a}, {0: inner_b}))
+    inner = torch.export.Dim("inner")
+    ep = torch.export.export(MatMul(), (a, b), dynamic_shapes=({1: inner}, {0: inner}))
+    a, b = torch.randn(4, 9, dtype=torch.float64), torch.randn(9, 3, dtype=torch.float64)
+    torch.testing.assert_close(ep.module()(a, b), a @ b)

@@ -175,3 +175,28 @@ def test_transformer_block_matches_the_builtin_one() -> None:
     theirs = train(BUILTIN, 8, "cpu", dtype=torch.float64)
     assert mine[-1] < mine[0]
     torch.testing.assert_close(torch.tensor(mine), torch.tensor(theirs), rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("how", ["mark_dynamic", "dynamic"])
+def test_a_dynamic_batch_equal_to_a_broadcast_size_stays_dynamic(how: str) -> None:
+    """mul of (B, 5) by (5,), both requiring grad: the gradient's reduction to (5,) compared shapes
+    as tuples, asking B == 5 of the symbolic batch while AOTAutograd traced the backward, a guard
+    that specialized B = 5 (mark_dynamic raised ConstraintViolationError; dynamic=True compiled
+    B = 5 apart). torch.mul compiles one graph, and so does opforge's."""
+    import opforge.torch as ot
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    # (aot_eager: AOTAutograd traces the backward, as inductor's default does, without compiling)
+    compiled = torch.compile(lambda a, b: ot.ops.mul(a, b).sum(), backend="aot_eager", fullgraph=True,
+                             dynamic=True if how == "dynamic" else None)
+    for n in ((5,) if how == "mark_dynamic" else (3, 5, 6)):
+        a = torch.randn(n, 5, dtype=torch.float64, requires_grad=True)
+        b = torch.randn(5, dtype=torch.float64, requires_grad=True)
+        if how == "mark_dynamic":
+            torch._dynamo.mark_dynamic(a, 0)
+        compiled(a, b).backward()
+        torch.testing.assert_close(b.grad, a.detach().sum(0))
+        torch.testing.assert_close(a.grad, b.detach().expand(n, 5))
+    assert counters["stats"]["unique_graphs"] == 1
