@@ -168,6 +168,22 @@ def test_linear_with_a_dimension_of_one_and_a_bias(xs: tuple, ws: tuple, dtype: 
     np.testing.assert_allclose(host(got), want, rtol={"float16": 2e-3, "bfloat16": 1e-2}.get(dtype, 1e-5), atol=1e-2)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_linear_with_an_unaligned_bias(dtype: str) -> None:
+    # (a bias 2 or 4 bytes past a 16-byte boundary, a torch slice through DLPack: no cuBLASLt
+    # alignment preference covers the epilogue's bias, so it takes the GEMM and a bias pass)
+    torch = torch_cuda()
+    tdtype = getattr(torch, dtype)
+    torch.manual_seed(1)
+    a = torch.randn(64, 96, device="cuda", dtype=tdtype)
+    w = torch.randn(80, 96, device="cuda", dtype=tdtype)
+    bias = torch.randn(81, device="cuda", dtype=tdtype)[1:]
+    assert bias.data_ptr() % 16 != 0
+    got = ops.linear(opforge.from_dlpack(a), opforge.from_dlpack(w), opforge.from_dlpack(bias))
+    tol = dict(rtol=1e-4, atol=1e-3) if dtype == "float32" else dict(rtol=2e-3, atol=5e-2)
+    torch.testing.assert_close(torch.from_dlpack(got).double(), a.double() @ w.double().T + bias.double(), **tol)
+
+
 @pytest.mark.parametrize("sa,sb", [((2, 1, 3, 4), (5, 4, 6)), ((4,), (3, 4, 5)), ((7, 3, 4), (4,))], ids=str)
 def test_matmul_gradients_match_torch(sa: tuple, sb: tuple) -> None:
     torch = torch_cuda()

@@ -367,6 +367,10 @@ bool linear_bias_lt(const Blas& blas, int64_t rows, int64_t n_out, int64_t n_in,
                     const T* bias, T* out) {
   using Ty = BlasTypes<T>;
   const char* op = blas.op;
+  // (no alignment preference covers the epilogue's bias pointer, and its kernels may load the bias
+  // 16 bytes at a time: a bias view at another offset, as a torch slice through DLPack, takes the
+  // plain GEMM and a bias pass rather than risk a misaligned-address fault, as PyTorch does)
+  if (reinterpret_cast<uintptr_t>(bias) % 16 != 0) return false;
   const auto lt = reinterpret_cast<cublasLtHandle_t>(blas.handle);  // (a cuBLAS handle is a cuBLASLt one)
   detail::LtOwned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy> desc;
   check(op, cublasLtMatmulDescCreate(&desc.h, Ty::compute, Ty::scale), "cublasLtMatmulDescCreate");

@@ -56,8 +56,12 @@ __global__ void sum_runs(int64_t total, int64_t size, int64_t inner, int64_t n, 
     const int64_t j = t % inner, oi = t / inner;
     const int64_t i = oi % size, o = oi / size;
     const int64_t key = (o * inner + j) * size + i;
+    // (the run's end found first: the loop's loads then no longer wait on keys[p], and several
+    // positions' gathers are in flight at once; the sum's order, and so its bits, are unchanged)
+    const int64_t b = rows::lower_bound(keys, n, key), e = b + rows::lower_bound(keys + b, n - b, key + 1);
     A acc = A(0);
-    for (int64_t p = rows::lower_bound(keys, n, key); p < n && keys[p] == key; ++p) {
+#pragma unroll 4
+    for (int64_t p = b; p < e; ++p) {
       acc = fn::add(acc, static_cast<A>(convert<compute_t<T>>(src[pos[p]])));  // (ints wrap)
     }
     out[t] = convert<T>(acc);
