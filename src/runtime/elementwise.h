@@ -12,6 +12,7 @@
 #endif
 #include <tuple>
 #include <type_traits>
+#include <memory>
 #include <utility>
 
 #include "runtime/tensor.h"
@@ -282,8 +283,19 @@ struct Sink<std::tuple<Out...>, std::index_sequence<K...>> {
 // may round differently: a scalar tail would make exp(x)[i] depend on i).
 constexpr int64_t kSpan = 256;
 
+// kSpan elements of T left uninitialized (a std::array in a std::tuple is value-initialized: the
+// tuple's default constructor zeroed every span, 2 KiB of stores per dense() call)
+template <typename T>
+struct RawSpan {
+  RawSpan() {}  // NOLINT: user-provided, so that value-initialization leaves raw alone
+  T* data() { return reinterpret_cast<T*>(raw); }
+  const T* data() const { return reinterpret_cast<const T*>(raw); }
+  T& operator[](int64_t j) { return data()[j]; }
+  alignas(64) unsigned char raw[sizeof(T) * kSpan];
+};
+
 template <typename... In>
-using DenseSpans = std::tuple<std::array<In, kSpan>...>;
+using DenseSpans = std::tuple<RawSpan<In>...>;
 
 // The trip count of a loop hidden from the optimizer: a constant one would be unrolled
 // completely, and GCC 12 turns an unrolled vector-math call back into scalar libm calls.
@@ -407,27 +419,150 @@ void elementwise_impl(const std::array<const Tensor*, std::tuple_size_v<Outs>>& 
     dense_parallel<Outs, In...>(o, p, scalar, n, f);
     return;
   }
-  // General case: broadcasting and/or strided inputs. Iterate rows of the last dimension.
-  const int64_t nd = static_cast<int64_t>(shape.size());
-  const std::array<Shape, sizeof...(In)> st{broadcast_strides(*ins[I], shape)...};
-  const int64_t inner = shape[nd - 1];
-  const int64_t rows = n / inner;
-  const std::array<int64_t, sizeof...(In)> inner_st{st[I][nd - 1]...};
-  parallel_for(rows, std::max<int64_t>(1, kParallelThreshold / std::max<int64_t>(inner, 1)),
-               [&](int64_t row_begin, int64_t row_end) {
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    std::array<int64_t, sizeof...(In)> base{};
-    int64_t rem = r;
-    for (int64_t d = nd - 2; d >= 0; --d) {
-      const int64_t idx = rem % shape[d];
-      rem /= shape[d];
-      ((base[I] += idx * st[I][d]), ...);
-    }
-    const int64_t row = r * inner;
-    for (int64_t j = 0; j < inner; ++j) {
-      o.put(row + j, f(load<In>(std::get<I>(p) + base[I] + j * inner_st[I])...));
+  // General case: broadcasting and/or strided inputs. Dims are coalesced (size-1 dims dropped,
+  // adjacent dims merged where every input steps through them as through one), then the output
+  // is written in row chunks of up to kSpan elements through dense(): inputs of inner stride 1 are
+  // read in place, of stride 0 as dense()'s scalars, others gathered into a span first, so that
+  // every layout runs the vector code. Rows go in groups of kRowGroup, chunk by chunk, so that a
+  // transposed input's cache lines (and pages) serve the group's rows together.
+  constexpr size_t kIn = sizeof...(In);
+  Shape cs;                                // coalesced shape
+  std::array<Shape, kIn> cst;              // and each input's strides on it
+  {
+    const std::array<Shape, kIn> st{broadcast_strides(*ins[I], shape)...};
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (shape[d] == 1) continue;
+      bool merge = !cs.empty();
+      for (size_t k = 0; k < kIn && merge; ++k) merge = cst[k].back() == st[k][d] * shape[d];
+      if (merge) {
+        cs.back() *= shape[d];
+        for (size_t k = 0; k < kIn; ++k) cst[k].back() = st[k][d];
+      } else {
+        cs.push_back(shape[d]);
+        for (size_t k = 0; k < kIn; ++k) cst[k].push_back(st[k][d]);
+      }
     }
   }
+  if (cs.empty()) {  // (n == 1)
+    cs.push_back(1);
+    for (size_t k = 0; k < kIn; ++k) cst[k].push_back(0);
+  }
+  const int64_t nd = static_cast<int64_t>(cs.size());
+  const int64_t inner = cs[nd - 1];
+  const int64_t rows = n / inner;
+  std::array<int64_t, kIn> inner_st{};
+  std::array<bool, kIn> scalar{}, gather{};
+  bool any_gather = false;
+  for (size_t k = 0; k < kIn; ++k) {
+    inner_st[k] = cst[k][nd - 1];
+    scalar[k] = inner_st[k] == 0;
+    gather[k] = inner_st[k] != 0 && inner_st[k] != 1;
+    any_gather = any_gather || gather[k];
+  }
+  constexpr int64_t kRowGroup = 16, kDenseMin = 32;
+  if (inner < kDenseMin) {
+    // short rows: the output in spans of kSpan elements across rows, every input gathered into a
+    // span first (one dense() call per row would cost more than the row), then the vector loop
+    const int64_t spans = (n + kSpan - 1) / kSpan;
+    parallel_for(spans, std::max<int64_t>(1, kParallelThreshold / kSpan), [&](int64_t s_begin, int64_t s_end) {
+      std::tuple<std::unique_ptr<In[]>...> tiles{std::make_unique<In[]>(size_t(kSpan))...};
+      const std::tuple<const In*...> q{std::get<I>(tiles).get()...};
+      const std::array<bool, kIn> dense_in{};  // (every input a span: none read as a scalar)
+      // the odometer of the first element's row over cs[0 .. nd-2], its column j, and each input's row offset
+      Shape idx(static_cast<size_t>(nd - 1), 0);
+      std::array<int64_t, kIn> off{};
+      int64_t j = (s_begin * kSpan) % inner;
+      {
+        int64_t rem = s_begin * kSpan / inner;
+        for (int64_t d = nd - 2; d >= 0; --d) {
+          idx[d] = rem % cs[d];
+          rem /= cs[d];
+          for (size_t k = 0; k < kIn; ++k) off[k] += idx[d] * cst[k][d];
+        }
+      }
+      for (int64_t sp = s_begin; sp < s_end; ++sp) {
+        const int64_t start = sp * kSpan, len = std::min(kSpan, n - start);
+        for (int64_t e = 0; e < len; ++e) {
+          ((std::get<I>(tiles)[e] = std::get<I>(p)[off[I] + j * inner_st[I]]), ...);
+          if (++j < inner) continue;
+          j = 0;
+          for (int64_t d = nd - 2; d >= 0; --d) {  // next row
+            for (size_t k = 0; k < kIn; ++k) off[k] += cst[k][d];
+            if (++idx[d] < cs[d]) break;
+            for (size_t k = 0; k < kIn; ++k) off[k] -= cs[d] * cst[k][d];
+            idx[d] = 0;
+          }
+        }
+        const Sink<Outs> at = o.shifted(start);
+#if OPFORGE_VECTOR_MATH
+        if (has_avx2()) {
+          dense_avx2<Outs, In...>(at, q, dense_in, len, f);
+          continue;
+        }
+#endif
+        dense<Outs, In...>(at, q, dense_in, len, f);
+      }
+    });
+    return;
+  }
+  const int64_t group = any_gather ? kRowGroup : 1;
+  const int64_t groups = (rows + group - 1) / group;
+  const int64_t chunk = any_gather ? kSpan : inner;  // (without gathers, one dense() call per row)
+  parallel_for(groups, std::max<int64_t>(1, kParallelThreshold / std::max<int64_t>(inner * group, 1)),
+               [&](int64_t g_begin, int64_t g_end) {
+    // the row index as an odometer over cs[0 .. nd-2], with each input's offset
+    Shape idx(static_cast<size_t>(std::max<int64_t>(nd - 1, 0)), 0);
+    std::array<int64_t, kIn> off{};
+    {
+      int64_t rem = g_begin * group;
+      for (int64_t d = nd - 2; d >= 0; --d) {
+        idx[d] = rem % cs[d];
+        rem /= cs[d];
+        for (size_t k = 0; k < kIn; ++k) off[k] += idx[d] * cst[k][d];
+      }
+    }
+    std::array<std::array<int64_t, kIn>, kRowGroup> base;
+    // a group's gathered chunks, row after row (kSpan apart), for the inputs that are gathered
+    std::tuple<std::unique_ptr<In[]>...> tiles{gather[I] ? std::make_unique<In[]>(size_t(kRowGroup * kSpan)) : nullptr...};
+    for (int64_t g = g_begin; g < g_end; ++g) {
+      const int64_t r0 = g * group, nr = std::min(group, rows - r0);
+      for (int64_t i = 0; i < nr; ++i) {
+        base[i] = off;
+        for (int64_t d = nd - 2; d >= 0; --d) {  // next row
+          for (size_t k = 0; k < kIn; ++k) off[k] += cst[k][d];
+          if (++idx[d] < cs[d]) break;
+          for (size_t k = 0; k < kIn; ++k) off[k] -= cs[d] * cst[k][d];
+          idx[d] = 0;
+        }
+      }
+      for (int64_t j0 = 0; j0 < inner; j0 += chunk) {
+        const int64_t len = std::min(chunk, inner - j0);
+        // gather column by column across the group's rows: a transposed input's rows are adjacent
+        // in memory, so each cache line read serves every row of the group at once
+        ([&] {
+          if (!gather[I]) return;
+          auto* t = std::get<I>(tiles).get();
+          const auto* src = std::get<I>(p) + j0 * inner_st[I];
+          for (int64_t j = 0; j < len; ++j) {
+            const auto* col = src + j * inner_st[I];
+            for (int64_t i = 0; i < nr; ++i) t[i * kSpan + j] = col[base[i][I]];
+          }
+        }(), ...);
+        for (int64_t i = 0; i < nr; ++i) {
+          const std::tuple<const In*...> q{(scalar[I] ? std::get<I>(p) + base[i][I]
+                                            : gather[I] ? std::get<I>(tiles).get() + i * kSpan
+                                                        : std::get<I>(p) + base[i][I] + j0)...};
+          const Sink<Outs> at = o.shifted((r0 + i) * inner + j0);
+#if OPFORGE_VECTOR_MATH
+          if (has_avx2()) {
+            dense_avx2<Outs, In...>(at, q, scalar, len, f);
+            continue;
+          }
+#endif
+          dense<Outs, In...>(at, q, scalar, len, f);
+        }
+      }
+    }
   });
 }
 
