@@ -38,6 +38,7 @@ inline bool is_floating(DType d) { return d >= DType::Float16; }
 
 OPFORGE_HD inline uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 OPFORGE_HD inline float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+OPFORGE_HD inline uint32_t all_if(bool b) { return 0u - uint32_t(b); }  // every bit set where b, else none
 
 // IEEE 754 binary16, stored; arithmetic happens in float.
 struct Half {
@@ -53,7 +54,9 @@ struct Half {
 #if defined(__CUDA_ARCH__)
     return __half_as_ushort(__float2half_rn(f));
 #else
-    // round-to-nearest-even conversion via the float bit pattern
+    // round-to-nearest-even conversion via the float bit pattern (branches: a loop that stores
+    // float16 stays scalar either way where its selects are control flow, and the branches cost
+    // less there than computing every case; to_float's masks are what let loads vectorize)
     uint32_t x = f32_bits(f);
     uint32_t sign = (x >> 16) & 0x8000u;
     uint32_t absx = x & 0x7fffffffu;
@@ -72,15 +75,16 @@ struct Half {
 #if defined(__CUDA_ARCH__)
     return __half2float(__ushort_as_half(h));
 #else
-    uint32_t sign = uint32_t(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t mant = h & 0x3ffu;
-    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (mant << 13));
-    if (exp == 0) {
-      float v = float(mant) * (1.0f / 16777216.0f);  // 2^-24
-      return sign ? -v : v;
-    }
-    return bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
+    // every case computed and one selected by bit masks, without branches or selects GCC keeps as
+    // control flow, so that loops reading float16 (sums, norms, conversions) vectorize
+    const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1fu;
+    const uint32_t mant = h & 0x3ffu;
+    const uint32_t special = sign | 0x7f800000u | (mant << 13);                                  // inf or NaN
+    const uint32_t subnormal = sign | f32_bits(float(int32_t(mant)) * (1.0f / 16777216.0f));  // mant * 2^-24
+    const uint32_t normal = sign | ((exp + 112) << 23) | (mant << 13);
+    const uint32_t is_special = all_if(exp == 0x1f), is_subnormal = all_if(exp == 0);
+    return bits_f32((special & is_special) | (subnormal & is_subnormal) | (normal & ~(is_special | is_subnormal)));
 #endif
   }
 };

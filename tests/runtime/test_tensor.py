@@ -42,6 +42,18 @@ def test_float16_conversion_is_exact_for_representable_values() -> None:
     assert np.isnan(opforge.tensor(np.float32(np.nan)).astype("float16").item())
 
 
+def test_every_float16_widens_exactly() -> None:
+    # (to_float selects its case by bit masks, so that loops reading float16 vectorize: every one
+    # of the 65,536 values, subnormals, infinities and NaN payloads included, as NumPy widens it)
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    got = opforge.from_numpy(h).astype("float32").numpy()
+    np.testing.assert_array_equal(got.view(np.uint32), h.astype(np.float32).view(np.uint32))
+    # and through a kernel's loads: each value plus a float16 zero
+    finite = h[~np.isnan(h)]
+    np.testing.assert_array_equal(ops.add(finite, np.zeros_like(finite)).numpy().view(np.uint16),
+                                  (finite + np.float16(0)).view(np.uint16))
+
+
 def _saturated(x: np.ndarray, dtype: str) -> np.ndarray:
     """x truncated toward zero and clamped to dtype's range, NaN 0 (the reference of a float to
     integer conversion; NumPy's own cast leaves out-of-range values to the platform)."""
