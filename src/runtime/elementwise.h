@@ -465,8 +465,8 @@ void elementwise_impl(const std::array<const Tensor*, std::tuple_size_v<Outs>>& 
     // span first (one dense() call per row would cost more than the row), then the vector loop
     const int64_t spans = (n + kSpan - 1) / kSpan;
     parallel_for(spans, std::max<int64_t>(1, kParallelThreshold / kSpan), [&](int64_t s_begin, int64_t s_end) {
-      std::tuple<std::unique_ptr<In[]>...> tiles{std::make_unique<In[]>(size_t(kSpan))...};
-      const std::tuple<const In*...> q{std::get<I>(tiles).get()...};
+      DenseSpans<In...> tiles;  // (on the stack: a small call pays no allocation)
+      const std::tuple<const In*...> q{std::get<I>(tiles).data()...};
       const std::array<bool, kIn> dense_in{};  // (every input a span: none read as a scalar)
       // the odometer of the first element's row over cs[0 .. nd-2], its column j, and each input's row offset
       Shape idx(static_cast<size_t>(nd - 1), 0);
